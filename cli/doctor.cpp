@@ -1,0 +1,161 @@
+// ferry doctor [PATH]: what this machine offers for loading, measured rather than assumed.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "commands.hpp"
+#include "engine/staged_engine.hpp"
+#include "ferry/error.hpp"
+#include "io/file_descriptor.hpp"
+#include "io/source_file.hpp"
+#include "machine_probe.hpp"
+#include "report.hpp"
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr std::uint64_t kCopyProbeBytes = 256ull << 20;
+
+std::vector<fs::path> files_under(const fs::path& path) {
+  std::vector<fs::path> files;
+  if (fs::is_regular_file(path)) return {path};
+  FERRY_EXPECT(fs::is_directory(path), std::invalid_argument, path.string(),
+               ": no such file or directory");
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.is_regular_file() && e.file_size() > 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Json cuda_section() {
+  const auto& d = shim::CudaDriver::get();
+  Json cuda = {{"usable", d.usable}};
+  if (!d.usable) {
+    cuda["why_not"] = d.why_unusable;
+    return cuda;
+  }
+  cuda["driver_version"] = std::to_string(d.driver_version / 1000) + "." +
+                           std::to_string(d.driver_version % 1000 / 10);
+  Json gpus = Json::array();
+  for (const auto& g : list_gpus())
+    gpus.push_back({{"index", g.index}, {"name", g.name}, {"memory_bytes", g.memory_bytes},
+                    {"pci_bus", g.pci_bus}});
+  cuda["gpus"] = gpus;
+  const auto bw = measure_host_to_device(0, kCopyProbeBytes, 5);
+  cuda["host_to_device_gbps"] = {{"pinned", bw.pinned_gbps}, {"pageable", bw.pageable_gbps},
+                                 {"copy_bytes", kCopyProbeBytes}, {"device", "cuda:0"}};
+  return cuda;
+}
+
+Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
+  Json out = {{"path", path.string()}, {"filesystem", filesystem_type(path)}};
+  auto files = files_under(path);
+  if (files.empty()) {
+    out["note"] = "no files to read under this path";
+    return out;
+  }
+  std::uint64_t bytes = 0;
+  double cached = 0;
+  for (const auto& f : files) {
+    auto fd = detail::open_for_reading(f);
+    const auto size = detail::file_size(fd, f);
+    cached += detail::page_cache_fraction(fd, size) * static_cast<double>(size);
+    bytes += size;
+  }
+  out["files"] = files.size();
+  out["bytes"] = bytes;
+  out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
+  const auto direct = probe_direct(files.front());
+  out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}};
+  // O_DIRECT first: it leaves the page cache as it was, so the buffered figure that follows
+  // reads whatever was cached before plus what buffered reading itself brings in.
+  Json reads = {{"threads", threads}, {"limit_bytes", read_limit}};
+  if (direct.works) reads["odirect_gbps"] = measure_read(files, IoMode::Direct, threads, read_limit);
+  reads["buffered_gbps"] = measure_read(files, IoMode::Buffered, threads, read_limit);
+  out["read"] = reads;
+  return out;
+}
+
+void print_text(const Json& r) {
+  std::printf("machine: %d cores, %s memory\n", r["cores"].get<int>(),
+              human_bytes(r["memory_bytes"].get<std::uint64_t>()).c_str());
+  const Json& c = r["cuda"];
+  if (!c["usable"].get<bool>()) {
+    std::printf("cuda: not usable: %s\n  loads go to host memory (--device cpu)\n",
+                c["why_not"].get<std::string>().c_str());
+  } else {
+    std::printf("cuda: driver %s\n", c["driver_version"].get<std::string>().c_str());
+    for (const auto& g : c["gpus"])
+      std::printf("  cuda:%d %s, %s, PCI bus %d\n", g["index"].get<int>(),
+                  g["name"].get<std::string>().c_str(),
+                  human_bytes(g["memory_bytes"].get<std::uint64_t>()).c_str(),
+                  g["pci_bus"].get<int>());
+    const Json& bw = c["host_to_device_gbps"];
+    std::printf("  host->cuda:0 copy (256 MiB, median of 5): pinned %.1f GB/s, pageable %.1f GB/s\n",
+                bw["pinned"].get<double>(), bw["pageable"].get<double>());
+  }
+  const Json& e = r["engine"];
+  std::printf("engine defaults: %u reader threads, %s reads, %s staging\n",
+              e["reader_threads"].get<unsigned>(),
+              human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
+              human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str());
+  if (!r.contains("path")) return;
+  const Json& p = r["path"];
+  std::printf("path: %s\n  file system: %s\n", p["path"].get<std::string>().c_str(),
+              p["filesystem"].get<std::string>().c_str());
+  if (p.contains("note")) {
+    std::printf("  %s\n", p["note"].get<std::string>().c_str());
+    return;
+  }
+  std::printf("  %zu file(s), %s, %.0f%% in page cache before measuring\n",
+              p["files"].get<std::size_t>(), human_bytes(p["bytes"].get<std::uint64_t>()).c_str(),
+              p["page_cache_fraction"].get<double>() * 100);
+  std::printf("  O_DIRECT: %s (%s)\n", p["odirect"]["works"].get<bool>() ? "yes" : "no",
+              p["odirect"]["detail"].get<std::string>().c_str());
+  const Json& rd = p["read"];
+  if (rd.contains("odirect_gbps"))
+    std::printf("  read, O_DIRECT: %.2f GB/s\n", rd["odirect_gbps"].get<double>());
+  std::printf("  read, buffered: %.2f GB/s\n", rd["buffered_gbps"].get<double>());
+}
+
+}  // namespace
+
+void add_doctor(CLI::App& app) {
+  auto* cmd = app.add_subcommand("doctor", "Show and measure what this machine offers: GPUs, "
+                                           "driver, copy bandwidth, file system, O_DIRECT, reads");
+  static std::string path;
+  static bool json = false;
+  static double read_limit_gib = 4;
+  cmd->add_option("path", path, "a file or directory whose file system and reads to measure");
+  cmd->add_flag("--json", json, "print JSON");
+  cmd->add_option("--read-limit-gib", read_limit_gib, "read at most this much of PATH per mode")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([] {
+    Json report;
+    report["cores"] = std::thread::hardware_concurrency();
+    report["memory_bytes"] = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    report["cuda"] = cuda_section();
+    const auto engine = detail::choose_settings(LoadOptions{});
+    report["engine"] = {{"reader_threads", engine.threads},
+                        {"chunk_bytes", engine.chunk_bytes},
+                        {"staging_bytes", kDefaultStagingBytes}};
+    if (!path.empty())
+      report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
+                                    engine.threads);
+    if (json)
+      std::cout << report.dump(2) << "\n";
+    else
+      print_text(report);
+  });
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,17 @@
+// Pieces of `ferry load` that `ferry demo` shares.
+#pragma once
+
+#include <string>
+
+#include "ferry/device.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+
+namespace ferry::cli {
+
+// "auto" picks cuda:0 where a GPU is usable and says on stderr why not otherwise.
+Device resolve_device(const std::string& text);
+
+// One line per tensor, sorted by name: name, dtype, shape, XXH3-64 of the loaded bytes.
+void print_digests(const LoadedCheckpoint& loaded);
+
+}  // namespace ferry::cli

@@ -1,0 +1,152 @@
+#include "machine_probe.hpp"
+
+#include <sys/statfs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+#include "io/source_file.hpp"
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+double time_copies(const detail::Stream& stream, shim::cu::DevicePtr dst, const void* src,
+                   std::uint64_t bytes, int repeats) {
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto start = Clock::now();
+    FERRY_CU(cuMemcpyHtoDAsync, dst, src, bytes, stream.get());
+    stream.synchronize();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (r > 0) rates.push_back(static_cast<double>(bytes) / s / 1e9);  // the first warms up
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+std::vector<GpuInfo> list_gpus() {
+  std::vector<GpuInfo> gpus;
+  const auto& d = shim::CudaDriver::get();
+  if (!d.usable) return gpus;
+  for (int i = 0; i < d.device_count; ++i) {
+    shim::cu::Device dev = 0;
+    FERRY_CU(cuDeviceGet, &dev, i);
+    GpuInfo g;
+    g.index = i;
+    char name[256] = {};
+    FERRY_CU(cuDeviceGetName, name, sizeof name, dev);
+    g.name = name;
+    std::size_t memory = 0;
+    FERRY_CU(cuDeviceTotalMem, &memory, dev);
+    g.memory_bytes = memory;
+    FERRY_CU(cuDeviceGetAttribute, &g.pci_bus, shim::cu::kAttributePciBusId, dev);
+    gpus.push_back(g);
+  }
+  return gpus;
+}
+
+CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeats) {
+  auto context = std::make_shared<detail::PrimaryContext>(device);
+  auto target = detail::allocate_device_memory(context, bytes);
+  const auto dst = reinterpret_cast<shim::cu::DevicePtr>(target.get());
+  detail::Stream stream;
+  CopyBandwidth result;
+  {
+    detail::HostBuffer pinned(bytes, context.get());
+    std::memset(pinned.data(), 1, bytes);
+    result.pinned_gbps = time_copies(stream, dst, pinned.data(), bytes, repeats);
+  }
+  std::vector<std::byte> pageable(bytes, std::byte{1});
+  result.pageable_gbps = time_copies(stream, dst, pageable.data(), bytes, repeats);
+  return result;
+}
+
+std::string filesystem_type(const std::filesystem::path& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return std::string("unknown (") + std::strerror(errno) + ")";
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53: return "ext4";
+    case 0x58465342: return "xfs";
+    case 0x01021994: return "tmpfs";
+    case 0x9123683E: return "btrfs";
+    case 0x794C7630: return "overlayfs";
+    case 0x6969: return "nfs";
+    case 0x65735546: return "fuse";
+    case 0x01021997: return "9p (v9fs)";
+    case 0x2FC12FC1: return "zfs";
+    case 0x6A656A63: return "virtiofs";
+    case 0xFF534D42: return "cifs";
+    case 0x73717368: return "squashfs";
+    default: {
+      char text[40];
+      std::snprintf(text, sizeof text, "unknown (0x%lx)", static_cast<unsigned long>(fs.f_type));
+      return text;
+    }
+  }
+}
+
+DirectProbe probe_direct(const std::filesystem::path& file) {
+  detail::FileDescriptor fd = detail::try_open_direct(file);
+  if (!fd) return {false, std::string("open with O_DIRECT refused: ") + std::strerror(errno)};
+  detail::HostBuffer buffer(detail::kDirectAlignment, nullptr);
+  try {
+    detail::read_up_to(fd, buffer.data(), detail::kDirectAlignment, 0, file);
+  } catch (const std::exception& e) {
+    return {false, std::string("aligned O_DIRECT read failed: ") + e.what()};
+  }
+  return {true, "aligned O_DIRECT reads work"};
+}
+
+double measure_read(const std::vector<std::filesystem::path>& files, IoMode mode, unsigned threads,
+                    std::uint64_t max_bytes) {
+  constexpr std::uint64_t kRead = 8ull << 20;
+  struct Piece {
+    std::size_t file;
+    std::uint64_t offset, size;
+  };
+  std::vector<std::unique_ptr<detail::SourceFile>> sources;
+  std::vector<Piece> pieces;
+  std::uint64_t planned = 0;
+  for (std::size_t f = 0; f < files.size() && planned < max_bytes; ++f) {
+    sources.push_back(std::make_unique<detail::SourceFile>(files[f], mode));
+    const std::uint64_t size = std::filesystem::file_size(files[f]);
+    for (std::uint64_t o = 0; o < size && planned < max_bytes; o += kRead) {
+      pieces.push_back({f, o, std::min(kRead, size - o)});
+      planned += pieces.back().size;
+    }
+  }
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t)
+    workers.emplace_back([&] {
+      detail::HostBuffer buffer(kRead + 2 * detail::kDirectAlignment, nullptr);
+      try {
+        for (std::size_t i; !failed && (i = next++) < pieces.size();)
+          sources[pieces[i].file]->read(pieces[i].offset, pieces[i].size, buffer.data());
+      } catch (...) {
+        failed = true;
+      }
+    });
+  for (auto& w : workers) w.join();
+  FERRY_EXPECT(!failed, std::runtime_error, "read measurement failed");
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  return s > 0 ? static_cast<double>(planned) / s / 1e9 : 0.0;
+}
+
+}  // namespace ferry::cli

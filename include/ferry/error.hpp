@@ -1,0 +1,64 @@
+// ferry's one error mechanism: C++ code throws std:: exception types through the FERRY_*
+// macros below, which build the message only on failure. Bindings map the types naturally:
+// FormatError -> ValueError, std::system_error(ENOENT) -> FileNotFoundError.
+#pragma once
+
+#include <cerrno>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace ferry {
+
+// A file that is not what its format says it is (bad header, offsets, dtype...).
+class FormatError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The CUDA driver or a GPU refused an operation, or none is usable for what was asked.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+template <class... Parts>
+std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return out.str();
+}
+
+template <class Exception, class... Parts>
+[[noreturn]] void fail(Parts&&... parts) {
+  throw Exception(concat(std::forward<Parts>(parts)...));
+}
+
+template <class... Parts>
+[[noreturn]] void fail_errno(int error, Parts&&... parts) {
+  throw std::system_error(error, std::generic_category(), concat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace detail
+}  // namespace ferry
+
+// Throws Exception with the concatenated parts when cond is false.
+#define FERRY_EXPECT(cond, Exception, ...)                  \
+  do {                                                      \
+    if (!(cond)) [[unlikely]]                               \
+      ::ferry::detail::fail<Exception>(__VA_ARGS__);        \
+  } while (0)
+
+// Throws FormatError naming the offending file; for parsers of untrusted input.
+#define FERRY_FORMAT_EXPECT(cond, ...) FERRY_EXPECT(cond, ::ferry::FormatError, __VA_ARGS__)
+
+// Throws std::system_error from errno for a failed system call.
+#define FERRY_SYSCALL_FAIL(...) ::ferry::detail::fail_errno(errno, __VA_ARGS__)
+
+// An internal invariant; a failure is a bug in ferry, so the message carries file:line.
+#define FERRY_ASSERT(cond) \
+  FERRY_EXPECT(cond, std::logic_error, "internal error: ", #cond, " at ", __FILE__, ":", __LINE__)

@@ -1,0 +1,44 @@
+// What a load did: bytes, time, and the I/O path each file really took (never a silent
+// fallback: a file read buffered says so, and why).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry {
+
+enum class IoPath {
+  Direct,    // O_DIRECT reads into pinned staging ("odirect")
+  Buffered,  // reads through the page cache into pinned staging ("buffered")
+};
+
+std::string_view io_path_name(IoPath path);
+
+struct FileLoadStats {
+  std::filesystem::path path;
+  IoPath io_path = IoPath::Buffered;
+  std::string reason;  // why this path: page-cache residency, O_DIRECT refused, forced...
+  std::uint64_t bytes_read = 0;
+};
+
+struct LoadStats {
+  std::string device;               // "cuda:0" or "cpu"
+  std::uint64_t tensor_bytes = 0;   // bytes that landed in destination memory
+  std::uint64_t bytes_read = 0;     // bytes read from files (alignment and holes included)
+  double seconds = 0;               // from planning to the last copy finished
+  double staging_seconds = 0;       // of which: allocating staging memory
+  unsigned reader_threads = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::uint64_t staging_bytes = 0;  // host staging actually allocated
+  bool staging_pinned = false;
+  std::vector<FileLoadStats> files;
+
+  double gigabytes_per_second() const {
+    return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1e9 : 0.0;
+  }
+};
+
+}  // namespace ferry

@@ -1,0 +1,60 @@
+// Loading a checkpoint, and the result: every tensor's address in destination memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/checkpoint.hpp"
+#include "ferry/load_options.hpp"
+#include "ferry/load_stats.hpp"
+
+namespace ferry {
+
+struct LoadedTensor {
+  const TensorInfo* info = nullptr;
+  // Host pointer for cpu, device address for cuda. 256-byte aligned in ferry's allocation.
+  void* data = nullptr;
+};
+
+// Owns the checkpoint description and the one destination allocation. The memory stays valid
+// while any copy of memory() is held, so views can outlive this object safely.
+class LoadedCheckpoint {
+ public:
+  const Checkpoint& checkpoint() const noexcept { return *_checkpoint; }
+  const Device& device() const noexcept { return _device; }
+  const LoadStats& stats() const noexcept { return _stats; }
+  const std::vector<LoadedTensor>& tensors() const noexcept { return _tensors; }
+  const LoadedTensor* find(std::string_view name) const;
+  const std::shared_ptr<void>& memory() const noexcept { return _memory; }
+
+ private:
+  friend LoadedCheckpoint load(std::shared_ptr<const Checkpoint>, const LoadOptions&);
+  std::shared_ptr<const Checkpoint> _checkpoint;
+  Device _device;
+  std::shared_ptr<void> _memory;
+  std::vector<LoadedTensor> _tensors;
+  std::unordered_map<std::string, std::size_t> _by_name;
+  LoadStats _stats;
+};
+
+// Loads into one new allocation on options.device.
+LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options);
+
+// A caller-owned destination for one tensor: `capacity` bytes at `data` on options.device.
+struct TensorDestination {
+  std::string name;
+  void* data = nullptr;
+  std::uint64_t capacity = 0;
+};
+
+// Loads the named tensors into memory the caller owns (options.names is ignored). Throws
+// std::invalid_argument for an unknown name, a duplicate or a destination that is too small.
+LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestination> destinations,
+                    const LoadOptions& options);
+
+}  // namespace ferry

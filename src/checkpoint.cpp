@@ -1,0 +1,158 @@
+#include "ferry/checkpoint.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ferry/error.hpp"
+#include "ferry/safetensors.hpp"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+bool ends_with(const std::string& text, std::string_view suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+fs::path find_index(const fs::path& dir) {
+  fs::path standard = dir / "model.safetensors.index.json";
+  if (fs::exists(standard)) return standard;
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file() && ends_with(entry.path().filename().string(), ".safetensors.index.json"))
+      found.push_back(entry.path());
+  FERRY_EXPECT(found.size() <= 1, FormatError, dir.string(),
+               ": several *.safetensors.index.json files; name the one to load");
+  return found.empty() ? fs::path() : found.front();
+}
+
+struct IndexFile {
+  std::vector<std::string> shards;                      // in first-mention order
+  std::map<std::string, std::string> shard_of_tensor;  // tensor -> shard file name
+};
+
+IndexFile read_index(const fs::path& index_path) {
+  const std::string label = index_path.string();
+  std::ifstream in(index_path);
+  if (!in) detail::fail_errno(errno, label, ": cannot open");
+  Json root;
+  try {
+    root = Json::parse(in);
+  } catch (const Json::exception& e) {
+    detail::fail<FormatError>(label, ": not valid JSON: ", e.what());
+  }
+  FERRY_FORMAT_EXPECT(root.is_object() && root.contains("weight_map") &&
+                          root["weight_map"].is_object(),
+                      label, ": no \"weight_map\" object");
+  IndexFile index;
+  for (const auto& [tensor, shard] : root["weight_map"].items()) {
+    FERRY_FORMAT_EXPECT(shard.is_string(), label, ": weight_map entry \"", tensor,
+                        "\" is not a file name");
+    auto name = shard.get<std::string>();
+    fs::path p(name);
+    // Shards must sit beside the index: no absolute paths, no escaping with "..".
+    FERRY_FORMAT_EXPECT(!name.empty() && p.is_relative() &&
+                            std::none_of(p.begin(), p.end(), [](const fs::path& part) {
+                              return part == "..";
+                            }),
+                        label, ": weight_map entry \"", tensor, "\" names \"", name,
+                        "\", which is not a file beside the index");
+    if (std::find(index.shards.begin(), index.shards.end(), name) == index.shards.end())
+      index.shards.push_back(name);
+    index.shard_of_tensor.emplace(tensor, name);
+  }
+  FERRY_FORMAT_EXPECT(!index.shards.empty(), label, ": weight_map is empty");
+  return index;
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const fs::path& path) {
+  Checkpoint ckpt;
+  ckpt._path = path;
+  std::error_code ec;
+  auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status))
+    detail::fail_errno(ENOENT, path.string(), ": no such file or directory");
+
+  fs::path index_path;
+  if (fs::is_directory(status)) {
+    index_path = find_index(path);
+    if (index_path.empty()) {
+      std::vector<fs::path> shards;
+      for (const auto& entry : fs::directory_iterator(path))
+        if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
+          shards.push_back(entry.path());
+      FERRY_FORMAT_EXPECT(!shards.empty(), path.string(), ": no .safetensors files in directory");
+      std::sort(shards.begin(), shards.end());
+      for (const auto& shard : shards) ckpt.add_file(shard);
+      ckpt.index_names();
+      return ckpt;
+    }
+  } else if (ends_with(path.string(), ".json")) {
+    index_path = path;
+  } else {
+    ckpt.add_file(path);
+    ckpt.index_names();
+    return ckpt;
+  }
+
+  IndexFile index = read_index(index_path);
+  const fs::path dir = index_path.parent_path();
+  for (const auto& shard : index.shards) ckpt.add_file(dir / shard);
+  ckpt.index_names();
+
+  // The index and the shards must agree exactly: a mismatch means a stale or mixed checkout.
+  const std::string label = index_path.string();
+  for (const auto& [tensor, shard] : index.shard_of_tensor) {
+    const TensorInfo* info = ckpt.find(tensor);
+    FERRY_FORMAT_EXPECT(info != nullptr, label, ": tensor \"", tensor, "\" is listed in \"",
+                        shard, "\" but no shard holds it");
+    const auto& held_by = ckpt._files[info->file_index].path;
+    FERRY_FORMAT_EXPECT(held_by.filename() == fs::path(shard).filename(), label, ": tensor \"",
+                        tensor, "\" is listed in \"", shard, "\" but is held by ",
+                        held_by.string());
+  }
+  for (const auto& t : ckpt._tensors)
+    FERRY_FORMAT_EXPECT(index.shard_of_tensor.count(t.name) == 1, label, ": ",
+                        ckpt._files[t.file_index].path.string(), " holds tensor \"", t.name,
+                        "\", which the index does not list");
+  return ckpt;
+}
+
+void Checkpoint::add_file(const fs::path& file) {
+  SafetensorsHeader header = read_safetensors_header(file);
+  CheckpointFile entry;
+  entry.path = file;
+  entry.size = fs::file_size(file);
+  entry.metadata = std::move(header.metadata);
+  const auto file_index = static_cast<std::uint32_t>(_files.size());
+  _files.push_back(std::move(entry));
+  for (auto& t : header.tensors) {
+    t.file_index = file_index;
+    _total_bytes += t.size;
+    _tensors.push_back(std::move(t));
+  }
+}
+
+void Checkpoint::index_names() {
+  _by_name.clear();
+  for (std::size_t i = 0; i < _tensors.size(); ++i) {
+    auto [it, inserted] = _by_name.emplace(_tensors[i].name, i);
+    FERRY_FORMAT_EXPECT(inserted, "tensor \"", _tensors[i].name, "\" appears in both ",
+                        _files[_tensors[it->second].file_index].path.string(), " and ",
+                        _files[_tensors[i].file_index].path.string());
+  }
+}
+
+const TensorInfo* Checkpoint::find(std::string_view name) const {
+  auto it = _by_name.find(std::string(name));
+  return it == _by_name.end() ? nullptr : &_tensors[it->second];
+}
+
+}  // namespace ferry

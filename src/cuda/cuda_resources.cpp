@@ -1,0 +1,119 @@
+#include "cuda/cuda_resources.hpp"
+
+#include <cstdlib>
+#include <new>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+namespace {
+
+constexpr std::size_t kPageBytes = 4096;
+
+const shim::CudaDriver& usable_driver() {
+  const auto& d = shim::CudaDriver::get();
+  FERRY_EXPECT(d.usable, CudaError, "no usable CUDA device: ", d.why_unusable);
+  return d;
+}
+
+std::byte* allocate_aligned(std::size_t bytes) {
+  void* p = nullptr;
+  const std::size_t rounded = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  if (::posix_memalign(&p, kPageBytes, rounded == 0 ? kPageBytes : rounded) != 0)
+    throw std::bad_alloc();
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace
+
+PrimaryContext::PrimaryContext(int ordinal) : _ordinal(ordinal) {
+  const auto& d = usable_driver();
+  FERRY_EXPECT(ordinal >= 0 && ordinal < d.device_count, CudaError, "cuda:", ordinal,
+               " does not exist: this machine has ", d.device_count, " CUDA device(s)");
+  FERRY_CU(cuDeviceGet, &_device, ordinal);
+  FERRY_CU(cuDevicePrimaryCtxRetain, &_context, _device);
+}
+
+PrimaryContext::~PrimaryContext() {
+  if (_context) shim::CudaDriver::get().cuDevicePrimaryCtxRelease(_device);
+}
+
+void PrimaryContext::make_current() const { FERRY_CU(cuCtxSetCurrent, _context); }
+
+Stream::Stream() { FERRY_CU(cuStreamCreate, &_stream, shim::cu::kStreamNonBlocking); }
+
+Stream::~Stream() {
+  if (_stream) shim::CudaDriver::get().cuStreamDestroy(_stream);
+}
+
+void Stream::synchronize() const { FERRY_CU(cuStreamSynchronize, _stream); }
+
+Event::Event() { FERRY_CU(cuEventCreate, &_event, shim::cu::kEventDisableTiming); }
+
+Event::~Event() {
+  if (_event) shim::CudaDriver::get().cuEventDestroy(_event);
+}
+
+void Event::record(const Stream& stream) {
+  FERRY_CU(cuEventRecord, _event, stream.get());
+  _recorded = true;
+}
+
+void Event::synchronize() const {
+  if (_recorded) FERRY_CU(cuEventSynchronize, _event);
+}
+
+HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(bytes) {
+  if (pin_in != nullptr) {
+    pin_in->make_current();
+    void* p = nullptr;
+    FERRY_CU(cuMemHostAlloc, &p, bytes, shim::cu::kMemHostAllocPortable);
+    _data = static_cast<std::byte*>(p);
+    _pinned = true;
+  } else {
+    _data = allocate_aligned(bytes);
+  }
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    _data = std::exchange(other._data, nullptr);
+    _size = std::exchange(other._size, 0);
+    _pinned = other._pinned;
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { release(); }
+
+void HostBuffer::release() noexcept {
+  if (_data == nullptr) return;
+  if (_pinned)
+    shim::CudaDriver::get().cuMemFreeHost(_data);
+  else
+    std::free(_data);
+  _data = nullptr;
+}
+
+std::shared_ptr<void> allocate_device_memory(std::shared_ptr<PrimaryContext> context,
+                                             std::size_t bytes) {
+  context->make_current();
+  shim::cu::DevicePtr ptr = 0;
+  // cuMemAlloc refuses zero bytes; an empty load still gets a distinct valid allocation.
+  FERRY_CU(cuMemAlloc, &ptr, bytes == 0 ? 1 : bytes);
+  return std::shared_ptr<void>(reinterpret_cast<void*>(ptr), [context](void* p) noexcept {
+    // The freeing thread may have no current context; a failure here can only leak.
+    try {
+      context->make_current();
+      shim::CudaDriver::get().cuMemFree(reinterpret_cast<shim::cu::DevicePtr>(p));
+    } catch (...) {
+    }
+  });
+}
+
+std::shared_ptr<void> allocate_host_memory(std::size_t bytes) {
+  return std::shared_ptr<void>(allocate_aligned(bytes), [](void* p) { std::free(p); });
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,184 @@
+#include "engine/staged_engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+#include "io/source_file.hpp"
+
+namespace ferry::detail {
+namespace {
+
+constexpr std::uint64_t kMinChunk = 256ull << 10;
+constexpr std::uint64_t kMaxChunk = 16ull << 20;
+constexpr unsigned kMaxThreads = 16;
+// Room for the unaligned head and the rounded-up tail of an O_DIRECT read.
+constexpr std::uint64_t kSlotSlack = 2 * kDirectAlignment;
+
+std::uint64_t slot_bytes(std::uint64_t chunk) {
+  return (chunk + kSlotSlack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+}
+
+// Waits for a stream's copies even when the worker leaves by an exception, so staging is never
+// freed under a copy in flight.
+struct StreamDrain {
+  const Stream* stream;
+  ~StreamDrain() {
+    if (stream) shim::CudaDriver::get().cuStreamSynchronize(stream->get());
+  }
+};
+
+class StagedRun {
+ public:
+  StagedRun(std::span<const CheckpointFile> files, std::span<const EngineChunk> chunks,
+            const EngineSettings& settings, std::byte* staging, std::uint64_t total)
+      : _chunks(chunks), _settings(settings), _staging(staging), _total(total) {
+    for (const auto& f : files) _sources.push_back(std::make_unique<SourceFile>(f.path, settings.io));
+  }
+
+  void run() {
+    std::vector<std::thread> workers;
+    for (unsigned w = 0; w < _settings.threads; ++w) workers.emplace_back([this, w] { guarded(w); });
+    for (auto& t : workers) t.join();
+    if (_error) std::rethrow_exception(_error);
+  }
+
+  std::vector<FileLoadStats> file_stats() const {
+    std::vector<FileLoadStats> out;
+    for (const auto& s : _sources) out.push_back(s->stats());
+    return out;
+  }
+
+ private:
+  void guarded(unsigned worker) {
+    try {
+      work(worker);
+    } catch (...) {
+      std::lock_guard lock(_mutex);
+      if (!_error) _error = std::current_exception();
+      _failed = true;
+    }
+  }
+
+  void work(unsigned worker) {
+    const unsigned slots = _settings.slots_per_thread;
+    const std::uint64_t stride = slot_bytes(_settings.chunk_bytes);
+    std::byte* mine = _staging + static_cast<std::uint64_t>(worker) * slots * stride;
+    std::optional<Stream> stream;
+    std::vector<Event> done;
+    if (_settings.gpu) {
+      _settings.gpu->make_current();
+      stream.emplace();
+      for (unsigned s = 0; s < slots; ++s) done.emplace_back();
+    }
+    StreamDrain drain{stream ? &*stream : nullptr};
+    for (std::uint64_t k = 0; !_failed; ++k) {
+      const std::size_t i = _next.fetch_add(1);
+      if (i >= _chunks.size()) break;
+      const EngineChunk& chunk = _chunks[i];
+      const unsigned slot = static_cast<unsigned>(k % slots);
+      std::byte* buffer = mine + slot * stride;
+      if (stream) done[slot].synchronize();  // the slot's previous copies have finished
+      const std::byte* data = _sources[chunk.file_index]->read(chunk.file_offset, chunk.size, buffer);
+      for (const CopyTask& c : chunk.copies) {
+        if (stream) {
+          FERRY_CU(cuMemcpyHtoDAsync, c.destination, data + c.chunk_offset, c.size, stream->get());
+        } else {
+          std::memcpy(reinterpret_cast<void*>(c.destination), data + c.chunk_offset, c.size);
+        }
+      }
+      if (stream) done[slot].record(*stream);
+      report(chunk.size);
+    }
+    if (stream) stream->synchronize();
+  }
+
+  void report(std::uint64_t bytes) {
+    const std::uint64_t now = _done.fetch_add(bytes) + bytes;
+    if (_settings.progress) {
+      std::lock_guard lock(_mutex);
+      _settings.progress(now, _total);
+    }
+  }
+
+  std::span<const EngineChunk> _chunks;
+  const EngineSettings& _settings;
+  std::byte* _staging;
+  std::uint64_t _total;
+  std::vector<std::unique_ptr<SourceFile>> _sources;
+  std::atomic<std::size_t> _next{0};
+  std::atomic<std::uint64_t> _done{0};
+  std::atomic<bool> _failed{false};
+  std::mutex _mutex;
+  std::exception_ptr _error;
+};
+
+}  // namespace
+
+EngineSettings choose_settings(const LoadOptions& options) {
+  EngineSettings s;
+  s.io = options.io;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  s.threads = options.reader_threads ? options.reader_threads : std::min(cores, kMaxThreads);
+  const std::uint64_t staging = options.staging_bytes;
+  if (options.chunk_bytes) {
+    s.chunk_bytes = (options.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  } else {
+    // Two slots a thread (one filling, one copying), as large as the budget allows.
+    std::uint64_t per_slot = staging / (2ull * s.threads);
+    per_slot = per_slot > kSlotSlack ? per_slot - kSlotSlack : 0;
+    s.chunk_bytes = std::clamp(per_slot / kDirectAlignment * kDirectAlignment, kMinChunk, kMaxChunk);
+  }
+  // Fewer threads where the budget cannot give each two slots.
+  while (s.threads > 1 && 2ull * s.threads * slot_bytes(s.chunk_bytes) > staging) --s.threads;
+  FERRY_EXPECT(2ull * slot_bytes(s.chunk_bytes) <= staging, std::invalid_argument, "staging of ",
+               staging, " bytes cannot hold two ", s.chunk_bytes, "-byte chunks");
+  s.slots_per_thread = static_cast<unsigned>(
+      std::max<std::uint64_t>(2, staging / (s.threads * slot_bytes(s.chunk_bytes))));
+  s.progress = options.progress;
+  return s;
+}
+
+void run_staged(std::span<const CheckpointFile> files, std::span<const EngineChunk> chunks,
+                EngineSettings settings, LoadStats& stats) {
+  std::uint64_t total = 0;
+  std::uint64_t largest = 0;
+  for (const auto& c : chunks) {
+    total += c.size;
+    largest = std::max(largest, c.size);
+  }
+  // Small loads get small staging: no thread or slot without work.
+  settings.threads = static_cast<unsigned>(
+      std::clamp<std::uint64_t>(chunks.size(), 1, settings.threads));
+  const std::uint64_t per_thread = (chunks.size() + settings.threads - 1) / settings.threads;
+  settings.slots_per_thread = static_cast<unsigned>(
+      std::clamp<std::uint64_t>(per_thread, 1, settings.slots_per_thread));
+  settings.chunk_bytes = std::min(settings.chunk_bytes, std::max<std::uint64_t>(largest, 1));
+
+  const auto started = std::chrono::steady_clock::now();
+  const std::uint64_t staging_bytes =
+      static_cast<std::uint64_t>(settings.threads) * settings.slots_per_thread *
+      slot_bytes(settings.chunk_bytes);
+  HostBuffer staging(staging_bytes, settings.gpu);
+  stats.staging_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  stats.staging_bytes = staging_bytes;
+  stats.staging_pinned = staging.pinned();
+  stats.reader_threads = settings.threads;
+  stats.chunk_bytes = settings.chunk_bytes;
+
+  StagedRun run(files, chunks, settings, staging.data(), total);
+  run.run();
+  stats.files = run.file_stats();
+  for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
+}
+
+}  // namespace ferry::detail

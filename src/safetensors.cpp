@@ -1,0 +1,170 @@
+#include "ferry/safetensors.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ferry/error.hpp"
+#include "io/file_descriptor.hpp"
+
+namespace ferry {
+namespace {
+
+using Json = nlohmann::json;
+
+std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
+  std::uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | std::to_integer<std::uint64_t>(bytes[i]);
+  return value;
+}
+
+// Parses JSON and refuses duplicate top-level keys, which would silently hide a tensor.
+Json parse_json_object(std::string_view text, std::string_view label) {
+  std::set<std::string> seen;
+  std::string duplicate;
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth == 1 && event == Json::parse_event_t::key) {
+      auto key = parsed.get<std::string>();
+      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), on_event);
+  } catch (const Json::exception& e) {
+    detail::fail<FormatError>(label, ": header is not valid JSON: ", e.what());
+  }
+  FERRY_FORMAT_EXPECT(duplicate.empty(), label, ": header names \"", duplicate, "\" twice");
+  FERRY_FORMAT_EXPECT(root.is_object(), label, ": header is JSON but not an object");
+  return root;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& value, std::string_view label) {
+  FERRY_FORMAT_EXPECT(value.is_object(), label, ": __metadata__ is not an object");
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, item] : value.items()) {
+    FERRY_FORMAT_EXPECT(item.is_string(), label, ": __metadata__ value of \"", key,
+                        "\" is not a string");
+    metadata.emplace(key, item.get<std::string>());
+  }
+  return metadata;
+}
+
+std::uint64_t as_u64(const Json& value, std::string_view label, std::string_view tensor,
+                     std::string_view field) {
+  FERRY_FORMAT_EXPECT(value.is_number_unsigned() ||
+                          (value.is_number_integer() && value.get<std::int64_t>() >= 0),
+                      label, ": tensor \"", tensor, "\": ", field,
+                      " holds a value that is not a non-negative integer: ", value.dump());
+  return value.get<std::uint64_t>();
+}
+
+TensorInfo parse_tensor(const std::string& name, const Json& entry, std::uint64_t data_bytes,
+                        std::string_view label) {
+  FERRY_FORMAT_EXPECT(!name.empty(), label, ": a tensor has an empty name");
+  FERRY_FORMAT_EXPECT(entry.is_object(), label, ": tensor \"", name, "\" is not an object");
+  for (const auto& [key, unused] : entry.items())
+    FERRY_FORMAT_EXPECT(key == "dtype" || key == "shape" || key == "data_offsets", label,
+                        ": tensor \"", name, "\" has an unknown field \"", key, "\"");
+  FERRY_FORMAT_EXPECT(entry.contains("dtype") && entry["dtype"].is_string(), label, ": tensor \"",
+                      name, "\": missing or non-string dtype");
+  FERRY_FORMAT_EXPECT(entry.contains("shape") && entry["shape"].is_array(), label, ": tensor \"",
+                      name, "\": missing or non-array shape");
+  FERRY_FORMAT_EXPECT(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
+                          entry["data_offsets"].size() == 2,
+                      label, ": tensor \"", name, "\": data_offsets must be [begin, end]");
+
+  TensorInfo info;
+  info.name = name;
+  auto dtype_text = entry["dtype"].get<std::string>();
+  auto dtype = dtype_from_name(dtype_text);
+  FERRY_FORMAT_EXPECT(dtype.has_value(), label, ": tensor \"", name, "\": unknown dtype \"",
+                      dtype_text, "\"");
+  info.dtype = *dtype;
+
+  for (const auto& dim : entry["shape"]) info.shape.push_back(as_u64(dim, label, name, "shape"));
+  const auto size = tensor_byte_size(info.dtype, info.shape);
+  FERRY_FORMAT_EXPECT(size.has_value(), label, ": tensor \"", name, "\": shape ",
+                      entry["shape"].dump(), " of ", dtype_text,
+                      " overflows 64 bits or does not fill whole bytes");
+  const std::uint64_t expected = *size;
+
+  std::uint64_t begin = as_u64(entry["data_offsets"][0], label, name, "data_offsets");
+  std::uint64_t end = as_u64(entry["data_offsets"][1], label, name, "data_offsets");
+  FERRY_FORMAT_EXPECT(begin <= end, label, ": tensor \"", name, "\": data_offsets [", begin, ", ",
+                      end, "] are reversed");
+  FERRY_FORMAT_EXPECT(end <= data_bytes, label, ": tensor \"", name, "\": data_offsets [", begin,
+                      ", ", end, "] run past the ", data_bytes, " data bytes of the file");
+  FERRY_FORMAT_EXPECT(end - begin == expected, label, ": tensor \"", name, "\": shape ",
+                      entry["shape"].dump(), " of ", dtype_text, " needs ", expected,
+                      " bytes but data_offsets hold ", end - begin);
+  info.offset = begin;  // made absolute by the caller
+  info.size = end - begin;
+  return info;
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
+                                           std::uint64_t file_size, std::string_view label) {
+  FERRY_FORMAT_EXPECT(file_size >= 8 && prefix.size() >= 8, label, ": file is ", file_size,
+                      " bytes, too short for a safetensors header");
+  const std::uint64_t header_bytes = read_le_u64(prefix.first(8));
+  FERRY_FORMAT_EXPECT(header_bytes <= kSafetensorsMaxHeaderBytes, label, ": header length ",
+                      header_bytes, " exceeds the limit of ", kSafetensorsMaxHeaderBytes,
+                      " bytes (not a safetensors file?)");
+  FERRY_FORMAT_EXPECT(header_bytes <= file_size - 8, label, ": header length ", header_bytes,
+                      " runs past the end of the ", file_size, "-byte file");
+  FERRY_FORMAT_EXPECT(prefix.size() >= 8 + header_bytes, label, ": file is truncated inside its ",
+                      header_bytes, "-byte header");
+  FERRY_FORMAT_EXPECT(header_bytes > 0, label, ": header is empty");
+
+  const auto* text = reinterpret_cast<const char*>(prefix.data() + 8);
+  Json root = parse_json_object(std::string_view(text, header_bytes), label);
+
+  SafetensorsHeader header;
+  header.data_start = 8 + header_bytes;
+  const std::uint64_t data_bytes = file_size - header.data_start;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      header.metadata = parse_metadata(value, label);
+    } else {
+      header.tensors.push_back(parse_tensor(key, value, data_bytes, label));
+    }
+  }
+
+  std::sort(header.tensors.begin(), header.tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) {
+              return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+            });
+  for (std::size_t i = 1; i < header.tensors.size(); ++i) {
+    const auto& prev = header.tensors[i - 1];
+    const auto& cur = header.tensors[i];
+    FERRY_FORMAT_EXPECT(cur.offset >= prev.offset + prev.size, label, ": tensors \"", prev.name,
+                        "\" [", prev.offset, ", ", prev.offset + prev.size, ") and \"", cur.name,
+                        "\" [", cur.offset, ", ", cur.offset + cur.size, ") overlap");
+  }
+  for (auto& t : header.tensors) t.offset += header.data_start;
+  return header;
+}
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
+  auto fd = detail::open_for_reading(path);
+  const std::uint64_t size = detail::file_size(fd, path);
+  const std::string label = path.string();
+  std::vector<std::byte> prefix(8);
+  FERRY_FORMAT_EXPECT(size >= 8, label, ": file is ", size,
+                      " bytes, too short for a safetensors header");
+  detail::read_exact(fd, prefix.data(), 8, 0, path);
+  const std::uint64_t header_bytes = read_le_u64(prefix);
+  // Bounds are checked here too so that a huge length is refused before it is allocated.
+  if (header_bytes <= kSafetensorsMaxHeaderBytes && header_bytes <= size - 8) {
+    prefix.resize(8 + header_bytes);
+    detail::read_exact(fd, prefix.data() + 8, header_bytes, 8, path);
+  }
+  return parse_safetensors_header(prefix, size, label);
+}
+
+}  // namespace ferry

@@ -1,0 +1,95 @@
+#include "shim/cuda_driver.hpp"
+
+#include <dlfcn.h>
+
+#include "ferry/error.hpp"
+
+namespace ferry::shim {
+namespace {
+
+// Resolves `name` into `slot`; false (with the reason recorded) when the symbol is missing.
+template <class Fn>
+bool resolve(void* library, const char* name, Fn& slot, std::string& why) {
+  slot = reinterpret_cast<Fn>(::dlsym(library, name));
+  if (slot == nullptr && why.empty()) why = std::string("libcuda.so.1 lacks ") + name;
+  return slot != nullptr;
+}
+
+CudaDriver load_driver() {
+  CudaDriver d;
+  void* library = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE);
+  if (library == nullptr) {
+    const char* err = ::dlerror();
+    d.why_unusable = std::string("the CUDA driver library libcuda.so.1 was not found (") +
+                     (err ? err : "dlopen failed") + ")";
+    return d;
+  }
+  std::string& why = d.why_unusable;
+  bool ok = resolve(library, "cuInit", d.cuInit, why);
+  ok &= resolve(library, "cuDriverGetVersion", d.cuDriverGetVersion, why);
+  ok &= resolve(library, "cuGetErrorName", d.cuGetErrorName, why);
+  ok &= resolve(library, "cuGetErrorString", d.cuGetErrorString, why);
+  ok &= resolve(library, "cuDeviceGetCount", d.cuDeviceGetCount, why);
+  ok &= resolve(library, "cuDeviceGet", d.cuDeviceGet, why);
+  ok &= resolve(library, "cuDeviceGetName", d.cuDeviceGetName, why);
+  ok &= resolve(library, "cuDeviceGetAttribute", d.cuDeviceGetAttribute, why);
+  ok &= resolve(library, "cuDeviceTotalMem_v2", d.cuDeviceTotalMem, why);
+  ok &= resolve(library, "cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain, why);
+  ok &= resolve(library, "cuDevicePrimaryCtxRelease_v2", d.cuDevicePrimaryCtxRelease, why);
+  ok &= resolve(library, "cuCtxSetCurrent", d.cuCtxSetCurrent, why);
+  ok &= resolve(library, "cuMemGetInfo_v2", d.cuMemGetInfo, why);
+  ok &= resolve(library, "cuMemAlloc_v2", d.cuMemAlloc, why);
+  ok &= resolve(library, "cuMemFree_v2", d.cuMemFree, why);
+  ok &= resolve(library, "cuMemHostAlloc", d.cuMemHostAlloc, why);
+  ok &= resolve(library, "cuMemFreeHost", d.cuMemFreeHost, why);
+  ok &= resolve(library, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, why);
+  ok &= resolve(library, "cuMemcpyDtoH_v2", d.cuMemcpyDtoH, why);
+  ok &= resolve(library, "cuStreamCreate", d.cuStreamCreate, why);
+  ok &= resolve(library, "cuStreamDestroy_v2", d.cuStreamDestroy, why);
+  ok &= resolve(library, "cuStreamSynchronize", d.cuStreamSynchronize, why);
+  ok &= resolve(library, "cuEventCreate", d.cuEventCreate, why);
+  ok &= resolve(library, "cuEventDestroy_v2", d.cuEventDestroy, why);
+  ok &= resolve(library, "cuEventRecord", d.cuEventRecord, why);
+  ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
+  if (!ok) return d;
+
+  if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
+    const char* name = nullptr;
+    d.cuGetErrorName(r, &name);
+    d.why_unusable = std::string("cuInit failed: ") + (name ? name : std::to_string(r)) +
+                     " (no usable GPU or driver)";
+    return d;
+  }
+  d.cuDriverGetVersion(&d.driver_version);
+  d.cuDeviceGetCount(&d.device_count);
+  if (d.device_count <= 0) {
+    d.why_unusable = "the CUDA driver reports no devices";
+    return d;
+  }
+  d.usable = true;
+  return d;
+}
+
+}  // namespace
+
+const CudaDriver& CudaDriver::get() {
+  static const CudaDriver driver = load_driver();
+  return driver;
+}
+
+std::string cuda_error_text(cu::Result result) {
+  const auto& d = CudaDriver::get();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.cuGetErrorName) d.cuGetErrorName(result, &name);
+  if (d.cuGetErrorString) d.cuGetErrorString(result, &text);
+  return std::string(name ? name : "CUDA error " + std::to_string(result)) + " (" +
+         (text ? text : "no description") + ")";
+}
+
+void cuda_check(cu::Result result, const char* call) {
+  if (result != cu::kSuccess) [[unlikely]]
+    detail::fail<CudaError>(call, " failed: ", cuda_error_text(result));
+}
+
+}  // namespace ferry::shim

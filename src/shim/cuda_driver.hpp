@@ -1,0 +1,80 @@
+// The CUDA driver API, opened with dlopen at run time: ferry builds without a CUDA toolkit and
+// runs without a GPU. Only the functions ferry calls are declared, with ferry's own spelling of
+// the types; cuda_driver_abi_check.cpp proves them equal to cuda.h's where that header exists.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ferry::shim {
+
+namespace cu {
+using Result = int;
+using Device = int;
+using DevicePtr = unsigned long long;
+struct ContextState;
+using Context = ContextState*;
+struct StreamState;
+using Stream = StreamState*;
+struct EventState;
+using Event = EventState*;
+
+inline constexpr Result kSuccess = 0;
+inline constexpr unsigned kMemHostAllocPortable = 0x01;
+inline constexpr unsigned kStreamNonBlocking = 0x1;
+inline constexpr unsigned kEventDisableTiming = 0x2;
+inline constexpr int kAttributePciBusId = 33;
+}  // namespace cu
+
+// A process-wide table of driver entry points. Loaded once, never unloaded (the library is
+// opened with RTLD_NODELETE): CUDA must never be torn down from a static destructor.
+struct CudaDriver {
+  // Returns the table; never throws. Check usable() before calling through it.
+  static const CudaDriver& get();
+
+  // Step one: libcuda.so.1 opened and every symbol found. Step two: cuInit succeeded and at
+  // least one device exists. Either failure is described by `why_unusable`.
+  bool usable = false;
+  std::string why_unusable;
+  int driver_version = 0;
+  int device_count = 0;
+
+  cu::Result (*cuInit)(unsigned) = nullptr;
+  cu::Result (*cuDriverGetVersion)(int*) = nullptr;
+  cu::Result (*cuGetErrorName)(cu::Result, const char**) = nullptr;
+  cu::Result (*cuGetErrorString)(cu::Result, const char**) = nullptr;
+  cu::Result (*cuDeviceGetCount)(int*) = nullptr;
+  cu::Result (*cuDeviceGet)(cu::Device*, int) = nullptr;
+  cu::Result (*cuDeviceGetName)(char*, int, cu::Device) = nullptr;
+  cu::Result (*cuDeviceGetAttribute)(int*, int, cu::Device) = nullptr;
+  cu::Result (*cuDeviceTotalMem)(std::size_t*, cu::Device) = nullptr;
+  cu::Result (*cuDevicePrimaryCtxRetain)(cu::Context*, cu::Device) = nullptr;
+  cu::Result (*cuDevicePrimaryCtxRelease)(cu::Device) = nullptr;
+  cu::Result (*cuCtxSetCurrent)(cu::Context) = nullptr;
+  cu::Result (*cuMemGetInfo)(std::size_t*, std::size_t*) = nullptr;
+  cu::Result (*cuMemAlloc)(cu::DevicePtr*, std::size_t) = nullptr;
+  cu::Result (*cuMemFree)(cu::DevicePtr) = nullptr;
+  cu::Result (*cuMemHostAlloc)(void**, std::size_t, unsigned) = nullptr;
+  cu::Result (*cuMemFreeHost)(void*) = nullptr;
+  cu::Result (*cuMemcpyHtoDAsync)(cu::DevicePtr, const void*, std::size_t, cu::Stream) = nullptr;
+  cu::Result (*cuMemcpyDtoH)(void*, cu::DevicePtr, std::size_t) = nullptr;
+  cu::Result (*cuStreamCreate)(cu::Stream*, unsigned) = nullptr;
+  cu::Result (*cuStreamDestroy)(cu::Stream) = nullptr;
+  cu::Result (*cuStreamSynchronize)(cu::Stream) = nullptr;
+  cu::Result (*cuEventCreate)(cu::Event*, unsigned) = nullptr;
+  cu::Result (*cuEventDestroy)(cu::Event) = nullptr;
+  cu::Result (*cuEventRecord)(cu::Event, cu::Stream) = nullptr;
+  cu::Result (*cuEventSynchronize)(cu::Event) = nullptr;
+};
+
+// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.
+std::string cuda_error_text(cu::Result result);
+
+// Throws CudaError naming the call and the driver's error when result is not success.
+void cuda_check(cu::Result result, const char* call);
+
+}  // namespace ferry::shim
+
+// Calls a driver function through the table and throws CudaError on failure.
+#define FERRY_CU(call, ...) \
+  ::ferry::shim::cuda_check(::ferry::shim::CudaDriver::get().call(__VA_ARGS__), #call)

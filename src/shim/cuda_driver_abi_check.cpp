@@ -1,0 +1,96 @@
+// Compiled only where the real cuda.h exists: proves at compile time that every entry point
+// declared in cuda_driver.hpp has exactly cuda.h's signature once ferry's type names are mapped
+// to CUDA's. A mismatch is a build error, never a corrupted call at run time.
+#include <cuda.h>
+
+#include <type_traits>
+
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::shim {
+namespace {
+
+template <class T>
+struct Ours {
+  using type = T;
+};
+template <class T>
+struct Ours<T*> {
+  using type = typename Ours<T>::type*;
+};
+template <class T>
+struct Ours<const T> {
+  using type = const typename Ours<T>::type;
+};
+template <class R, class... A>
+struct Ours<R (*)(A...)> {
+  using type = typename Ours<R>::type (*)(typename Ours<A>::type...);
+};
+// Enums travel as int: same size, and ferry passes only the values checked below.
+template <>
+struct Ours<CUdevice_attribute> {
+  using type = int;
+};
+static_assert(sizeof(CUdevice_attribute) == sizeof(int));
+template <>
+struct Ours<CUresult> {
+  using type = cu::Result;
+};
+template <>
+struct Ours<CUcontext> {
+  using type = cu::Context;
+};
+template <>
+struct Ours<CUstream> {
+  using type = cu::Stream;
+};
+template <>
+struct Ours<CUevent> {
+  using type = cu::Event;
+};
+
+template <class Real, class Declared>
+constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
+
+#define FERRY_CHECK_ABI(real, member)                                          \
+  static_assert(same_abi<decltype(&::real), decltype(CudaDriver::member)>, \
+                #member " in cuda_driver.hpp disagrees with " #real " in cuda.h")
+
+static_assert(sizeof(CUresult) == sizeof(cu::Result));
+static_assert(std::is_same_v<CUdevice, cu::Device>);
+static_assert(std::is_same_v<CUdeviceptr, cu::DevicePtr>);
+static_assert(CUDA_SUCCESS == cu::kSuccess);
+static_assert(CU_MEMHOSTALLOC_PORTABLE == cu::kMemHostAllocPortable);
+static_assert(CU_STREAM_NON_BLOCKING == cu::kStreamNonBlocking);
+static_assert(CU_EVENT_DISABLE_TIMING == cu::kEventDisableTiming);
+static_assert(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID == cu::kAttributePciBusId);
+
+FERRY_CHECK_ABI(cuInit, cuInit);
+FERRY_CHECK_ABI(cuDriverGetVersion, cuDriverGetVersion);
+FERRY_CHECK_ABI(cuGetErrorName, cuGetErrorName);
+FERRY_CHECK_ABI(cuGetErrorString, cuGetErrorString);
+FERRY_CHECK_ABI(cuDeviceGetCount, cuDeviceGetCount);
+FERRY_CHECK_ABI(cuDeviceGet, cuDeviceGet);
+FERRY_CHECK_ABI(cuDeviceGetName, cuDeviceGetName);
+FERRY_CHECK_ABI(cuDeviceGetAttribute, cuDeviceGetAttribute);
+FERRY_CHECK_ABI(cuDeviceTotalMem_v2, cuDeviceTotalMem);
+FERRY_CHECK_ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
+FERRY_CHECK_ABI(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease);
+FERRY_CHECK_ABI(cuCtxSetCurrent, cuCtxSetCurrent);
+FERRY_CHECK_ABI(cuMemGetInfo_v2, cuMemGetInfo);
+FERRY_CHECK_ABI(cuMemAlloc_v2, cuMemAlloc);
+FERRY_CHECK_ABI(cuMemFree_v2, cuMemFree);
+FERRY_CHECK_ABI(cuMemHostAlloc, cuMemHostAlloc);
+FERRY_CHECK_ABI(cuMemFreeHost, cuMemFreeHost);
+FERRY_CHECK_ABI(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync);
+FERRY_CHECK_ABI(cuMemcpyDtoH_v2, cuMemcpyDtoH);
+FERRY_CHECK_ABI(cuStreamCreate, cuStreamCreate);
+FERRY_CHECK_ABI(cuStreamDestroy_v2, cuStreamDestroy);
+FERRY_CHECK_ABI(cuStreamSynchronize, cuStreamSynchronize);
+FERRY_CHECK_ABI(cuEventCreate, cuEventCreate);
+FERRY_CHECK_ABI(cuEventDestroy_v2, cuEventDestroy);
+FERRY_CHECK_ABI(cuEventRecord, cuEventRecord);
+FERRY_CHECK_ABI(cuEventSynchronize, cuEventSynchronize);
+
+}  // namespace
+}  // namespace ferry::shim
