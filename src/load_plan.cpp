@@ -58,7 +58,7 @@ class ChunkBuilder {
   std::uint64_t limit(const ReadChunk& c) const {
     std::uint64_t end = c.file_offset + _options.chunk_bytes;
     std::uint64_t aligned = end / kPageBytes * kPageBytes;
-    return aligned > c.file_offset + c.size ? aligned : end;
+    return aligned > c.file_offset ? aligned : end;
   }
 
   bool fits(std::uint32_t file, std::uint64_t pos) const {

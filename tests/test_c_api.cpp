@@ -1,0 +1,133 @@
+// The C ABI, used the way a C host would: handles, statuses, last-error strings.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "ferry/ferry.h"
+#include "ferry/tensor_digest.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using ferry::test::TempDir;
+
+class CApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    written = ferry::test::write_random_checkpoint(
+        dir / "m.safetensors",
+        {{"b", ferry::DType::BF16, {3, 5}}, {"a", ferry::DType::F32, {7}}, {"c", ferry::DType::U8, {4099}}},
+        31);
+    ASSERT_EQ(ferry_checkpoint_open((dir / "m.safetensors").c_str(), &checkpoint), FERRY_STATUS_OK)
+        << ferry_last_error();
+  }
+  void TearDown() override { ferry_checkpoint_free(checkpoint); }
+
+  TempDir dir;
+  std::map<std::string, std::vector<std::byte>> written;
+  ferry_checkpoint* checkpoint = nullptr;
+};
+
+TEST_F(CApi, ListsTensors) {
+  ASSERT_EQ(ferry_checkpoint_tensor_count(checkpoint), 3u);
+  ferry_tensor_info info{};
+  ASSERT_EQ(ferry_checkpoint_tensor_info(checkpoint, 0, &info), FERRY_STATUS_OK);
+  EXPECT_STREQ(info.name, "b");  // written first
+  EXPECT_STREQ(info.dtype, "BF16");
+  ASSERT_EQ(info.rank, 2u);
+  EXPECT_EQ(info.shape[0], 3u);
+  EXPECT_EQ(info.shape[1], 5u);
+  EXPECT_EQ(info.bytes, 30u);
+  EXPECT_EQ(std::string(info.file), (dir / "m.safetensors").string());
+  EXPECT_EQ(ferry_checkpoint_tensor_info(checkpoint, 3, &info), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("out of range"), std::string::npos);
+}
+
+TEST_F(CApi, LoadsAllAndReportsStats) {
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_checkpoint_free(checkpoint);  // the loaded result keeps what it needs
+  checkpoint = nullptr;
+  for (const auto& [name, bytes] : written) {
+    void* data = nullptr;
+    uint64_t size = 0;
+    ASSERT_EQ(ferry_loaded_tensor_data(loaded, name.c_str(), &data, &size), FERRY_STATUS_OK);
+    ASSERT_EQ(size, bytes.size());
+    EXPECT_EQ(std::memcmp(data, bytes.data(), size), 0);
+    uint64_t digest = 0;
+    ASSERT_EQ(ferry_loaded_tensor_digest(loaded, name.c_str(), &digest), FERRY_STATUS_OK);
+    EXPECT_EQ(digest, ferry::bytes_digest(bytes));
+  }
+  ferry_load_stats stats{};
+  ASSERT_EQ(ferry_loaded_stats(loaded, &stats), FERRY_STATUS_OK);
+  EXPECT_EQ(stats.tensor_bytes, 30u + 28 + 4099);
+  EXPECT_EQ(stats.file_count, 1u);
+  ferry_file_stats file{};
+  ASSERT_EQ(ferry_loaded_file_stats(loaded, 0, &file), FERRY_STATUS_OK);
+  EXPECT_TRUE(std::string(file.io_path) == "odirect" || std::string(file.io_path) == "buffered");
+  EXPECT_GT(std::strlen(file.reason), 0u);
+  EXPECT_EQ(ferry_loaded_file_stats(loaded, 1, &file), FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_loaded_free(loaded);
+}
+
+TEST_F(CApi, LoadsASubset) {
+  const char* names[] = {"c"};
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  options.names = names;
+  options.name_count = 1;
+  options.io_mode = FERRY_IO_MODE_BUFFERED;
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK);
+  void* data = nullptr;
+  EXPECT_EQ(ferry_loaded_tensor_data(loaded, "c", &data, nullptr), FERRY_STATUS_OK);
+  EXPECT_EQ(ferry_loaded_tensor_data(loaded, "a", &data, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("\"a\""), std::string::npos);
+  ferry_loaded_free(loaded);
+}
+
+TEST_F(CApi, ErrorsAreStatusesWithMessages) {
+  ferry_checkpoint* other = nullptr;
+  EXPECT_EQ(ferry_checkpoint_open((dir / "missing.safetensors").c_str(), &other),
+            FERRY_STATUS_NOT_FOUND);
+  EXPECT_NE(std::string(ferry_last_error()).find("missing.safetensors"), std::string::npos);
+  EXPECT_EQ(other, nullptr);
+
+  ferry::test::write_file(dir / "bad.safetensors", ferry::test::raw_safetensors("{not json", ""));
+  EXPECT_EQ(ferry_checkpoint_open((dir / "bad.safetensors").c_str(), &other),
+            FERRY_STATUS_FORMAT_ERROR);
+  EXPECT_NE(std::string(ferry_last_error()).find("bad.safetensors"), std::string::npos);
+
+  EXPECT_EQ(ferry_checkpoint_open(nullptr, &other), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_checkpoint_load(nullptr, nullptr, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  options.device = "tpu:0";
+  ferry_loaded* loaded = nullptr;
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("tpu:0"), std::string::npos);
+  options.device = "cpu";
+  options.io_mode = static_cast<ferry_io_mode>(9);
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(loaded, nullptr);
+
+  ferry_checkpoint_free(nullptr);
+  ferry_loaded_free(nullptr);
+  EXPECT_EQ(ferry_checkpoint_tensor_count(nullptr), 0u);
+}
+
+TEST_F(CApi, CudaWithoutGpuIsACudaError) {
+  if (ferry::cuda_available()) GTEST_SKIP() << "a GPU is present";
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  options.device = "cuda:0";
+  ferry_loaded* loaded = nullptr;
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_CUDA_ERROR);
+  EXPECT_NE(std::string(ferry_last_error()).find("CUDA"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,239 @@
+// The staged engine with host destinations, checked byte for byte against the plain host path.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+#include "test_support.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+// Odd sizes put most tensors at offsets that are not 4 KiB (or even 2-byte) aligned.
+std::vector<TensorSpec> odd_specs() {
+  std::vector<TensorSpec> specs;
+  const std::uint64_t sizes[] = {3, 4096, 1, 70001, 255, 1 << 20, 12345, 8, (3 << 20) + 7, 999};
+  for (std::size_t i = 0; i < std::size(sizes); ++i)
+    specs.push_back({"w" + std::to_string(i), DType::U8, {sizes[i]}});
+  return specs;
+}
+
+bool direct_io_works(const std::filesystem::path& file) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return false;
+  void* buffer = nullptr;
+  bool ok = ::posix_memalign(&buffer, 4096, 4096) == 0 && ::pread(fd, buffer, 4096, 0) >= 0;
+  std::free(buffer);
+  ::close(fd);
+  return ok;
+}
+
+void expect_equal_to_plain(const LoadedCheckpoint& loaded) {
+  for (const auto& t : loaded.tensors()) {
+    auto plain = test::read_plain(loaded.checkpoint(), *t.info);
+    ASSERT_EQ(std::memcmp(t.data, plain.data(), plain.size()), 0) << t.info->name;
+  }
+}
+
+struct EngineCase {
+  IoMode io;
+  std::uint64_t chunk_bytes;
+  unsigned threads;
+  std::uint64_t staging_bytes;
+};
+
+class EngineMatrix : public ::testing::TestWithParam<EngineCase> {};
+
+TEST_P(EngineMatrix, LandsEveryByteExactlyAsThePlainPath) {
+  const EngineCase c = GetParam();
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, odd_specs(), 11);
+  if (c.io == IoMode::Direct && !direct_io_works(file)) GTEST_SKIP() << "no O_DIRECT here";
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  LoadOptions options;
+  options.io = c.io;
+  options.chunk_bytes = c.chunk_bytes;
+  options.reader_threads = c.threads;
+  options.staging_bytes = c.staging_bytes;
+  auto loaded = load(ckpt, options);
+  ASSERT_EQ(loaded.tensors().size(), written.size());
+  expect_equal_to_plain(loaded);
+  for (const auto& t : loaded.tensors()) {
+    const auto& bytes = written.at(t.info->name);
+    EXPECT_EQ(std::memcmp(t.data, bytes.data(), bytes.size()), 0) << t.info->name;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data) % 256, 0u);
+  }
+  const auto& stats = loaded.stats();
+  EXPECT_EQ(stats.device, "cpu");
+  EXPECT_EQ(stats.tensor_bytes, ckpt->total_bytes());
+  EXPECT_GE(stats.bytes_read, stats.tensor_bytes);
+  ASSERT_EQ(stats.files.size(), 1u);
+  EXPECT_FALSE(stats.files[0].reason.empty());
+  if (c.io != IoMode::Auto) {
+    EXPECT_EQ(stats.files[0].io_path, c.io == IoMode::Direct ? IoPath::Direct : IoPath::Buffered);
+  }
+  EXPECT_LE(stats.staging_bytes, c.staging_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configurations, EngineMatrix,
+    ::testing::Values(EngineCase{IoMode::Buffered, 0, 0, 256 << 20},
+                      EngineCase{IoMode::Buffered, 4096, 1, 1 << 20},
+                      EngineCase{IoMode::Buffered, 64 << 10, 3, 1 << 20},
+                      EngineCase{IoMode::Direct, 0, 0, 256 << 20},
+                      EngineCase{IoMode::Direct, 4096, 2, 1 << 20},
+                      EngineCase{IoMode::Direct, 100000, 3, 4 << 20},
+                      EngineCase{IoMode::Auto, 1 << 20, 4, 16 << 20}));
+
+TEST(Engine, LoadsASubsetOnly) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 12);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.names = {"w3", "w7", "w0"};
+  auto loaded = load(ckpt, options);
+  ASSERT_EQ(loaded.tensors().size(), 3u);
+  EXPECT_EQ(loaded.find("w1"), nullptr);
+  for (const auto* name : {"w0", "w3", "w7"}) {
+    const LoadedTensor* t = loaded.find(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(std::memcmp(t->data, written.at(name).data(), t->info->size), 0);
+  }
+  EXPECT_EQ(loaded.stats().tensor_bytes, 3u + 70001 + 8);
+}
+
+TEST(Engine, MemoryOutlivesTheLoadedCheckpointWhileReferenced) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 13);
+  std::shared_ptr<void> memory;
+  const void* data = nullptr;
+  {
+    auto loaded = load(std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors")),
+                       LoadOptions{});
+    memory = loaded.memory();
+    data = loaded.find("w5")->data;
+  }
+  EXPECT_EQ(std::memcmp(data, written.at("w5").data(), 1 << 20), 0);
+  EXPECT_EQ(memory.use_count(), 1);
+}
+
+TEST(Engine, LoadIntoCallerMemory) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 14);
+  auto ckpt = Checkpoint::open(dir / "m.safetensors");
+  std::vector<std::byte> a(70001), b(999 + 5);
+  std::vector<TensorDestination> dst = {{"w3", a.data(), a.size()}, {"w9", b.data(), b.size()}};
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  auto stats = load_into(ckpt, dst, options);
+  EXPECT_EQ(stats.tensor_bytes, 70001u + 999);
+  EXPECT_EQ(std::memcmp(a.data(), written.at("w3").data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(b.data(), written.at("w9").data(), 999), 0);
+}
+
+TEST(Engine, LoadIntoRejectsSmallOrDuplicateDestinations) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 15);
+  auto ckpt = Checkpoint::open(dir / "m.safetensors");
+  std::vector<std::byte> small(10);
+  std::vector<TensorDestination> too_small = {{"w3", small.data(), small.size()}};
+  EXPECT_THROW(load_into(ckpt, too_small, LoadOptions{}), std::invalid_argument);
+  std::vector<TensorDestination> twice = {{"w0", small.data(), 10}, {"w0", small.data(), 10}};
+  EXPECT_THROW(load_into(ckpt, twice, LoadOptions{}), std::invalid_argument);
+}
+
+TEST(Engine, FileThatShrankAfterOpeningIsAnErrorNotGarbage) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, odd_specs(), 16);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 500);
+  for (IoMode io : {IoMode::Buffered, IoMode::Auto}) {
+    LoadOptions options;
+    options.io = io;
+    try {
+      load(ckpt, options);
+      FAIL() << "expected an error";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("end of file"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Engine, ReportsProgressUpToTheTotal) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 17);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.chunk_bytes = 64 << 10;
+  std::uint64_t last = 0, total = 0, calls = 0;
+  options.progress = [&](std::uint64_t done, std::uint64_t all) {
+    EXPECT_GE(done, last);
+    last = done;
+    total = all;
+    ++calls;
+  };
+  auto loaded = load(ckpt, options);
+  EXPECT_GT(calls, 10u);
+  EXPECT_EQ(last, total);
+  EXPECT_EQ(total, loaded.stats().bytes_read);
+}
+
+TEST(Engine, RefusesStagingTooSmallForTwoChunks) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 18);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.chunk_bytes = 1 << 20;
+  options.staging_bytes = 1 << 20;
+  EXPECT_THROW(load(ckpt, options), std::invalid_argument);
+}
+
+TEST(Engine, DirectOnAFileSystemThatRefusesItIsAClearErrorAndAutoSaysWhy) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, odd_specs(), 19);
+  if (direct_io_works(file)) GTEST_SKIP() << "this file system supports O_DIRECT";
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  LoadOptions direct;
+  direct.io = IoMode::Direct;
+  EXPECT_THROW(load(ckpt, direct), std::invalid_argument);
+  auto loaded = load(ckpt, LoadOptions{});
+  EXPECT_EQ(loaded.stats().files[0].io_path, IoPath::Buffered);
+}
+
+TEST(Engine, CudaWithoutAGpuIsACudaError) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present";
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 20);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  try {
+    load(ckpt, options);
+    FAIL() << "expected an error";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable CUDA device"), std::string::npos);
+  }
+}
+
+TEST(Device, ParsesAndRejects) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(Device::cuda(3).to_string(), "cuda:3");
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU"})
+    EXPECT_THROW(Device::parse(bad), std::invalid_argument) << bad;
+  EXPECT_EQ(parse_io_mode("direct"), IoMode::Direct);
+  EXPECT_THROW(parse_io_mode("fast"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ferry

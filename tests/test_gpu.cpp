@@ -1,0 +1,99 @@
+// GPU loads, bit-exact with the plain host path. Skipped where no CUDA device is usable.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+#include "ferry/tensor_digest.hpp"
+#include "shim/cuda_driver.hpp"
+#include "test_support.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available())
+      GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+  }
+};
+
+std::vector<std::byte> read_back(const void* device_data, std::uint64_t size) {
+  detail::PrimaryContext context(0);
+  context.make_current();
+  std::vector<std::byte> host(size);
+  if (size) FERRY_CU(cuMemcpyDtoH, host.data(), reinterpret_cast<shim::cu::DevicePtr>(device_data), size);
+  return host;
+}
+
+std::vector<TensorSpec> mixed_specs() {
+  std::vector<TensorSpec> specs;
+  const std::uint64_t sizes[] = {3, 4096, 1, 70001, 255, 5 << 20, 12345, 0, (3 << 20) + 7, 999};
+  for (std::size_t i = 0; i < std::size(sizes); ++i)
+    specs.push_back({"g" + std::to_string(i), DType::U8, {sizes[i]}});
+  for (unsigned i = 0; i < 300; ++i) specs.push_back({"s" + std::to_string(i), DType::BF16, {64u + i}});
+  return specs;
+}
+
+TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, mixed_specs(), 41);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  for (IoMode io : {IoMode::Buffered, IoMode::Direct, IoMode::Auto})
+    for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1 << 20}}) {
+      LoadOptions options;
+      options.device = Device::cuda(0);
+      options.io = io;
+      options.chunk_bytes = chunk;
+      options.staging_bytes = chunk == 4096 ? (1 << 20) : (64 << 20);
+      std::unique_ptr<LoadedCheckpoint> loaded;
+      try {
+        loaded = std::make_unique<LoadedCheckpoint>(load(ckpt, options));
+      } catch (const std::invalid_argument& e) {
+        ASSERT_EQ(io, IoMode::Direct) << e.what();  // only O_DIRECT may be refused (tmpfs)
+        continue;
+      }
+      EXPECT_TRUE(loaded->stats().staging_pinned);
+      for (const auto& t : loaded->tensors()) {
+        auto plain = test::read_plain(*ckpt, *t.info);
+        auto device = read_back(t.data, t.info->size);
+        ASSERT_EQ(device, plain) << t.info->name << " io=" << static_cast<int>(io)
+                                 << " chunk=" << chunk;
+        ASSERT_EQ(tensor_digest(*loaded, t), bytes_digest(written.at(t.info->name)));
+        ASSERT_EQ(reinterpret_cast<std::uintptr_t>(t.data) % 256, 0u);
+      }
+    }
+}
+
+TEST_F(Gpu, LoadIntoDeviceMemoryTheCallerOwns) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", mixed_specs(), 42);
+  auto ckpt = Checkpoint::open(dir / "m.safetensors");
+  auto context = std::make_shared<detail::PrimaryContext>(0);
+  auto a = detail::allocate_device_memory(context, 70001);
+  auto b = detail::allocate_device_memory(context, 5 << 20);
+  std::vector<TensorDestination> dst = {{"g3", a.get(), 70001}, {"g5", b.get(), 5 << 20}};
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  load_into(ckpt, dst, options);
+  EXPECT_EQ(read_back(a.get(), 70001), written.at("g3"));
+  EXPECT_EQ(read_back(b.get(), 5 << 20), written.at("g5"));
+}
+
+TEST_F(Gpu, MissingDeviceIsAClearError) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", mixed_specs(), 43);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.device = Device::cuda(999);
+  EXPECT_THROW(load(ckpt, options), CudaError);
+}
+
+}  // namespace
+}  // namespace ferry
