@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU machine, in one call (device tool):
+#   builds ferry there, runs every test (GPU ones included), compares `ferry load --hash` on
+#   cuda:0 with cpu, and runs the benchmark. Full logs go to $OUT; a short table prints last.
+# Carry: .deps (Debian .debs of the build's header/static dependencies) and .whl (Python wheels).
+#   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [--quick]
+set -euo pipefail
+OUT=${OUT:-/tmp/ferry-out}
+mkdir -p "$OUT"
+quick=${1:-}
+root=$PWD
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+# Build dependencies: the same Debian packages CI installs, unpacked into a private prefix.
+mkdir -p /tmp/deps
+for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+
+log "build"
+cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+  -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
+  >"$OUT/build.log" 2>&1
+ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+ferry=/tmp/build/cli/ferry
+
+log "doctor"
+"$ferry" doctor /tmp | tee "$OUT/doctor.txt"
+
+log "tests"
+(cd /tmp/build && ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1) || { tail -80 "$OUT/ctest.log"; exit 1; }
+tail -3 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
+grep -E "Gpu\." "$OUT/ctest.log" | tee -a "$OUT/summary.txt" || true
+
+log "checkpoints"
+ckpts=/tmp/ckpts
+models="qwen3-0.6b llama3-8b"
+[ "$quick" = "--quick" ] && models="qwen3-0.6b"
+(cd bench && python3 make_checkpoints.py "$ckpts" $models) | tee -a "$OUT/summary.txt"
+
+log "cuda:0 --hash equals cpu --hash"
+for m in $models; do
+  "$ferry" load "$ckpts/$m" --device cuda:0 --hash >"$OUT/hash-cuda-$m.txt" 2>/dev/null
+  "$ferry" load "$ckpts/$m" --device cpu --hash >"$OUT/hash-cpu-$m.txt" 2>/dev/null
+  if cmp -s "$OUT/hash-cuda-$m.txt" "$OUT/hash-cpu-$m.txt"; then
+    echo "$m: identical ($(wc -l <"$OUT/hash-cuda-$m.txt") tensors)" | tee -a "$OUT/summary.txt"
+  else
+    echo "$m: DIFFERENT" | tee -a "$OUT/summary.txt"; exit 1
+  fi
+done
+python3 - "$ckpts/qwen3-0.6b" "$OUT/hash-cpu-qwen3-0.6b.txt" <<'PY' | tee -a "$OUT/summary.txt"
+# ferry's digests equal those of the bytes safetensors itself returns.
+import sys, torch, xxhash
+from safetensors import safe_open
+want = {l.split("\t")[0]: l.split("\t")[3].strip() for l in open(sys.argv[2])}
+with safe_open(sys.argv[1] + "/model.safetensors", framework="pt") as f:
+    bad = [k for k in f.keys() if xxhash.xxh3_64_hexdigest(f.get_tensor(k).contiguous().view(-1).view(torch.uint8).numpy().tobytes()) != want[k]]
+print(f"qwen3-0.6b vs safetensors.safe_open: {len(want) - len(bad)}/{len(want)} tensors equal")
+sys.exit(1 if bad else 0)
+PY
+
+log "benchmark"
+cold=--cold
+[ "$quick" = "--quick" ] && cold=
+(cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT" --runs 5 $cold --models $models) \
+  2>&1 | tee "$OUT/bench.txt"
