@@ -101,12 +101,11 @@ class StagedRun {
     if (stream) stream->synchronize();
   }
 
+  // Under the lock, so that the caller sees the count only grow.
   void report(std::uint64_t bytes) {
-    const std::uint64_t now = _done.fetch_add(bytes) + bytes;
-    if (_settings.progress) {
-      std::lock_guard lock(_mutex);
-      _settings.progress(now, _total);
-    }
+    std::lock_guard lock(_mutex);
+    _done += bytes;
+    if (_settings.progress) _settings.progress(_done, _total);
   }
 
   std::span<const EngineChunk> _chunks;
@@ -115,7 +114,7 @@ class StagedRun {
   std::uint64_t _total;
   std::vector<std::unique_ptr<SourceFile>> _sources;
   std::atomic<std::size_t> _next{0};
-  std::atomic<std::uint64_t> _done{0};
+  std::uint64_t _done = 0;
   std::atomic<bool> _failed{false};
   std::mutex _mutex;
   std::exception_ptr _error;
