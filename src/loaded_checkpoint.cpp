@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "engine/staged_engine.hpp"
+#include "engine/staging_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/load_plan.hpp"
 
@@ -61,6 +62,8 @@ IoMode parse_io_mode(std::string_view text) {
 std::string_view io_path_name(IoPath path) {
   return path == IoPath::Direct ? "odirect" : "buffered";
 }
+
+void release_staging_memory() { detail::release_staging(); }
 
 const LoadedTensor* LoadedCheckpoint::find(std::string_view name) const {
   auto it = _by_name.find(std::string(name));

@@ -45,6 +45,10 @@ class LoadedCheckpoint {
 // Loads into one new allocation on options.device.
 LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options);
 
+// Frees the staging memory ferry keeps between loads (pinned for GPU loads; at most the
+// staging_bytes of the largest load). The next load allocates it again.
+void release_staging_memory();
+
 // A caller-owned destination for one tensor: `capacity` bytes at `data` on options.device.
 struct TensorDestination {
   std::string name;

@@ -1,5 +1,8 @@
 #include "cuda/cuda_resources.hpp"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -64,15 +67,20 @@ void Event::synchronize() const {
 }
 
 HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(bytes) {
-  if (pin_in != nullptr) {
-    pin_in->make_current();
-    void* p = nullptr;
-    FERRY_CU(cuMemHostAlloc, &p, bytes, shim::cu::kMemHostAllocPortable);
-    _data = static_cast<std::byte*>(p);
-    _pinned = true;
-  } else {
-    _data = allocate_aligned(bytes);
+  const std::size_t mapped = std::max<std::size_t>(bytes, kPageBytes);
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  _data = static_cast<std::byte*>(p);
+  ::madvise(p, mapped, MADV_HUGEPAGE);  // advice only: no huge pages is still correct
+  if (pin_in == nullptr) return;
+  pin_in->make_current();
+  if (auto r = shim::CudaDriver::get().cuMemHostRegister(p, mapped, shim::cu::kMemHostRegisterPortable);
+      r != shim::cu::kSuccess) {
+    ::munmap(p, mapped);
+    _data = nullptr;
+    shim::cuda_check(r, "cuMemHostRegister");
   }
+  _pinned = true;
 }
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
@@ -89,10 +97,8 @@ HostBuffer::~HostBuffer() { release(); }
 
 void HostBuffer::release() noexcept {
   if (_data == nullptr) return;
-  if (_pinned)
-    shim::CudaDriver::get().cuMemFreeHost(_data);
-  else
-    std::free(_data);
+  if (_pinned) shim::CudaDriver::get().cuMemHostUnregister(_data);
+  ::munmap(_data, std::max<std::size_t>(_size, kPageBytes));
   _data = nullptr;
 }
 

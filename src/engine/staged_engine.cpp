@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
+#include "engine/staging_cache.hpp"
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
 
@@ -166,7 +167,7 @@ void run_staged(std::span<const CheckpointFile> files, std::span<const EngineChu
   const std::uint64_t staging_bytes =
       static_cast<std::uint64_t>(settings.threads) * settings.slots_per_thread *
       slot_bytes(settings.chunk_bytes);
-  HostBuffer staging(staging_bytes, settings.gpu);
+  HostBuffer staging = take_staging(staging_bytes, settings.gpu);
   stats.staging_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   stats.staging_bytes = staging_bytes;
@@ -175,7 +176,8 @@ void run_staged(std::span<const CheckpointFile> files, std::span<const EngineChu
   stats.chunk_bytes = settings.chunk_bytes;
 
   StagedRun run(files, chunks, settings, staging.data(), total);
-  run.run();
+  run.run();  // every copy out of staging has finished when this returns, even by exception
+  keep_staging(std::move(staging));
   stats.files = run.file_stats();
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
 }

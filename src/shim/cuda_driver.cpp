@@ -40,8 +40,8 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuMemGetInfo_v2", d.cuMemGetInfo, why);
   ok &= resolve(library, "cuMemAlloc_v2", d.cuMemAlloc, why);
   ok &= resolve(library, "cuMemFree_v2", d.cuMemFree, why);
-  ok &= resolve(library, "cuMemHostAlloc", d.cuMemHostAlloc, why);
-  ok &= resolve(library, "cuMemFreeHost", d.cuMemFreeHost, why);
+  ok &= resolve(library, "cuMemHostRegister_v2", d.cuMemHostRegister, why);
+  ok &= resolve(library, "cuMemHostUnregister", d.cuMemHostUnregister, why);
   ok &= resolve(library, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, why);
   ok &= resolve(library, "cuMemcpyDtoH_v2", d.cuMemcpyDtoH, why);
   ok &= resolve(library, "cuStreamCreate", d.cuStreamCreate, why);

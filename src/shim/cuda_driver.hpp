@@ -20,7 +20,7 @@ struct EventState;
 using Event = EventState*;
 
 inline constexpr Result kSuccess = 0;
-inline constexpr unsigned kMemHostAllocPortable = 0x01;
+inline constexpr unsigned kMemHostRegisterPortable = 0x01;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr unsigned kEventDisableTiming = 0x2;
 inline constexpr int kAttributePciBusId = 33;
@@ -54,8 +54,8 @@ struct CudaDriver {
   cu::Result (*cuMemGetInfo)(std::size_t*, std::size_t*) = nullptr;
   cu::Result (*cuMemAlloc)(cu::DevicePtr*, std::size_t) = nullptr;
   cu::Result (*cuMemFree)(cu::DevicePtr) = nullptr;
-  cu::Result (*cuMemHostAlloc)(void**, std::size_t, unsigned) = nullptr;
-  cu::Result (*cuMemFreeHost)(void*) = nullptr;
+  cu::Result (*cuMemHostRegister)(void*, std::size_t, unsigned) = nullptr;
+  cu::Result (*cuMemHostUnregister)(void*) = nullptr;
   cu::Result (*cuMemcpyHtoDAsync)(cu::DevicePtr, const void*, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuMemcpyDtoH)(void*, cu::DevicePtr, std::size_t) = nullptr;
   cu::Result (*cuStreamCreate)(cu::Stream*, unsigned) = nullptr;
