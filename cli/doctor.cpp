@@ -102,7 +102,7 @@ void print_text(const Json& r) {
                 bw["pinned"].get<double>(), bw["pageable"].get<double>());
   }
   const Json& e = r["engine"];
-  std::printf("engine defaults: %u reader threads, %s reads, %s staging\n",
+  std::printf("engine defaults: %u reader threads, %s reads, two slots each, staging bound %s\n",
               e["reader_threads"].get<unsigned>(),
               human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
               human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str());

@@ -40,7 +40,8 @@ struct EngineSettings {
   std::function<void(std::uint64_t, std::uint64_t)> progress;
 };
 
-// Picks threads, chunk size and slots within `staging_bytes` from the machine and the request.
+// Picks threads and read size from the machine and the request, two staging slots per thread,
+// all within options.staging_bytes.
 EngineSettings choose_settings(const LoadOptions& options);
 
 // Runs every chunk; on return every byte has landed (or an exception says why not). Fills the
