@@ -43,16 +43,18 @@ models="qwen3-0.6b llama3-8b"
 (cd bench && python3 make_checkpoints.py "$ckpts" $models) | tee -a "$OUT/summary.txt"
 
 log "cuda:0 --hash equals cpu --hash"
+hashes=/tmp/hashes
+mkdir -p $hashes
 for m in $models; do
-  "$ferry" load "$ckpts/$m" --device cuda:0 --hash >"$OUT/hash-cuda-$m.txt" 2>/dev/null
-  "$ferry" load "$ckpts/$m" --device cpu --hash >"$OUT/hash-cpu-$m.txt" 2>/dev/null
-  if cmp -s "$OUT/hash-cuda-$m.txt" "$OUT/hash-cpu-$m.txt"; then
-    echo "$m: identical ($(wc -l <"$OUT/hash-cuda-$m.txt") tensors)" | tee -a "$OUT/summary.txt"
+  "$ferry" load "$ckpts/$m" --device cuda:0 --hash >"$hashes/cuda-$m.txt" 2>/dev/null
+  "$ferry" load "$ckpts/$m" --device cpu --hash >"$hashes/cpu-$m.txt" 2>/dev/null
+  if cmp -s "$hashes/cuda-$m.txt" "$hashes/cpu-$m.txt"; then
+    echo "$m: identical ($(wc -l <"$hashes/cuda-$m.txt") tensors)" | tee -a "$OUT/summary.txt"
   else
-    echo "$m: DIFFERENT" | tee -a "$OUT/summary.txt"; exit 1
+    echo "$m: DIFFERENT" | tee -a "$OUT/summary.txt"; diff "$hashes/cuda-$m.txt" "$hashes/cpu-$m.txt" | head; status=1
   fi
 done
-python3 - "$ckpts/qwen3-0.6b" "$OUT/hash-cpu-qwen3-0.6b.txt" <<'PY' | tee -a "$OUT/summary.txt"
+python3 - "$ckpts/qwen3-0.6b" "$hashes/cpu-qwen3-0.6b.txt" <<'PY' | tee -a "$OUT/summary.txt" || status=1
 # ferry's digests equal those of the bytes safetensors itself returns.
 import sys, torch, xxhash
 from safetensors import safe_open
@@ -62,6 +64,9 @@ with safe_open(sys.argv[1] + "/model.safetensors", framework="pt") as f:
 print(f"qwen3-0.6b vs safetensors.safe_open: {len(want) - len(bad)}/{len(want)} tensors equal")
 sys.exit(1 if bad else 0)
 PY
+
+log "doctor on the 8B checkpoint"
+[ -d "$ckpts/llama3-8b" ] && "$ferry" doctor "$ckpts/llama3-8b" --read-limit-gib 4 | tee -a "$OUT/summary.txt"
 
 log "benchmark"
 cold=--cold
