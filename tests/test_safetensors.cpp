@@ -1,0 +1,633 @@
+// The safetensors header parser: what it accepts, and one hand-made file per defect it must
+// refuse with a FormatError that names the file and the problem.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/safetensors.hpp"
+#include "test_support.hpp"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// Eight little-endian bytes, for header lengths that lie.
+std::string u64le(std::uint64_t value) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  return out;
+}
+
+Json tensor_entry(std::string_view dtype, std::vector<std::uint64_t> shape, std::uint64_t begin,
+                  std::uint64_t end) {
+  return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, end}}};
+}
+
+std::span<const std::byte> as_bytes(const std::string& text) {
+  return std::as_bytes(std::span(text.data(), text.size()));
+}
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  std::filesystem::path write(const std::string& bytes, const std::string& name = "t.safetensors") {
+    auto path = dir / name;
+    test::write_file(path, bytes);
+    return path;
+  }
+
+  SafetensorsHeader read(const std::string& bytes) { return read_safetensors_header(write(bytes)); }
+
+  // The file must be refused with a FormatError naming it and saying `word`.
+  void expect_format_error(const std::string& bytes, const std::string& word) {
+    const auto path = write(bytes, "bad.safetensors");
+    try {
+      read_safetensors_header(path);
+      ADD_FAILURE() << "no FormatError; expected one saying \"" << word << "\"";
+    } catch (const FormatError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(path.string()));
+      EXPECT_THAT(e.what(), HasSubstr(word));
+    }
+  }
+
+  // A well-formed header text whose data section holds `data_bytes` bytes.
+  void expect_header_error(const std::string& header_json, std::size_t data_bytes,
+                           const std::string& word) {
+    expect_format_error(test::raw_safetensors(header_json, std::string(data_bytes, 'x')), word);
+  }
+
+  test::TempDir dir;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Valid files
+
+struct DTypeCase {
+  const char* name;
+  DType dtype;
+  unsigned bits;
+};
+
+// Bit widths written out here rather than taken from dtype_bits, so that table is checked too.
+constexpr DTypeCase kAllDTypes[] = {
+    {"BOOL", DType::Bool, 8},       {"U8", DType::U8, 8},
+    {"I8", DType::I8, 8},           {"U16", DType::U16, 16},
+    {"I16", DType::I16, 16},        {"U32", DType::U32, 32},
+    {"I32", DType::I32, 32},        {"U64", DType::U64, 64},
+    {"I64", DType::I64, 64},        {"F16", DType::F16, 16},
+    {"BF16", DType::BF16, 16},      {"F32", DType::F32, 32},
+    {"F64", DType::F64, 64},        {"C64", DType::C64, 64},
+    {"F8_E4M3", DType::F8_E4M3, 8}, {"F8_E4M3FNUZ", DType::F8_E4M3FNUZ, 8},
+    {"F8_E5M2", DType::F8_E5M2, 8}, {"F8_E5M2FNUZ", DType::F8_E5M2FNUZ, 8},
+    {"F8_E8M0", DType::F8_E8M0, 8}, {"F6_E2M3", DType::F6_E2M3, 6},
+    {"F6_E3M2", DType::F6_E3M2, 6}, {"F4", DType::F4, 4},
+};
+
+TEST_F(SafetensorsTest, EveryDTypeHasItsByteSize) {
+  // 3 x 4 x 2 = 24 elements fill whole bytes for the packed 4- and 6-bit types too.
+  const std::vector<std::uint64_t> shape = {3, 4, 2};
+  Json header = Json::object();
+  std::uint64_t offset = 0;
+  for (const auto& c : kAllDTypes) {
+    const std::uint64_t size = c.bits * 24 / 8;
+    header[std::string("t_") + c.name] = tensor_entry(c.name, shape, offset, offset + size);
+    offset += size;
+  }
+  const std::string text = header.dump();
+  const auto parsed = read(test::raw_safetensors(text, std::string(offset, '\0')));
+
+  ASSERT_EQ(parsed.tensors.size(), std::size(kAllDTypes));
+  for (const auto& c : kAllDTypes) {
+    SCOPED_TRACE(c.name);
+    const TensorInfo* found = nullptr;
+    for (const auto& t : parsed.tensors)
+      if (t.name == std::string("t_") + c.name) found = &t;
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(found->dtype, c.dtype);
+    EXPECT_EQ(dtype_name(found->dtype), c.name);
+    EXPECT_EQ(dtype_bits(found->dtype), c.bits);
+    EXPECT_EQ(found->shape, shape);
+    EXPECT_EQ(found->size, c.bits * 24 / 8);
+    EXPECT_EQ(found->file_index, 0u);
+  }
+}
+
+TEST_F(SafetensorsTest, PackedTypesUseBitsTimesCountOverEight) {
+  // F4: 2 elements per byte; F6: 4 elements per 3 bytes.
+  const std::string header = Json{
+      {"f4", tensor_entry("F4", {5, 2}, 0, 5)},
+      {"f6a", tensor_entry("F6_E2M3", {4}, 5, 8)},
+      {"f6b", tensor_entry("F6_E3M2", {2, 8}, 8,
+                           20)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(20, '\0')));
+  ASSERT_EQ(parsed.tensors.size(), 3u);
+  EXPECT_EQ(parsed.tensors[0].size, 5u);
+  EXPECT_EQ(parsed.tensors[1].size, 3u);
+  EXPECT_EQ(parsed.tensors[2].size, 12u);
+}
+
+TEST_F(SafetensorsTest, ZeroSizedTensorsAndScalars) {
+  const std::string header = Json{{"empty", tensor_entry("F32", {0}, 0, 0)},
+                                  {"empty3d", tensor_entry("BF16", {4, 0, 3}, 0, 0)},
+                                  {"scalar", tensor_entry("F64", {}, 0, 8)},
+                                  {"at_end", tensor_entry("U8", {0}, 8, 8)}}
+                                 .dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(8, '\0')));
+  ASSERT_EQ(parsed.tensors.size(), 4u);
+  for (const auto& t : parsed.tensors) {
+    SCOPED_TRACE(t.name);
+    if (t.name == "scalar") {
+      EXPECT_TRUE(t.shape.empty());
+      EXPECT_EQ(t.size, 8u);
+    } else {
+      EXPECT_EQ(t.size, 0u);
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, MetadataIsParsed) {
+  const std::string header = Json{
+      {"__metadata__", {{"format", "pt"}, {"note", "ünïcode \"quoted\""}, {"empty", ""}}},
+      {"w", tensor_entry("U8", {2}, 0,
+                         2)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, "ab"));
+  EXPECT_EQ(parsed.metadata, (std::map<std::string, std::string>{
+                                 {"format", "pt"}, {"note", "ünïcode \"quoted\""}, {"empty", ""}}));
+  ASSERT_EQ(parsed.tensors.size(), 1u);  // __metadata__ is not a tensor
+  EXPECT_EQ(parsed.tensors[0].name, "w");
+}
+
+TEST_F(SafetensorsTest, NoMetadataMeansEmptyMap) {
+  const auto parsed =
+      read(test::raw_safetensors(Json{{"w", tensor_entry("U8", {1}, 0, 1)}}.dump(), "a"));
+  EXPECT_TRUE(parsed.metadata.empty());
+}
+
+TEST_F(SafetensorsTest, HeaderWithOnlyMetadataHasNoTensors) {
+  const auto parsed = read(test::raw_safetensors(R"({"__metadata__":{"a":"b"}})", ""));
+  EXPECT_TRUE(parsed.tensors.empty());
+  EXPECT_EQ(parsed.metadata.at("a"), "b");
+}
+
+TEST_F(SafetensorsTest, EmptyObjectHeaderHasNoTensors) {
+  const auto parsed = read(test::raw_safetensors("{}", ""));
+  EXPECT_TRUE(parsed.tensors.empty());
+  EXPECT_EQ(parsed.data_start, 10u);
+}
+
+TEST_F(SafetensorsTest, TrailingPaddingAfterLastTensorIsIgnored) {
+  const std::string header = Json{{"w", tensor_entry("F32", {2}, 0, 8)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(8 + 4096, '\0')));
+  ASSERT_EQ(parsed.tensors.size(), 1u);
+  EXPECT_EQ(parsed.tensors[0].size, 8u);
+}
+
+TEST_F(SafetensorsTest, HeaderPaddedWithSpacesIsAccepted) {
+  // Hugging Face's writer pads the JSON with spaces to a multiple of 8 bytes.
+  std::string header = Json{{"w", tensor_entry("U8", {3}, 0, 3)}}.dump();
+  header.append(8 - header.size() % 8 + 8, ' ');
+  const auto parsed = read(test::raw_safetensors(header, "abc"));
+  EXPECT_EQ(parsed.data_start, 8 + header.size());
+  ASSERT_EQ(parsed.tensors.size(), 1u);
+  EXPECT_EQ(parsed.tensors[0].offset, parsed.data_start);
+}
+
+TEST_F(SafetensorsTest, OffsetsAreMadeAbsolute) {
+  const std::string header =
+      Json{{"a", tensor_entry("U8", {4}, 0, 4)}, {"b", tensor_entry("U16", {3}, 4, 10)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(10, '\0')));
+  EXPECT_EQ(parsed.data_start, 8 + header.size());
+  ASSERT_EQ(parsed.tensors.size(), 2u);
+  EXPECT_EQ(parsed.tensors[0].offset, parsed.data_start);
+  EXPECT_EQ(parsed.tensors[1].offset, parsed.data_start + 4);
+  EXPECT_EQ(parsed.tensors[1].size, 6u);
+}
+
+TEST_F(SafetensorsTest, TensorsAreSortedByOffset) {
+  // Names in the reverse order of their offsets, so name order cannot pass for offset order.
+  const std::string header = Json{
+      {"a", tensor_entry("U8", {1}, 30, 31)},
+      {"b", tensor_entry("U8", {10}, 20, 30)},
+      {"c", tensor_entry("U8", {10}, 10, 20)},
+      {"d", tensor_entry("U8", {10}, 0,
+                         10)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(31, '\0')));
+  std::vector<std::string> names;
+  for (const auto& t : parsed.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"d", "c", "b", "a"}));
+  for (std::size_t i = 1; i < parsed.tensors.size(); ++i)
+    EXPECT_LT(parsed.tensors[i - 1].offset, parsed.tensors[i].offset);
+}
+
+TEST_F(SafetensorsTest, HolesBetweenTensorsAreAccepted) {
+  const std::string header =
+      Json{{"a", tensor_entry("U8", {4}, 100, 104)}, {"b", tensor_entry("U8", {4}, 8, 12)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(200, '\0')));
+  ASSERT_EQ(parsed.tensors.size(), 2u);
+  EXPECT_EQ(parsed.tensors[0].name, "b");
+  EXPECT_EQ(parsed.tensors[0].offset, parsed.data_start + 8);
+  EXPECT_EQ(parsed.tensors[1].name, "a");
+  EXPECT_EQ(parsed.tensors[1].offset, parsed.data_start + 100);
+}
+
+TEST_F(SafetensorsTest, AdjacentZeroSizedTensorsDoNotOverlap) {
+  const std::string header = Json{
+      {"a", tensor_entry("U8", {0}, 4, 4)},
+      {"b", tensor_entry("U8", {4}, 0, 4)},
+      {"c", tensor_entry("U8", {4}, 4, 8)},
+      {"d", tensor_entry("U8", {0}, 4,
+                         4)}}.dump();
+  const auto parsed = read(test::raw_safetensors(header, std::string(8, '\0')));
+  EXPECT_EQ(parsed.tensors.size(), 4u);
+}
+
+TEST_F(SafetensorsTest, LargeShapeDimensionsWithoutOverflow) {
+  // 2^30 x 2^30 elements of U8 is 2^60 bytes (2^63 bits): representable, so only the bounds
+  // refuse it.
+  expect_header_error(
+      Json{{"w", tensor_entry("U8", {1ull << 30, 1ull << 30}, 0, 1ull << 60)}}.dump(), 0,
+      "run past");
+}
+
+TEST_F(SafetensorsTest, MatchesWhatFerrysWriterWrote) {
+  const std::vector<TensorSpec> specs = {
+      {"z.weight", DType::BF16, {17, 33}}, {"a.bias", DType::F32, {7}}, {"m", DType::F4, {6, 2}}};
+  const auto path = dir / "w.safetensors";
+  const auto layout = write_safetensors(
+      path, specs,
+      [](const TensorSpec&, std::span<std::byte> b) { std::memset(b.data(), 0x5a, b.size()); },
+      {{"k", "v"}});
+  const auto parsed = read_safetensors_header(path);
+  EXPECT_EQ(parsed.data_start % 8, 0u);
+  EXPECT_EQ(parsed.metadata.at("k"), "v");
+  ASSERT_EQ(parsed.tensors.size(), layout.size());
+  for (std::size_t i = 0; i < layout.size(); ++i) {  // the writer packs in the order given
+    EXPECT_EQ(parsed.tensors[i].name, layout[i].name);
+    EXPECT_EQ(parsed.tensors[i].dtype, layout[i].dtype);
+    EXPECT_EQ(parsed.tensors[i].shape, layout[i].shape);
+    EXPECT_EQ(parsed.tensors[i].offset, layout[i].offset);
+    EXPECT_EQ(parsed.tensors[i].size, layout[i].size);
+  }
+  EXPECT_EQ(parsed.tensors[2].size, 6u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed files: the frame (length prefix and header bounds)
+
+TEST_F(SafetensorsTest, MissingFileIsASystemErrorNamingIt) {
+  const auto path = dir / "nope.safetensors";
+  try {
+    read_safetensors_header(path);
+    FAIL() << "no error";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory);
+    EXPECT_THAT(e.what(), HasSubstr(path.string()));
+  }
+}
+
+TEST_F(SafetensorsTest, EmptyFile) { expect_format_error("", "too short"); }
+
+TEST_F(SafetensorsTest, FileShorterThanEightBytes) {
+  expect_format_error("\x02\0\0\0", "too short");
+}
+
+TEST_F(SafetensorsTest, FileTruncatedInsideHeader) {
+  const std::string whole =
+      test::raw_safetensors(Json{{"w", tensor_entry("U8", {4}, 0, 4)}}.dump(), "abcd");
+  expect_format_error(whole.substr(0, 20), "runs past the end");
+}
+
+TEST_F(SafetensorsTest, FileTruncatedInsideData) {
+  const std::string whole = test::raw_safetensors(
+      Json{{"w", tensor_entry("F32", {16}, 0, 64)}}.dump(), std::string(64, '\0'));
+  expect_format_error(whole.substr(0, whole.size() - 1), "run past");
+}
+
+TEST_F(SafetensorsTest, HeaderLengthOneBytePastTheEnd) {
+  const std::string json = "{}";
+  expect_format_error(u64le(json.size() + 1) + json, "runs past the end");
+}
+
+TEST_F(SafetensorsTest, HeaderLengthHugeIsRefusedBeforeAllocating) {
+  expect_format_error(u64le(0xFFFFFFFFFFFFFFFFull) + "{}", "exceeds the limit");
+}
+
+TEST_F(SafetensorsTest, HeaderLengthJustOverTheLimit) {
+  expect_format_error(u64le(kSafetensorsMaxHeaderBytes + 1) + "{}", "exceeds the limit");
+}
+
+TEST_F(SafetensorsTest, EmptyHeader) { expect_format_error(u64le(0), "header is empty"); }
+
+TEST_F(SafetensorsTest, EmptyHeaderFollowedByData) {
+  expect_format_error(u64le(0) + "{}", "header is empty");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed files: the JSON
+
+TEST_F(SafetensorsTest, InvalidJson) {
+  expect_header_error(R"({"w": {"dtype": "U8",)", 0, "not valid JSON");
+}
+
+TEST_F(SafetensorsTest, GarbageAfterTheJsonObject) {
+  expect_header_error(R"({} {})", 0, "not valid JSON");
+}
+
+TEST_F(SafetensorsTest, HeaderOfZeroBytes) {
+  expect_header_error(std::string(16, '\0'), 0, "not valid JSON");
+}
+
+TEST_F(SafetensorsTest, InvalidUtf8InHeader) {
+  expect_header_error("{\"w\xff\": {}}", 0, "not valid JSON");
+}
+
+TEST_F(SafetensorsTest, JsonArrayIsNotAnObject) {
+  expect_header_error(R"([{"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}])", 1,
+                      "not an object");
+}
+
+TEST_F(SafetensorsTest, JsonStringIsNotAnObject) {
+  expect_header_error(R"("hello")", 0, "not an object");
+}
+
+TEST_F(SafetensorsTest, DuplicateTensorName) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                          "w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
+                      2, "\"w\" twice");
+}
+
+TEST_F(SafetensorsTest, DuplicateMetadataKeyIsADuplicateName) {
+  expect_header_error(R"({"__metadata__": {}, "__metadata__": {}})", 0, "twice");
+}
+
+TEST_F(SafetensorsTest, EmptyTensorName) {
+  expect_header_error(R"({"": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}})", 1,
+                      "empty name");
+}
+
+TEST_F(SafetensorsTest, TensorEntryNotAnObject) {
+  expect_header_error(R"({"w": [0, 1]})", 1, "not an object");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed files: one tensor entry
+
+TEST_F(SafetensorsTest, UnknownDType) {
+  expect_header_error(R"({"w": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}})", 16,
+                      "unknown dtype \"F128\"");
+}
+
+TEST_F(SafetensorsTest, DTypeNamesAreCaseSensitive) {
+  expect_header_error(R"({"w": {"dtype": "f32", "shape": [1], "data_offsets": [0, 4]}})", 4,
+                      "unknown dtype");
+}
+
+TEST_F(SafetensorsTest, DTypeNotAString) {
+  expect_header_error(R"({"w": {"dtype": 7, "shape": [1], "data_offsets": [0, 1]}})", 1, "dtype");
+}
+
+TEST_F(SafetensorsTest, MissingDType) {
+  expect_header_error(R"({"w": {"shape": [1], "data_offsets": [0, 1]}})", 1, "missing");
+  expect_header_error(R"({"w": {"shape": [1], "data_offsets": [0, 1]}})", 1, "dtype");
+}
+
+TEST_F(SafetensorsTest, MissingShape) {
+  expect_header_error(R"({"w": {"dtype": "U8", "data_offsets": [0, 1]}})", 1, "missing");
+  expect_header_error(R"({"w": {"dtype": "U8", "data_offsets": [0, 1]}})", 1, "shape");
+}
+
+TEST_F(SafetensorsTest, ShapeNotAnArray) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": 1, "data_offsets": [0, 1]}})", 1, "shape");
+}
+
+TEST_F(SafetensorsTest, MissingDataOffsets) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1]}})", 1, "data_offsets");
+}
+
+TEST_F(SafetensorsTest, DataOffsetsWithOneElement) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [1]}})", 1,
+                      "data_offsets must be [begin, end]");
+}
+
+TEST_F(SafetensorsTest, DataOffsetsWithThreeElements) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1, 2]}})", 2,
+                      "data_offsets must be [begin, end]");
+}
+
+TEST_F(SafetensorsTest, DataOffsetsNotAnArray) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": {"a": 0, "b": 1}}})",
+                      1, "data_offsets must be [begin, end]");
+}
+
+TEST_F(SafetensorsTest, DataOffsetNotAnInteger) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, "1"]}})", 1,
+                      "data_offsets");
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [-1, 0]}})", 1,
+                      "not a non-negative integer");
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0.0, 1.0]}})", 1,
+                      "not a non-negative integer");
+}
+
+TEST_F(SafetensorsTest, UnknownExtraFieldInTensorEntry) {
+  expect_header_error(
+      R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "strides": [1]}})", 1,
+      "unknown field \"strides\"");
+}
+
+TEST_F(SafetensorsTest, ShapeElementCountOverflows64Bits) {
+  expect_header_error(
+      R"({"w": {"dtype": "U8", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0,
+      "overflows 64 bits");
+}
+
+TEST_F(SafetensorsTest, ShapeBitCountOverflows64Bits) {
+  // 2^60 elements fit in 64 bits; their 2^65 bits of F32 do not.
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [1152921504606846976],
+                                "data_offsets": [0, 0]}})",
+                      0, "overflows 64 bits");
+}
+
+TEST_F(SafetensorsTest, ShapeElementNegative) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 1]}})", 1,
+                      "not a non-negative integer");
+}
+
+TEST_F(SafetensorsTest, ShapeElementFloat) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [2.5], "data_offsets": [0, 2]}})", 2,
+                      "not a non-negative integer");
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [2.0], "data_offsets": [0, 2]}})", 2,
+                      "not a non-negative integer");
+}
+
+TEST_F(SafetensorsTest, ShapeElementNotANumber) {
+  for (const char* dim : {R"("2")", "true", "null", "[2]", "{}"}) {
+    SCOPED_TRACE(dim);
+    expect_header_error(
+        std::string(R"({"w": {"dtype": "U8", "shape": [)") + dim + R"(], "data_offsets": [0, 2]}})",
+        2, "not a non-negative integer");
+  }
+}
+
+TEST_F(SafetensorsTest, ShapeElementBeyondUint64) {
+  expect_header_error(
+      R"({"w": {"dtype": "U8", "shape": [18446744073709551616], "data_offsets": [0, 1]}})", 1,
+      "not a non-negative integer");
+}
+
+TEST_F(SafetensorsTest, SizeMismatchTooFewBytes) {
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", 8,
+                      "needs 8 bytes but data_offsets hold 4");
+}
+
+TEST_F(SafetensorsTest, SizeMismatchTooManyBytes) {
+  expect_header_error(R"({"w": {"dtype": "BF16", "shape": [3, 7], "data_offsets": [0, 43]}})", 43,
+                      "needs 42 bytes");
+}
+
+TEST_F(SafetensorsTest, DataOffsetsOutOfBounds) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [100], "data_offsets": [0, 100]}})", 99,
+                      "run past the 99 data bytes");
+}
+
+TEST_F(SafetensorsTest, DataOffsetsFarOutOfBounds) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [1],
+                                "data_offsets": [18446744073709551614, 18446744073709551615]}})",
+                      8, "run past");
+}
+
+TEST_F(SafetensorsTest, ReversedDataOffsets) {
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [4], "data_offsets": [8, 4]}})", 8,
+                      "reversed");
+}
+
+TEST_F(SafetensorsTest, OverlappingTensors) {
+  expect_header_error(R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                          "b": {"dtype": "U8", "shape": [8], "data_offsets": [4, 12]}})",
+                      12, "overlap");
+}
+
+TEST_F(SafetensorsTest, TensorsSharingTheSameBytes) {
+  expect_header_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                          "b": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}})",
+                      8, "overlap");
+}
+
+TEST_F(SafetensorsTest, TensorInsideAnother) {
+  expect_header_error(R"({"a": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]},
+                          "b": {"dtype": "U8", "shape": [2], "data_offsets": [6, 8]}})",
+                      16, "overlap");
+}
+
+TEST_F(SafetensorsTest, F4WithOddElementCount) {
+  expect_header_error(R"({"w": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}})", 2,
+                      "does not fill whole bytes");
+}
+
+TEST_F(SafetensorsTest, F6NotFillingWholeBytes) {
+  expect_header_error(R"({"w": {"dtype": "F6_E2M3", "shape": [2, 3], "data_offsets": [0, 5]}})", 5,
+                      "does not fill whole bytes");
+}
+
+TEST_F(SafetensorsTest, MetadataValueNotAString) {
+  expect_header_error(R"({"__metadata__": {"epoch": 3}})", 0, "\"epoch\" is not a string");
+  expect_header_error(R"({"__metadata__": {"nested": {"a": "b"}}})", 0, "is not a string");
+  expect_header_error(R"({"__metadata__": {"none": null}})", 0, "is not a string");
+}
+
+TEST_F(SafetensorsTest, MetadataNotAnObject) {
+  expect_header_error(R"({"__metadata__": ["a", "b"]})", 0, "__metadata__ is not an object");
+  expect_header_error(R"({"__metadata__": "text"})", 0, "__metadata__ is not an object");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Known defects, disabled until src/safetensors.cpp is fixed (see the report with these tests).
+
+// An ambiguous entry: Hugging Face refuses it ("duplicate field `dtype`"); ferry takes the last.
+TEST_F(SafetensorsTest, DISABLED_DuplicateFieldInTensorEntry) {
+  expect_header_error(
+      R"({"w": {"dtype": "U8", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4,
+      "dtype");
+}
+
+// A deeply nested shape element overflows the stack while as_u64 dumps it into the message.
+TEST_F(SafetensorsTest, DISABLED_DeeplyNestedShapeIsRefusedWithoutCrashing) {
+  const std::size_t depth = 1'000'000;
+  expect_header_error(R"({"w": {"dtype": "U8", "shape": [)" + std::string(depth, '[') +
+                          std::string(depth, ']') + R"(], "data_offsets": [0, 1]}})",
+                      1, "shape");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The in-memory entry point
+
+TEST(ParseSafetensorsHeader, ParsesAPrefixInMemory) {
+  const std::string header =
+      Json{{"b", tensor_entry("I32", {2}, 4, 12)}, {"a", tensor_entry("I8", {4}, 0, 4)}}.dump();
+  const std::string bytes = test::raw_safetensors(header, "");
+  // Only the prefix is given; file_size says the data section exists on disk.
+  const auto parsed = parse_safetensors_header(as_bytes(bytes), bytes.size() + 12, "mem");
+  EXPECT_EQ(parsed.data_start, 8 + header.size());
+  ASSERT_EQ(parsed.tensors.size(), 2u);
+  EXPECT_EQ(parsed.tensors[0].name, "a");
+  EXPECT_EQ(parsed.tensors[0].offset, parsed.data_start);
+  EXPECT_EQ(parsed.tensors[1].name, "b");
+  EXPECT_EQ(parsed.tensors[1].offset, parsed.data_start + 4);
+  EXPECT_EQ(parsed.tensors[1].dtype, DType::I32);
+}
+
+TEST(ParseSafetensorsHeader, ExtraBytesInThePrefixAreIgnored) {
+  const std::string header = Json{{"a", tensor_entry("U8", {4}, 0, 4)}}.dump();
+  const std::string bytes = test::raw_safetensors(header, "abcd");
+  const auto parsed = parse_safetensors_header(as_bytes(bytes), bytes.size(), "mem");
+  ASSERT_EQ(parsed.tensors.size(), 1u);
+  EXPECT_EQ(parsed.tensors[0].size, 4u);
+}
+
+// Throws FormatError; the message must carry the label and `word`.
+void expect_parse_error(const std::string& bytes, std::uint64_t file_size,
+                        const std::string& word) {
+  try {
+    parse_safetensors_header(as_bytes(bytes), file_size, "label-in-memory");
+    ADD_FAILURE() << "no FormatError; expected one saying \"" << word << "\"";
+  } catch (const FormatError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("label-in-memory"));
+    EXPECT_THAT(e.what(), HasSubstr(word));
+  }
+}
+
+TEST(ParseSafetensorsHeader, RefusesShortInput) {
+  expect_parse_error("", 0, "too short");
+  expect_parse_error("1234567", 7, "too short");
+}
+
+TEST(ParseSafetensorsHeader, RefusesAPrefixThatStopsInsideTheHeader) {
+  const std::string bytes = test::raw_safetensors(R"({"__metadata__": {"a": "b"}})", "");
+  expect_parse_error(bytes.substr(0, bytes.size() - 3), bytes.size(), "truncated");
+}
+
+TEST(ParseSafetensorsHeader, RefusesHugeHeaderLength) {
+  expect_parse_error(u64le(~0ull), 1ull << 40, "exceeds the limit");
+}
+
+TEST(ParseSafetensorsHeader, RefusesOutOfBoundsOffsets) {
+  const std::string bytes =
+      test::raw_safetensors(Json{{"w", tensor_entry("U8", {4}, 0, 4)}}.dump(), "");
+  expect_parse_error(bytes, bytes.size() + 3, "run past the 3 data bytes");
+}
+
+TEST(ParseSafetensorsHeader, RefusesUnknownDType) {
+  const std::string bytes = test::raw_safetensors(
+      R"({"w": {"dtype": "Q4_K", "shape": [1], "data_offsets": [0, 1]}})", "x");
+  expect_parse_error(bytes, bytes.size(), "unknown dtype");
+}
+
+}  // namespace
+}  // namespace ferry
