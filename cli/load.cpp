@@ -56,7 +56,7 @@ void add_load(CLI::App& app) {
                 "print name, dtype, shape and XXH3-64 of each tensor as loaded, sorted by name "
                 "(statistics then go to stderr)");
   cmd->add_flag("--json", json, "print the statistics as JSON");
-  cmd->add_option("--tensor", names, "load only this tensor (repeatable)");
+  cmd->add_option("--tensor", names, "load only this tensor (repeatable)")->allow_extra_args(false);
   cmd->add_option("--io", io, "auto, direct (O_DIRECT) or buffered")->capture_default_str();
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
       ->check(CLI::PositiveNumber)

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "ferry/error.hpp"
 #include "ferry/safetensors.hpp"
+#include "strict_json.hpp"
 
 namespace ferry {
 namespace {
@@ -31,6 +32,9 @@ fs::path find_index(const fs::path& dir) {
   return found.empty() ? fs::path() : found.front();
 }
 
+// An index nests three levels deep (root, weight_map or metadata, value).
+constexpr int kMaxIndexDepth = 8;
+
 struct IndexFile {
   std::vector<std::string> shards;                      // in first-mention order
   std::map<std::string, std::string> shard_of_tensor;  // tensor -> shard file name
@@ -38,14 +42,10 @@ struct IndexFile {
 
 IndexFile read_index(const fs::path& index_path) {
   const std::string label = index_path.string();
-  std::ifstream in(index_path);
-  if (!in) detail::fail_errno(errno, label, ": cannot open");
-  Json root;
-  try {
-    root = Json::parse(in);
-  } catch (const Json::exception& e) {
-    detail::fail<FormatError>(label, ": not valid JSON: ", e.what());
-  }
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) detail::fail_errno(errno, label);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Json root = detail::parse_strict_json(text, label, kMaxIndexDepth);
   FERRY_FORMAT_EXPECT(root.is_object() && root.contains("weight_map") &&
                           root["weight_map"].is_object(),
                       label, ": no \"weight_map\" object");
@@ -53,18 +53,19 @@ IndexFile read_index(const fs::path& index_path) {
   for (const auto& [tensor, shard] : root["weight_map"].items()) {
     FERRY_FORMAT_EXPECT(shard.is_string(), label, ": weight_map entry \"", tensor,
                         "\" is not a file name");
-    auto name = shard.get<std::string>();
-    fs::path p(name);
-    // Shards must sit beside the index: no absolute paths, no escaping with "..".
-    FERRY_FORMAT_EXPECT(!name.empty() && p.is_relative() &&
-                            std::none_of(p.begin(), p.end(), [](const fs::path& part) {
+    const fs::path raw(shard.get<std::string>());
+    // Shards must sit beside the index: no absolute paths, no ".." anywhere (a symlinked
+    // directory makes "sub/.." lead elsewhere). Normalised, "./a" and "a" name one shard.
+    FERRY_FORMAT_EXPECT(!raw.empty() && raw.is_relative() &&
+                            std::none_of(raw.begin(), raw.end(), [](const fs::path& part) {
                               return part == "..";
                             }),
-                        label, ": weight_map entry \"", tensor, "\" names \"", name,
+                        label, ": weight_map entry \"", tensor, "\" names \"", raw.string(),
                         "\", which is not a file beside the index");
+    const std::string name = raw.lexically_normal().string();
     if (std::find(index.shards.begin(), index.shards.end(), name) == index.shards.end())
       index.shards.push_back(name);
-    index.shard_of_tensor.emplace(tensor, name);
+    index.shard_of_tensor[tensor] = name;
   }
   FERRY_FORMAT_EXPECT(!index.shards.empty(), label, ": weight_map is empty");
   return index;
@@ -77,8 +78,10 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   ckpt._path = path;
   std::error_code ec;
   auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status))
-    detail::fail_errno(ENOENT, path.string(), ": no such file or directory");
+  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
+  // Anything else (a FIFO, a device) could block a read forever.
+  FERRY_EXPECT(fs::is_directory(status) || fs::is_regular_file(status), std::invalid_argument,
+               path.string(), ": not a regular file or a directory");
 
   fs::path index_path;
   if (fs::is_directory(status)) {
@@ -114,7 +117,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     FERRY_FORMAT_EXPECT(info != nullptr, label, ": tensor \"", tensor, "\" is listed in \"",
                         shard, "\" but no shard holds it");
     const auto& held_by = ckpt._files[info->file_index].path;
-    FERRY_FORMAT_EXPECT(held_by.filename() == fs::path(shard).filename(), label, ": tensor \"",
+    FERRY_FORMAT_EXPECT(held_by == dir / shard, label, ": tensor \"",
                         tensor, "\" is listed in \"", shard, "\" but is held by ",
                         held_by.string());
   }

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "ferry/error.hpp"
 #include "io/file_descriptor.hpp"
+#include "strict_json.hpp"
 
 namespace ferry {
 namespace {
@@ -19,24 +19,11 @@ std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
   return value;
 }
 
-// Parses JSON and refuses duplicate top-level keys, which would silently hide a tensor.
+// A safetensors header nests three levels deep (header, tensor, shape).
+constexpr int kMaxHeaderDepth = 8;
+
 Json parse_json_object(std::string_view text, std::string_view label) {
-  std::set<std::string> seen;
-  std::string duplicate;
-  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth == 1 && event == Json::parse_event_t::key) {
-      auto key = parsed.get<std::string>();
-      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  Json root;
-  try {
-    root = Json::parse(text.begin(), text.end(), on_event);
-  } catch (const Json::exception& e) {
-    detail::fail<FormatError>(label, ": header is not valid JSON: ", e.what());
-  }
-  FERRY_FORMAT_EXPECT(duplicate.empty(), label, ": header names \"", duplicate, "\" twice");
+  Json root = detail::parse_strict_json(text, label, kMaxHeaderDepth);
   FERRY_FORMAT_EXPECT(root.is_object(), label, ": header is JSON but not an object");
   return root;
 }
@@ -57,7 +44,8 @@ std::uint64_t as_u64(const Json& value, std::string_view label, std::string_view
   FERRY_FORMAT_EXPECT(value.is_number_unsigned() ||
                           (value.is_number_integer() && value.get<std::int64_t>() >= 0),
                       label, ": tensor \"", tensor, "\": ", field,
-                      " holds a value that is not a non-negative integer: ", value.dump());
+                      " holds a value that is not a non-negative integer: ",
+                      detail::describe_json(value));
   return value.get<std::uint64_t>();
 }
 

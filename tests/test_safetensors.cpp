@@ -361,7 +361,7 @@ TEST_F(SafetensorsTest, JsonStringIsNotAnObject) {
 TEST_F(SafetensorsTest, DuplicateTensorName) {
   expect_header_error(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
                           "w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
-                      2, "\"w\" twice");
+                      2, "\"w\" appears twice");
 }
 
 TEST_F(SafetensorsTest, DuplicateMetadataKeyIsADuplicateName) {
@@ -551,18 +551,18 @@ TEST_F(SafetensorsTest, MetadataNotAnObject) {
 // Known defects, disabled until src/safetensors.cpp is fixed (see the report with these tests).
 
 // An ambiguous entry: Hugging Face refuses it ("duplicate field `dtype`"); ferry takes the last.
-TEST_F(SafetensorsTest, DISABLED_DuplicateFieldInTensorEntry) {
+TEST_F(SafetensorsTest, DuplicateFieldInTensorEntry) {
   expect_header_error(
       R"({"w": {"dtype": "U8", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4,
       "dtype");
 }
 
-// A deeply nested shape element overflows the stack while as_u64 dumps it into the message.
-TEST_F(SafetensorsTest, DISABLED_DeeplyNestedShapeIsRefusedWithoutCrashing) {
+// Deep nesting is refused while parsing, before anything recurses over it.
+TEST_F(SafetensorsTest, DeeplyNestedShapeIsRefusedWithoutCrashing) {
   const std::size_t depth = 1'000'000;
   expect_header_error(R"({"w": {"dtype": "U8", "shape": [)" + std::string(depth, '[') +
                           std::string(depth, ']') + R"(], "data_offsets": [0, 1]}})",
-                      1, "shape");
+                      1, "nests deeper");
 }
 
 // ---------------------------------------------------------------------------------------------

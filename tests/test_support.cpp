@@ -52,7 +52,7 @@ std::map<std::string, std::vector<std::byte>> write_random_checkpoint(
   std::map<std::string, std::vector<std::byte>> written;
   write_safetensors(path, specs, [&](const TensorSpec& spec, std::span<std::byte> out) {
     auto bytes = random_bytes(out.size(), seed++);
-    std::memcpy(out.data(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     written[spec.name] = std::move(bytes);
   });
   return written;

@@ -23,8 +23,9 @@ FileDescriptor::~FileDescriptor() {
 }
 
 FileDescriptor open_for_reading(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) FERRY_SYSCALL_FAIL(path.string(), ": cannot open");
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it changes nothing for files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) FERRY_SYSCALL_FAIL(path.string());
   return FileDescriptor(fd);
 }
 
@@ -34,7 +35,7 @@ FileDescriptor try_open_direct(const std::filesystem::path& path) {
 
 std::uint64_t file_size(const FileDescriptor& fd, const std::filesystem::path& path) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(path.string(), ": cannot stat");
+  if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(path.string());
   FERRY_EXPECT(S_ISREG(st.st_mode), std::invalid_argument, path.string(), ": not a regular file");
   return static_cast<std::uint64_t>(st.st_size);
 }

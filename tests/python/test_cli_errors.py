@@ -65,7 +65,7 @@ def expect_clean_error(result, *words):
     assert result.stderr.startswith("ferry: error:"), result.stderr
     assert result.stdout == "", "nothing is printed before the error"
     for word in words:
-        assert str(word) in result.stderr, result.stderr
+        assert str(word).lower() in result.stderr.lower(), result.stderr
     assert "terminate called" not in result.stderr
     assert "Sanitizer" not in result.stderr
 
@@ -166,8 +166,6 @@ def test_staging_too_small_for_the_chunk_size(run_ferry, good):
     expect_clean_error(result, "staging")
 
 
-@pytest.mark.xfail(reason="src/safetensors.cpp: as_u64 dumps a deeply nested value into its "
-                   "message and overflows the stack", strict=False)
 def test_deeply_nested_shape_is_refused_cleanly(run_ferry, tmp_path):
     depth = 1_000_000
     header = ('{"w": {"dtype": "U8", "shape": [' + "[" * depth + "]" * depth +

@@ -205,8 +205,6 @@ def test_single_tensor_filter(run_ferry, mixed):
     load_and_compare(run_ferry, mixed, ref, "--tensor", "big.bf16", names=["big.bf16"])
 
 
-@pytest.mark.xfail(reason="cli/load.cpp: --tensor takes every following word, the path too",
-                   strict=False)
 def test_tensor_option_before_the_path(run_ferry, mixed):
     ref = reference(mixed)
     result = run_ferry("load", "--tensor", "big.u8", mixed, "--device", "cpu", "--hash")
