@@ -122,7 +122,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
       cpp.names.emplace_back(o.names[i]);
     }
     FERRY_EXPECT(o.io_mode >= FERRY_IO_MODE_AUTO && o.io_mode <= FERRY_IO_MODE_BUFFERED,
-                 std::invalid_argument, "unknown io_mode ", static_cast<int>(o.io_mode));
+                 std::invalid_argument, "unknown io_mode ", o.io_mode);
     cpp.io = static_cast<ferry::IoMode>(o.io_mode);
     if (o.staging_bytes) cpp.staging_bytes = o.staging_bytes;
     cpp.chunk_bytes = o.chunk_bytes;

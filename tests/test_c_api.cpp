@@ -111,7 +111,7 @@ TEST_F(CApi, ErrorsAreStatusesWithMessages) {
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("tpu:0"), std::string::npos);
   options.device = "cpu";
-  options.io_mode = static_cast<ferry_io_mode>(9);
+  options.io_mode = 9;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(loaded, nullptr);
 

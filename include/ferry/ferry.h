@@ -54,7 +54,7 @@ typedef struct ferry_load_options {
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
   const char* const* names;  /* tensors to load; NULL or name_count 0 loads all */
   size_t name_count;
-  ferry_io_mode io_mode;
+  int32_t io_mode; /* a ferry_io_mode; an int so that any value a host passes is defined */
   uint64_t staging_bytes; /* 0: the default, 256 MiB */
   uint64_t chunk_bytes;   /* 0: chosen */
   unsigned reader_threads; /* 0: chosen */
