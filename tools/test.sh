@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the sanitizer build (ASan + UBSan), a libFuzzer smoke
-# run of the safetensors reader, then the release build's full suite (its summary prints last).
+# Installs, builds and runs every test: the sanitizer build (ASan + UBSan), libFuzzer smoke
+# runs of the readers, the Python package (pip install .), then the release build's full suite
+# (its summary prints last). Python tests run on Debian's python3, which has PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
+python=/usr/bin/python3
 
 echo "== sanitizers (ASan + UBSan)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON \
+  -DPython3_EXECUTABLE=$python >/dev/null
 cmake --build build-asan
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+# The Python package's tests load the extension into an uninstrumented interpreter: not here.
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
 echo "== fuzzing the safetensors reader (60 s)"
@@ -16,10 +20,14 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_B
 cmake --build build-fuzz --target fuzz_safetensors
 corpus=$(mktemp -d)
 cp fuzz/corpus/* "$corpus"/
-build-fuzz/fuzz/fuzz_safetensors -max_total_time=60 -print_final_stats=1 "$corpus" 2>&1 | tail -5
+build-fuzz/fuzz/fuzz_safetensors -max_total_time=60 -print_final_stats=1 \
+  -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -5
 rm -rf "$corpus"
 
+echo "== the Python package"
+PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore .
+
 echo "== tests"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python >/dev/null
 cmake --build build
 ctest --test-dir build --output-on-failure -j2

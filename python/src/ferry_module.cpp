@@ -1,0 +1,200 @@
+// ferry._ferry: the engine for Python. Loaded tensors leave as 1-D uint8 DLPack arrays that view
+// ferry's memory (host or device) and keep it alive; ferry/torch.py and ferry/numpy.py give
+// them their dtype and shape without copying. The GIL is released while I/O runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cerrno>
+#include <memory>
+#include <system_error>
+
+#include "ferry/checkpoint.hpp"
+#include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace ferry {
+namespace {
+
+using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig>;
+
+// A view of `size` bytes at `data` that keeps `memory` alive for as long as any consumer holds it.
+Bytes byte_view(const std::shared_ptr<void>& memory, void* data, std::uint64_t size,
+                const Device& device) {
+  auto* keep = new std::shared_ptr<void>(memory);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+  const std::size_t shape[1] = {static_cast<std::size_t>(size)};
+  return Bytes(data, 1, shape, owner, nullptr, nb::dtype<std::uint8_t>(),
+               device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value,
+               device.is_cuda() ? device.index : 0);
+}
+
+nb::dict stats_dict(const LoadStats& s) {
+  nb::list files;
+  for (const auto& f : s.files) {
+    nb::dict d;
+    d["path"] = f.path.string();
+    d["io_path"] = std::string(io_path_name(f.io_path));
+    d["reason"] = f.reason;
+    d["bytes_read"] = f.bytes_read;
+    files.append(d);
+  }
+  nb::dict d;
+  d["device"] = s.device;
+  d["tensor_bytes"] = s.tensor_bytes;
+  d["bytes_read"] = s.bytes_read;
+  d["seconds"] = s.seconds;
+  d["gigabytes_per_second"] = s.gigabytes_per_second();
+  d["staging_seconds"] = s.staging_seconds;
+  d["staging_bytes"] = s.staging_bytes;
+  d["staging_pinned"] = s.staging_pinned;
+  d["reader_threads"] = s.reader_threads;
+  d["chunk_bytes"] = s.chunk_bytes;
+  d["files"] = files;
+  return d;
+}
+
+// Python callables are called with the GIL held, from whichever reader thread finished a chunk.
+using Progress = std::function<void(std::uint64_t, std::uint64_t)>;
+
+LoadOptions make_options(const std::string& device, std::optional<std::vector<std::string>> names,
+                         const std::string& io, std::uint64_t staging_bytes,
+                         std::uint64_t chunk_bytes, unsigned threads,
+                         std::optional<nb::callable> progress) {
+  LoadOptions o;
+  o.device = Device::parse(device);
+  if (names) o.names = std::move(*names);
+  o.io = parse_io_mode(io);
+  if (staging_bytes) o.staging_bytes = staging_bytes;
+  o.chunk_bytes = chunk_bytes;
+  o.reader_threads = threads;
+  if (progress) {
+    // The callable is shared so that copies made off the GIL never touch its reference count.
+    auto fn = std::make_shared<nb::callable>(std::move(*progress));
+    o.progress = [fn](std::uint64_t done, std::uint64_t total) {
+      nb::gil_scoped_acquire gil;
+      (*fn)(done, total);
+    };
+  }
+  return o;
+}
+
+void translate_system_error(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::system_error& e) {
+    const int code = e.code().value();
+    PyObject* type = code == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError;
+    nb::object error = nb::steal(PyObject_CallFunction(type, "is", code, e.what()));
+    PyErr_SetObject(type, error.ptr());
+  }
+}
+
+}  // namespace
+}  // namespace ferry
+
+NB_MODULE(_ferry, m) {
+  using namespace ferry;
+  m.doc() = "ferry's engine: checkpoints opened, planned and loaded into GPU or host memory";
+  nb::register_exception_translator(translate_system_error);
+
+  nb::class_<Checkpoint>(m, "Checkpoint")
+      .def_static(
+          "open",
+          [](const std::string& path) {
+            nb::gil_scoped_release release;
+            return std::make_shared<const Checkpoint>(Checkpoint::open(path));
+          },
+          "path"_a, "Opens and validates a .safetensors file, a shard directory or an index.")
+      .def_prop_ro("path", [](const Checkpoint& c) { return c.path().string(); })
+      .def("files",
+           [](const Checkpoint& c) {
+             std::vector<std::string> out;
+             for (const auto& f : c.files()) out.push_back(f.path.string());
+             return out;
+           })
+      .def("metadata", [](const Checkpoint& c, std::size_t file) {
+             FERRY_EXPECT(file < c.files().size(), std::out_of_range, "file index ", file,
+                          " is out of range");
+             return c.files()[file].metadata;
+           }, "file"_a = 0)
+      .def("tensors",
+           [](const Checkpoint& c) {
+             // (name, dtype, shape, bytes, file index, offset), in read order.
+             std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>,
+                                    std::uint64_t, std::uint32_t, std::uint64_t>>
+                 out;
+             for (const auto& t : c.tensors())
+               out.emplace_back(t.name, std::string(dtype_name(t.dtype)), t.shape, t.size,
+                                t.file_index, t.offset);
+             return out;
+           })
+      .def_prop_ro("total_bytes", &Checkpoint::total_bytes);
+
+  nb::class_<LoadedCheckpoint>(m, "Loaded")
+      .def_prop_ro("device", [](const LoadedCheckpoint& l) { return l.device().to_string(); })
+      .def("names",
+           [](const LoadedCheckpoint& l) {
+             std::vector<std::string> out;
+             for (const auto& t : l.tensors()) out.push_back(t.info->name);
+             return out;
+           })
+      .def("bytes",
+           [](const LoadedCheckpoint& l, const std::string& name) {
+             const LoadedTensor* t = l.find(name);
+             FERRY_EXPECT(t != nullptr, std::invalid_argument, "tensor \"", name,
+                          "\" was not loaded");
+             return byte_view(l.memory(), t->data, t->info->size, l.device());
+           },
+           "name"_a, "A uint8 view of the tensor's bytes that keeps the loaded memory alive.")
+      .def("stats", [](const LoadedCheckpoint& l) { return stats_dict(l.stats()); });
+
+  m.def(
+      "load",
+      [](std::shared_ptr<const Checkpoint> checkpoint, const std::string& device,
+         std::optional<std::vector<std::string>> names, const std::string& io,
+         std::uint64_t staging_bytes, std::uint64_t chunk_bytes, unsigned threads,
+         std::optional<nb::callable> progress) {
+        LoadOptions o = make_options(device, std::move(names), io, staging_bytes, chunk_bytes,
+                                     threads, std::move(progress));
+        nb::gil_scoped_release release;
+        return load(std::move(checkpoint), o);
+      },
+      "checkpoint"_a, "device"_a = "cpu", "names"_a = nb::none(), "io"_a = "auto",
+      "staging_bytes"_a = 0, "chunk_bytes"_a = 0, "threads"_a = 0, "progress"_a = nb::none(),
+      "Loads the named tensors (all when names is None) into one new allocation on device.");
+
+  m.def(
+      "load_into",
+      [](std::shared_ptr<const Checkpoint> checkpoint,
+         const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& destinations,
+         const std::string& device, const std::string& io, std::uint64_t staging_bytes,
+         std::uint64_t chunk_bytes, unsigned threads, std::optional<nb::callable> progress) {
+        std::vector<TensorDestination> dst;
+        for (const auto& [name, address, capacity] : destinations)
+          dst.push_back({name, reinterpret_cast<void*>(address), capacity});
+        LoadOptions o = make_options(device, std::nullopt, io, staging_bytes, chunk_bytes,
+                                     threads, std::move(progress));
+        LoadStats stats;
+        {
+          nb::gil_scoped_release release;
+          stats = load_into(*checkpoint, dst, o);
+        }
+        return stats_dict(stats);
+      },
+      "checkpoint"_a, "destinations"_a, "device"_a = "cpu", "io"_a = "auto",
+      "staging_bytes"_a = 0, "chunk_bytes"_a = 0, "threads"_a = 0, "progress"_a = nb::none(),
+      "Loads (name, address, capacity) destinations the caller owns on device.");
+
+  m.def("cuda_available", &cuda_available);
+  m.def("release_staging_memory", &release_staging_memory);
+}
