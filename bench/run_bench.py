@@ -71,6 +71,23 @@ print(json.dumps(out))
     return json.loads(out.stdout)
 
 
+def ferry_python_load(path, runs):
+    """ferry.torch.load_file(device='cuda:0') in a fresh process, CUDA started before the clock."""
+    code = f"""
+import json, time, torch, ferry.torch
+torch.zeros(1, device='cuda:0'); torch.cuda.synchronize()
+out = []
+for _ in range({runs}):
+    t = time.perf_counter()
+    d = ferry.torch.load_file({path!r}, device='cuda:0'); torch.cuda.synchronize()
+    s = time.perf_counter() - t; n = sum(x.numel() * x.element_size() for x in d.values())
+    out.append({{'seconds': s, 'gigabytes_per_second': n / s / 1e9}}); del d
+print(json.dumps(out))
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
 def doctor(binary, path, limit_gib):
     out = subprocess.run([binary, "doctor", path, "--json", "--read-limit-gib", str(limit_gib)],
                          check=True, capture_output=True, text=True)
@@ -102,12 +119,17 @@ def main():
         r["warm_read"] = doctor(args.ferry, path, 64)["path"]["read"]["buffered_gbps"]
         r["ferry_warm"] = ferry_load(args.ferry, path, args.runs)
         r["safetensors_warm"] = safetensors_load(path, 2)
+        r["ferry_python_warm"] = ferry_python_load(path, args.runs)
         first = r["ferry_warm"][0]
         rows.append((model, "warm", "ferry (first load)", first["gigabytes_per_second"], 1,
                      first["files"][0]["io_path"], first["peak_host_growth_bytes"] / 2**20))
         rows.append((model, "warm", "ferry (median)", median_of(r["ferry_warm"], "gigabytes_per_second"),
                      len(r["ferry_warm"]), first["files"][0]["io_path"],
                      max(x["peak_host_growth_bytes"] for x in r["ferry_warm"]) / 2**20))
+        py = r["ferry_python_warm"]
+        rows.append((model, "warm", "ferry.torch (first)", py[0]["gigabytes_per_second"], 1, "buffered", None))
+        rows.append((model, "warm", "ferry.torch (median)", median_of(py, "gigabytes_per_second"), len(py),
+                     "buffered", None))
         rows.append((model, "warm", "safetensors.load_file",
                      median_of(r["safetensors_warm"], "gigabytes_per_second"), 2, "mmap", None))
         if args.cold:

@@ -2,7 +2,8 @@
 # Everything that needs the GPU machine, in one call (device tool):
 #   builds ferry there, runs every test (GPU ones included), compares `ferry load --hash` on
 #   cuda:0 with cpu, and runs the benchmark. Full logs go to $OUT; a short table prints last.
-# Carry: .deps (Debian .debs of the build's header/static dependencies) and .whl (Python wheels).
+# Carry: .deps (Debian .debs of the build's header/static dependencies) and .whl (Python wheels:
+#   xxhash, pytest and its needs, scikit-build-core, pathspec, nanobind).
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [--quick]
 set -euo pipefail
 OUT=${OUT:-/tmp/ferry-out}
@@ -27,11 +28,17 @@ ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit
 ferry=/tmp/build/cli/ferry
 
 log "doctor"
-"$ferry" doctor /tmp | tee "$OUT/doctor.txt"
+"$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
+
+log "python package (pip install .)"
+status=0
+CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+  CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
+  python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
+  >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
 
 log "tests"
 # A failing test is reported (and fails the script at the end) without stopping the benchmark.
-status=0
 (cd /tmp/build && ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest.log" | head -80; }
 tail -3 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
 grep -E "Gpu\." "$OUT/ctest.log" | tee -a "$OUT/summary.txt" || true
