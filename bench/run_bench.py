@@ -79,9 +79,10 @@ torch.zeros(1, device='cuda:0'); torch.cuda.synchronize()
 out = []
 for _ in range({runs}):
     t = time.perf_counter()
-    d = ferry.torch.load_file({path!r}, device='cuda:0'); torch.cuda.synchronize()
+    d, stats = ferry.torch.load({path!r}, device='cuda:0'); torch.cuda.synchronize()
     s = time.perf_counter() - t; n = sum(x.numel() * x.element_size() for x in d.values())
-    out.append({{'seconds': s, 'gigabytes_per_second': n / s / 1e9}}); del d
+    out.append({{'seconds': s, 'gigabytes_per_second': n / s / 1e9,
+                'io_path': stats['files'][0]['io_path']}}); del d
 print(json.dumps(out))
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -127,9 +128,10 @@ def main():
                      len(r["ferry_warm"]), first["files"][0]["io_path"],
                      max(x["peak_host_growth_bytes"] for x in r["ferry_warm"]) / 2**20))
         py = r["ferry_python_warm"]
-        rows.append((model, "warm", "ferry.torch (first)", py[0]["gigabytes_per_second"], 1, "buffered", None))
+        rows.append((model, "warm", "ferry.torch (first)", py[0]["gigabytes_per_second"], 1,
+                     py[0]["io_path"], None))
         rows.append((model, "warm", "ferry.torch (median)", median_of(py, "gigabytes_per_second"), len(py),
-                     "buffered", None))
+                     py[0]["io_path"], None))
         rows.append((model, "warm", "safetensors.load_file",
                      median_of(r["safetensors_warm"], "gigabytes_per_second"), 2, "mmap", None))
         if args.cold:
