@@ -121,12 +121,16 @@ def main():
         r["ferry_warm"] = ferry_load(args.ferry, path, args.runs)
         r["safetensors_warm"] = safetensors_load(path, 2)
         r["ferry_python_warm"] = ferry_python_load(path, args.runs)
+        r["ferry_cufile_warm"] = ferry_load(args.ferry, path, 3, ("--backend", "cufile", "--allow-compat"))
         first = r["ferry_warm"][0]
         rows.append((model, "warm", "ferry (first load)", first["gigabytes_per_second"], 1,
                      first["files"][0]["io_path"], first["peak_host_growth_bytes"] / 2**20))
         rows.append((model, "warm", "ferry (median)", median_of(r["ferry_warm"], "gigabytes_per_second"),
                      len(r["ferry_warm"]), first["files"][0]["io_path"],
                      max(x["peak_host_growth_bytes"] for x in r["ferry_warm"]) / 2**20))
+        cf = r["ferry_cufile_warm"]
+        rows.append((model, "warm", "ferry --backend cufile", median_of(cf, "gigabytes_per_second"), len(cf),
+                     cf[0]["files"][0]["io_path"], max(x["peak_host_growth_bytes"] for x in cf) / 2**20))
         py = r["ferry_python_warm"]
         rows.append((model, "warm", "ferry.torch (first)", py[0]["gigabytes_per_second"], 1,
                      py[0]["io_path"], None))
@@ -154,10 +158,10 @@ def main():
         if "cold_odirect_read" in r:
             line += f", cold O_DIRECT read {r['cold_odirect_read']:.2f} GB/s"
         print(line)
-    print(f"{'model':<11} {'source':<6} {'loader':<22} {'GB/s':>7} {'runs':>4} {'x H2D':>6} {'path':<9} {'host MiB':>8}")
+    print(f"{'model':<11} {'source':<6} {'loader':<22} {'GB/s':>7} {'runs':>4} {'x H2D':>6} {'path':<13} {'host MiB':>8}")
     for model, source, loader, gbps, runs, path, host in rows:
         host_text = f"{host:8.1f}" if host is not None else "       -"
-        print(f"{model:<11} {source:<6} {loader:<22} {gbps:7.2f} {runs:4d} {gbps / limit:6.2f} {path:<9} {host_text}")
+        print(f"{model:<11} {source:<6} {loader:<22} {gbps:7.2f} {runs:4d} {gbps / limit:6.2f} {path:<13} {host_text}")
         if source == "cold":
             ref = results["models"][model]["cold_odirect_read"]
             print(f"{'':<11} {'':<6} {'  x cold O_DIRECT read':<22} {gbps / ref:7.2f}")

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "cufile/gds_mode.hpp"
 #include "engine/staged_engine.hpp"
 #include "ferry/error.hpp"
 #include "io/file_descriptor.hpp"
@@ -54,8 +55,26 @@ Json cuda_section() {
   return cuda;
 }
 
+Json cufile_section(const std::string& path) {
+  const detail::CuFileFacts& f = detail::probe_cufile();
+  const detail::CuFileVerdict driver = detail::driver_verdict(f);
+  const char* mode = driver.mode == detail::CuFileMode::Gds      ? "gds"
+                     : driver.mode == detail::CuFileMode::Compat ? "compat"
+                                                                 : "unavailable";
+  Json out = {{"library_loaded", f.library_loaded}, {"driver_opened", f.driver_opened},
+              {"nvidia_fs_loaded", f.nvidia_fs_loaded}, {"compat_allowed", f.compat_allowed},
+              {"compat_forced", f.compat_forced}, {"version", f.version}, {"mode", mode},
+              {"reason", driver.reason}};
+  if (!path.empty() && driver.mode != detail::CuFileMode::Unavailable) {
+    const auto v = detail::file_verdict(f, detail::filesystem_name(path));
+    out["path_mode"] = v.mode == detail::CuFileMode::Gds ? "gds" : "compat";
+    out["path_reason"] = v.reason;
+  }
+  return out;
+}
+
 Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
-  Json out = {{"path", path.string()}, {"filesystem", filesystem_type(path)}};
+  Json out = {{"path", path.string()}, {"filesystem", detail::filesystem_name(path.string())}};
   auto files = files_under(path);
   if (files.empty()) {
     out["note"] = "no files to read under this path";
@@ -101,6 +120,15 @@ void print_text(const Json& r) {
     std::printf("  host->cuda:0 copy (256 MiB, median of 5): pinned %.1f GB/s, pageable %.1f GB/s\n",
                 bw["pinned"].get<double>(), bw["pageable"].get<double>());
   }
+  const Json& g = r["cufile"];
+  std::printf("cuFile: %s (%s)\n", g["mode"].get<std::string>().c_str(),
+              g["reason"].get<std::string>().c_str());
+  if (g.contains("path_mode"))
+    std::printf("  for PATH: %s (%s)\n", g["path_mode"].get<std::string>().c_str(),
+                g["path_reason"].get<std::string>().c_str());
+  std::printf("  --backend auto takes cuFile only where it does GPUDirect Storage: %s\n",
+              g.value("path_mode", g["mode"].get<std::string>()) == "gds" ? "it would here"
+                                                                          : "not here");
   const Json& e = r["engine"];
   std::printf("engine defaults: %u reader threads, %s reads, two slots each, staging bound %s\n",
               e["reader_threads"].get<unsigned>(),
@@ -144,6 +172,7 @@ void add_doctor(CLI::App& app) {
     report["memory_bytes"] = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                              static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     report["cuda"] = cuda_section();
+    report["cufile"] = cufile_section(path);
     const auto engine = detail::choose_settings(LoadOptions{});
     report["engine"] = {{"reader_threads", engine.threads},
                         {"chunk_bytes", engine.chunk_bytes},

@@ -41,6 +41,8 @@ void add_load(CLI::App& app) {
   static std::string path;
   static std::string device = "auto";
   static std::string io = "auto";
+  static std::string backend = "auto";
+  static bool allow_compat = false;
   static bool hash = false;
   static bool json = false;
   static std::vector<std::string> names;
@@ -57,7 +59,13 @@ void add_load(CLI::App& app) {
                 "(statistics then go to stderr)");
   cmd->add_flag("--json", json, "print the statistics as JSON");
   cmd->add_option("--tensor", names, "load only this tensor (repeatable)")->allow_extra_args(false);
-  cmd->add_option("--io", io, "auto, direct (O_DIRECT) or buffered")->capture_default_str();
+  cmd->add_option("--io", io, "staged path: auto, direct (O_DIRECT) or buffered")
+      ->capture_default_str();
+  cmd->add_option("--backend", backend,
+                  "auto (cuFile only where it does GPUDirect Storage), cufile or posix (staged)")
+      ->capture_default_str();
+  cmd->add_flag("--allow-compat", allow_compat,
+                "let --backend cufile run in cuFile's compatibility mode");
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -71,6 +79,8 @@ void add_load(CLI::App& app) {
     LoadOptions options;
     options.device = resolve_device(device);
     options.io = parse_io_mode(io);
+    options.backend = parse_backend(backend);
+    options.allow_compat = allow_compat;
     options.names = names;
     options.staging_bytes = static_cast<std::uint64_t>(staging_mib * (1 << 20));
     options.chunk_bytes = static_cast<std::uint64_t>(chunk_mib * (1 << 20));

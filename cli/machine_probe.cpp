@@ -1,7 +1,5 @@
 #include "machine_probe.hpp"
 
-#include <sys/statfs.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,30 +71,6 @@ CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeat
   std::vector<std::byte> pageable(bytes, std::byte{1});
   result.pageable_gbps = time_copies(stream, dst, pageable.data(), bytes, repeats);
   return result;
-}
-
-std::string filesystem_type(const std::filesystem::path& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return std::string("unknown (") + std::strerror(errno) + ")";
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x01021994: return "tmpfs";
-    case 0x9123683E: return "btrfs";
-    case 0x794C7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0x65735546: return "fuse";
-    case 0x01021997: return "9p (v9fs)";
-    case 0x2FC12FC1: return "zfs";
-    case 0x6A656A63: return "virtiofs";
-    case 0xFF534D42: return "cifs";
-    case 0x73717368: return "squashfs";
-    default: {
-      char text[40];
-      std::snprintf(text, sizeof text, "unknown (0x%lx)", static_cast<unsigned long>(fs.f_type));
-      return text;
-    }
-  }
 }
 
 DirectProbe probe_direct(const std::filesystem::path& file) {

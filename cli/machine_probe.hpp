@@ -26,9 +26,6 @@ struct CopyBandwidth {
 };
 CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeats);
 
-// "ext4", "tmpfs", "xfs"... or "unknown (0x...)".
-std::string filesystem_type(const std::filesystem::path& path);
-
 // Whether an aligned O_DIRECT read of `file` works, and what happened.
 struct DirectProbe {
   bool works = false;

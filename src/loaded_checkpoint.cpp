@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "cuda/cuda_resources.hpp"
+#include "engine/cufile_engine.hpp"
 #include "engine/staged_engine.hpp"
 #include "engine/staging_cache.hpp"
 #include "ferry/error.hpp"
@@ -43,6 +44,22 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
   return std::make_shared<detail::PrimaryContext>(device.index);
 }
 
+// Runs the resolved chunks on the path choose_backend picks. `own` is ferry's destination
+// allocation, registered with cuFile for the load; empty for caller-owned destinations.
+void execute(std::span<const CheckpointFile> files, const std::vector<detail::EngineChunk>& chunks,
+             const detail::EngineSettings& settings, const LoadOptions& options, LoadStats& stats,
+             std::uintptr_t own_base, std::uint64_t own_bytes) {
+  detail::BackendChoice choice = detail::choose_backend(files, options);
+  if (choice.cufile) {
+    detail::RegisteredBuffer registered(own_base, own_bytes);
+    detail::run_cufile(files, chunks, settings, choice.verdicts, registered.base(), stats);
+    return;
+  }
+  detail::run_staged(files, chunks, settings, stats);
+  if (!choice.note.empty())
+    for (auto& f : stats.files) f.reason += "; " + choice.note;
+}
+
 PlanOptions plan_options(const detail::EngineSettings& settings) {
   PlanOptions p;
   p.chunk_bytes = settings.chunk_bytes;
@@ -59,8 +76,22 @@ IoMode parse_io_mode(std::string_view text) {
                                       "\": expected auto, direct or buffered");
 }
 
+Backend parse_backend(std::string_view text) {
+  if (text == "auto") return Backend::Auto;
+  if (text == "cufile") return Backend::Cufile;
+  if (text == "posix") return Backend::Posix;
+  detail::fail<std::invalid_argument>("unknown backend \"", text,
+                                      "\": expected auto, cufile or posix");
+}
+
 std::string_view io_path_name(IoPath path) {
-  return path == IoPath::Direct ? "odirect" : "buffered";
+  switch (path) {
+    case IoPath::Direct: return "odirect";
+    case IoPath::Buffered: return "buffered";
+    case IoPath::CufileGds: return "cufile-gds";
+    case IoPath::CufileCompat: return "cufile-compat";
+  }
+  return "unknown";
 }
 
 void release_staging_memory() { detail::release_staging(); }
@@ -94,7 +125,8 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   LoadStats& stats = result._stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
-  detail::run_staged(checkpoint->files(), resolve(plan, addresses), settings, stats);
+  execute(checkpoint->files(), resolve(plan, addresses), settings, options, stats, base,
+          plan.dest_bytes);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return result;
 }
@@ -125,7 +157,7 @@ LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestinat
   LoadStats stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
-  detail::run_staged(checkpoint.files(), resolve(plan, addresses), settings, stats);
+  execute(checkpoint.files(), resolve(plan, addresses), settings, options, stats, 0, 0);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return stats;
 }

@@ -10,6 +10,9 @@ OUT=${OUT:-/tmp/ferry-out}
 mkdir -p "$OUT"
 quick=${1:-}
 root=$PWD
+# cuFile's configuration for the tests: compatibility mode allowed (this machine has no
+# nvidia-fs), logs out of the working tree.
+export CUFILE_ENV_PATH_JSON=$root/tests/data/cufile.json
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Build dependencies: the same Debian packages CI installs, unpacked into a private prefix.
@@ -61,6 +64,18 @@ for m in $models; do
     echo "$m: DIFFERENT" | tee -a "$OUT/summary.txt"; diff "$hashes/cuda-$m.txt" "$hashes/cpu-$m.txt" | head; status=1
   fi
 done
+for m in $models; do
+  "$ferry" load "$ckpts/$m" --device cuda:0 --backend cufile --allow-compat --hash \
+    >"$hashes/cufile-$m.txt" 2>"$hashes/cufile-$m.log" || { cat "$hashes/cufile-$m.log"; status=1; }
+  if cmp -s "$hashes/cufile-$m.txt" "$hashes/cpu-$m.txt"; then
+    echo "$m: --backend cufile identical to cpu ($(grep -o 'cufile-[a-z]*' "$hashes/cufile-$m.log" | sort -u | tr '\n' ' '))" | tee -a "$OUT/summary.txt"
+  else
+    echo "$m: --backend cufile DIFFERENT from cpu" | tee -a "$OUT/summary.txt"; status=1
+  fi
+done
+log "backend choice"
+"$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 --backend cufile 2>&1 | tee -a "$OUT/summary.txt" || true
+"$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 | grep "^path" | tee -a "$OUT/summary.txt"
 python3 - "$ckpts/qwen3-0.6b" "$hashes/cpu-qwen3-0.6b.txt" <<'PY' | tee -a "$OUT/summary.txt" || status=1
 # ferry's digests equal those of the bytes safetensors itself returns.
 import sys, torch, xxhash

@@ -11,8 +11,10 @@
 namespace ferry {
 
 enum class IoPath {
-  Direct,    // O_DIRECT reads into pinned staging ("odirect")
-  Buffered,  // reads through the page cache into pinned staging ("buffered")
+  Direct,        // O_DIRECT reads into pinned staging ("odirect")
+  Buffered,      // reads through the page cache into pinned staging ("buffered")
+  CufileGds,     // cuFile with true GPUDirect Storage DMA into GPU memory ("cufile-gds")
+  CufileCompat,  // cuFile in compatibility mode: POSIX reads inside cuFile ("cufile-compat")
 };
 
 std::string_view io_path_name(IoPath path);

@@ -1,0 +1,118 @@
+#include "cufile/cufile_files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cufile/aligned_split.hpp"
+#include "ferry/error.hpp"
+#include "shim/cufile.hpp"
+
+namespace ferry::detail {
+namespace {
+
+constexpr std::size_t kHandleCacheWanted = 256;
+
+OpenedFile open_registered(const std::filesystem::path& path, bool writable) {
+  const int mode = writable ? (O_RDWR | O_CREAT) : O_RDONLY;
+  int fd = ::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), mode | O_CLOEXEC, 0644);
+  if (fd < 0) FERRY_SYSCALL_FAIL(path.string());
+  const int plain_fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (plain_fd < 0) {
+    ::close(fd);
+    FERRY_SYSCALL_FAIL(path.string());
+  }
+  shim::cufile::Descriptor descr{};
+  descr.type = shim::cufile::kHandleTypeOpaqueFd;
+  descr.handle.fd = fd;
+  shim::cufile::Handle handle = nullptr;
+  const auto r = shim::CuFileLibrary::get().cuFileHandleRegister(&handle, &descr);
+  if (r.err != shim::cufile::kSuccess) {
+    ::close(fd);
+    ::close(plain_fd);
+    detail::fail<CudaError>(path.string(), ": cuFileHandleRegister failed: ",
+                            shim::cufile_error_text(r),
+                            " (the file system may not support cuFile; --backend posix reads it)");
+  }
+  return {fd, plain_fd, handle};
+}
+
+void close_registered(const OpenedFile& f) {
+  shim::CuFileLibrary::get().cuFileHandleDeregister(f.handle);
+  ::close(f.fd);
+  ::close(f.plain_fd);
+}
+
+void check_transfer(ssize_t done, std::uint64_t wanted, const std::filesystem::path& path,
+                    const char* what, std::uint64_t offset) {
+  if (done < 0)
+    detail::fail<std::runtime_error>(path.string(), ": ", what, " of ", wanted, " bytes at offset ",
+                                     offset, " failed (", done, ")");
+  FERRY_FORMAT_EXPECT(static_cast<std::uint64_t>(done) == wanted, path.string(),
+                      ": unexpected end of file at offset ", offset + done);
+}
+
+// The bounce for the edges: each is under 4 KiB, so plain memory and a synchronous copy do.
+struct Edge {
+  alignas(4096) std::byte bytes[8192];
+};
+
+}  // namespace
+
+HandleCache& cufile_handles() {
+  static HandleCache* cache =
+      new HandleCache({open_registered, close_registered}, handle_cache_capacity(kHandleCacheWanted));
+  return *cache;
+}
+
+void cufile_read(const HandleCache::Lease& file, const std::filesystem::path& path,
+                 std::uint64_t file_offset, std::uintptr_t device_address, std::uint64_t size,
+                 std::uintptr_t registered_base, std::uint64_t max_piece) {
+  const auto& lib = shim::CuFileLibrary::get();
+  Edge edge;
+  for (const SplitPiece& p : split_aligned(file_offset, size, max_piece)) {
+    const std::uintptr_t dst = device_address + p.buffer_offset;
+    if (p.direct) {
+      void* base = reinterpret_cast<void*>(registered_base ? registered_base : dst);
+      const off_t at = static_cast<off_t>(registered_base ? dst - registered_base : 0);
+      check_transfer(lib.cuFileRead(file.file().handle, base, p.size,
+                                    static_cast<off_t>(p.file_offset), at),
+                     p.size, path, "cuFileRead", p.file_offset);
+    } else {
+      const ssize_t n = ::pread(file.file().plain_fd, edge.bytes, p.size,
+                                static_cast<off_t>(p.file_offset));
+      check_transfer(n, p.size, path, "read", p.file_offset);
+      FERRY_CU(cuMemcpyHtoDAsync, dst, edge.bytes, p.size, nullptr);
+      FERRY_CU(cuStreamSynchronize, nullptr);
+    }
+  }
+}
+
+void cufile_write(const HandleCache::Lease& file, const std::filesystem::path& path,
+                  std::uint64_t file_offset, std::uintptr_t device_address, std::uint64_t size,
+                  std::uint64_t max_piece) {
+  const auto& lib = shim::CuFileLibrary::get();
+  Edge edge;
+  for (const SplitPiece& p : split_aligned(file_offset, size, max_piece)) {
+    const std::uintptr_t src = device_address + p.buffer_offset;
+    if (p.direct) {
+      check_transfer(lib.cuFileWrite(file.file().handle, reinterpret_cast<const void*>(src), p.size,
+                                     static_cast<off_t>(p.file_offset), 0),
+                     p.size, path, "cuFileWrite", p.file_offset);
+    } else {
+      FERRY_CU(cuMemcpyDtoH, edge.bytes, src, p.size);
+      // Edges go through the plain descriptor: O_DIRECT refuses unaligned writes. Synced so
+      // that later O_DIRECT reads of the same page see them.
+      const int plain = file.file().plain_fd;
+      const ssize_t n = ::pwrite(plain, edge.bytes, p.size, static_cast<off_t>(p.file_offset));
+      check_transfer(n, p.size, path, "write", p.file_offset);
+      if (::fdatasync(plain) != 0) FERRY_SYSCALL_FAIL(path.string(), ": fdatasync");
+    }
+  }
+  if (::fdatasync(file.file().fd) != 0) FERRY_SYSCALL_FAIL(path.string(), ": fdatasync");
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,125 @@
+#include "cufile/gds_mode.hpp"
+
+#include <sys/statfs.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "shim/cufile.hpp"
+
+namespace ferry::detail {
+namespace {
+
+struct FsSupport {
+  std::string_view name;
+  unsigned flag_bit;  // CUfileDriverStatusFlags bit that must be set in dstatusflags
+};
+
+// Local block file systems need NVMe support; the others carry their own bit.
+constexpr FsSupport kGdsFileSystems[] = {
+    {"ext4", 4}, {"xfs", 4}, {"lustre", 0}, {"wekafs", 1}, {"nfs", 2}, {"gpfs", 3},
+    {"beegfs", 9}, {"virtiofs", 13},
+};
+
+}  // namespace
+
+CuFileVerdict driver_verdict(const CuFileFacts& f) {
+  if (!f.library_loaded) return {CuFileMode::Unavailable, f.problem};
+  if (!f.driver_opened) return {CuFileMode::Unavailable, f.problem};
+  if (f.compat_forced) return {CuFileMode::Compat, "compatibility mode is forced by cuFile's configuration"};
+  if (!f.nvidia_fs_loaded || f.nvfs_major == 0)
+    return {CuFileMode::Compat,
+            "the nvidia-fs kernel driver is not loaded: cuFile can only run in compatibility mode "
+            "(POSIX reads through host memory)"};
+  return {CuFileMode::Gds, "nvidia-fs " + std::to_string(f.nvfs_major) + "." +
+                               std::to_string(f.nvfs_minor) + " is loaded"};
+}
+
+CuFileVerdict file_verdict(const CuFileFacts& f, std::string_view filesystem) {
+  CuFileVerdict driver = driver_verdict(f);
+  if (driver.mode != CuFileMode::Gds) return driver;
+  for (const auto& fs : kGdsFileSystems)
+    if (fs.name == filesystem) {
+      if (f.dstatusflags & (1u << fs.flag_bit))
+        return {CuFileMode::Gds, std::string(filesystem) + " supports GPUDirect Storage here"};
+      return {CuFileMode::Compat, "nvidia-fs reports no GPUDirect Storage support for " +
+                                      std::string(filesystem) + " on this machine"};
+    }
+  return {CuFileMode::Compat, std::string("file system ") + std::string(filesystem) +
+                                  " does not support GPUDirect Storage"};
+}
+
+const CuFileFacts& probe_cufile() {
+  static const CuFileFacts facts = [] {
+    CuFileFacts f;
+    const auto& lib = shim::CuFileLibrary::get();
+    f.library_loaded = lib.loaded;
+    if (!lib.loaded) {
+      f.problem = lib.why_not_loaded;
+      return f;
+    }
+    if (!shim::CudaDriver::get().usable) {
+      f.problem = "no usable CUDA device: " + shim::CudaDriver::get().why_unusable;
+      return f;
+    }
+    lib.cuFileGetVersion(&f.version);
+    f.nvidia_fs_loaded = nvidia_fs_present();
+    bool flag = false;
+    if (lib.cuFileGetParameterBool(shim::cufile::kParamAllowCompatMode, &flag).err == 0)
+      f.compat_allowed = flag;
+    flag = false;
+    if (lib.cuFileGetParameterBool(shim::cufile::kParamForceCompatMode, &flag).err == 0)
+      f.compat_forced = flag;
+    const shim::cufile::Error opened = lib.cuFileDriverOpen();
+    f.driver_opened = opened.err == shim::cufile::kSuccess;
+    if (!f.driver_opened) {
+      f.problem = "cuFileDriverOpen failed: " + shim::cufile_error_text(opened);
+      return f;
+    }
+    shim::cufile::DriverProperties props{};
+    if (lib.cuFileDriverGetProperties(&props).err == 0) {
+      f.nvfs_major = props.nvfs.major_version;
+      f.nvfs_minor = props.nvfs.minor_version;
+      f.dstatusflags = props.nvfs.dstatusflags;
+      f.max_pinned_bytes = std::uint64_t{props.max_device_pinned_mem_size} * 1024;
+    }
+    return f;
+  }();
+  return facts;
+}
+
+bool nvidia_fs_present() {
+  std::error_code ec;
+  return std::filesystem::exists("/proc/driver/nvidia-fs/version", ec);
+}
+
+std::string filesystem_name(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return std::string("unknown (") + std::strerror(errno) + ")";
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53: return "ext4";
+    case 0x58465342: return "xfs";
+    case 0x01021994: return "tmpfs";
+    case 0x9123683E: return "btrfs";
+    case 0x794C7630: return "overlayfs";
+    case 0x6969: return "nfs";
+    case 0x0BD00BD0: return "lustre";
+    case 0x47504653: return "gpfs";
+    case 0x19830326: return "beegfs";
+    case 0x6A656A63: return "virtiofs";
+    case 0x65735546: return "fuse";
+    case 0x01021997: return "9p";
+    case 0x2FC12FC1: return "zfs";
+    case 0xFF534D42: return "cifs";
+    case 0x73717368: return "squashfs";
+    default: {
+      char text[40];
+      std::snprintf(text, sizeof text, "unknown (0x%lx)", static_cast<unsigned long>(fs.f_type));
+      return text;
+    }
+  }
+}
+
+}  // namespace ferry::detail
