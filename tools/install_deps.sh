@@ -12,4 +12,5 @@ apt-get install -y -qq --no-install-recommends \
   python3 python3-dev python3-pip python3-numpy python3-torch >/dev/null
 # Debian's python3 refuses system-wide pip installs unless told so.
 PIP_BREAK_SYSTEM_PACKAGES=1 /usr/bin/python3 -m pip install -q --disable-pip-version-check \
-  --root-user-action=ignore "safetensors==0.8.0" "gguf==0.19.0" xxhash pytest
+  --root-user-action=ignore "safetensors==0.8.0" "gguf==0.19.0" xxhash pytest \
+  nvidia-cufile  # only its cufile.h: the build checks ferry's cuFile declarations against it

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
 python=/usr/bin/python3
+cufile_include=$($python -c 'import importlib.util as u; print(u.find_spec("nvidia").submodule_search_locations[0])')/cu13/include
 
 echo "== sanitizers (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON \
@@ -28,6 +29,7 @@ echo "== the Python package"
 PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore .
 
 echo "== tests"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
+  -DFERRY_CUFILE_INCLUDE_DIR="$cufile_include"
 cmake --build build
 ctest --test-dir build --output-on-failure -j2
