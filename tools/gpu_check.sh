@@ -13,6 +13,14 @@ root=$PWD
 # cuFile's configuration for the tests: compatibility mode allowed (this machine has no
 # nvidia-fs), logs out of the working tree.
 export CUFILE_ENV_PATH_JSON=$root/tests/data/cufile.json
+# This VM runs no udev, and cuFile refuses to register files whose block device has no udev
+# attributes (ferry's error says so). Give the disk under /tmp the entry udev would write.
+dev=$(python3 -c "import os; d = os.stat('/tmp').st_dev; print(f'{os.major(d)}:{os.minor(d)}')")
+if [ ! -e "/run/udev/data/b$dev" ]; then
+  mkdir -p /run/udev/data
+  printf 'I:1\nE:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$(findmnt -no FSTYPE -T /tmp)" \
+    >"/run/udev/data/b$dev"
+fi
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Build dependencies: the same Debian packages CI installs, unpacked into a private prefix.

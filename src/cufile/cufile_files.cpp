@@ -1,6 +1,8 @@
 #include "cufile/cufile_files.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +16,20 @@ namespace ferry::detail {
 namespace {
 
 constexpr std::size_t kHandleCacheWanted = 256;
+
+// cuFile reads a block device's attributes from the udev database; containers and VMs often
+// have none, and registration then fails even in compatibility mode.
+std::string registration_hint(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "";
+  const std::string entry = "/run/udev/data/b" + std::to_string(major(st.st_dev)) + ":" +
+                            std::to_string(minor(st.st_dev));
+  if (major(st.st_dev) == 0) return " (the file system has no block device, which cuFile needs)";
+  std::error_code ec;
+  if (std::filesystem::exists(entry, ec)) return "";
+  return " (cuFile found no udev attributes for the block device: " + entry +
+         " is missing, as in many containers and VMs)";
+}
 
 OpenedFile open_registered(const std::filesystem::path& path, bool writable) {
   const int mode = writable ? (O_RDWR | O_CREAT) : O_RDONLY;
@@ -31,11 +47,12 @@ OpenedFile open_registered(const std::filesystem::path& path, bool writable) {
   shim::cufile::Handle handle = nullptr;
   const auto r = shim::CuFileLibrary::get().cuFileHandleRegister(&handle, &descr);
   if (r.err != shim::cufile::kSuccess) {
+    const std::string hint = registration_hint(fd);
     ::close(fd);
     ::close(plain_fd);
     detail::fail<CudaError>(path.string(), ": cuFileHandleRegister failed: ",
-                            shim::cufile_error_text(r),
-                            " (the file system may not support cuFile; --backend posix reads it)");
+                            shim::cufile_error_text(r), hint,
+                            "; --backend posix reads it without cuFile");
   }
   return {fd, plain_fd, handle};
 }
