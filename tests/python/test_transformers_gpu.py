@@ -35,11 +35,16 @@ def test_state_dict_and_logits_equal_transformers(saved_llama):
         assert tensor.device.type == "cuda"
         assert torch.equal(tensor, theirs[name]), name
 
-    config = transformers.AutoConfig.from_pretrained(saved_llama)
-    with torch.device("cuda:0"):
-        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    stats = ferry.torch.load_into(model, saved_llama, strict=False)
-    assert not [m for m in stats["missing"] if not m.endswith("lm_head.weight") or not config.tie_word_embeddings]
-    tokens = torch.randint(0, config.vocab_size, (2, 32), device="cuda:0")
+    # A second copy of the model with every weight destroyed, then refilled in place by ferry:
+    # the same modules and buffers as transformers builds them, so logits must match exactly.
+    model = transformers.AutoModelForCausalLM.from_pretrained(saved_llama, torch_dtype=torch.bfloat16).to("cuda:0").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0)
+    pointers = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    stats = ferry.torch.load_into(model, saved_llama)
+    assert stats["missing"] == [] and stats["unexpected"] == []
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == pointers
+    tokens = torch.randint(0, model.config.vocab_size, (2, 32), device="cuda:0")
     with torch.no_grad():
         assert torch.equal(model(tokens).logits, reference(tokens).logits)
