@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cold", action="store_true")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--gguf", help="a GGUF file the size of llama3-8b, loaded beside it")
     args = ap.parse_args()
 
     results = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
@@ -148,6 +149,14 @@ def main():
                          r["ferry_cold"][0]["files"][0]["io_path"],
                          r["ferry_cold"][0]["peak_host_growth_bytes"] / 2**20))
             warm_page_cache(path)
+
+    if args.gguf:
+        warm_page_cache(os.path.dirname(args.gguf))
+        g = results["gguf"] = {"ferry_warm": ferry_load(args.ferry, args.gguf, args.runs),
+                               "bytes_gb": os.path.getsize(args.gguf) / 1e9}
+        rows.append(("gguf-8b", "warm", "ferry (median)", median_of(g["ferry_warm"], "gigabytes_per_second"),
+                     len(g["ferry_warm"]), g["ferry_warm"][0]["files"][0]["io_path"],
+                     max(x["peak_host_growth_bytes"] for x in g["ferry_warm"]) / 2**20))
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)

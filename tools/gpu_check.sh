@@ -59,6 +59,14 @@ ckpts=/tmp/ckpts
 models="qwen3-0.6b llama3-8b"
 [ "$quick" = "--quick" ] && models="qwen3-0.6b"
 (cd bench && python3 make_checkpoints.py "$ckpts" $models) | tee -a "$OUT/summary.txt"
+gguf_args=()
+if [ "$quick" != "--quick" ]; then
+  mkdir -p "$ckpts/gguf" && (cd bench && python3 make_gguf.py "$ckpts/gguf/llama3-8b-f16.gguf") | tee -a "$OUT/summary.txt"
+  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cuda:0 --hash >/tmp/gguf-cuda.txt 2>/dev/null
+  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cpu --hash >/tmp/gguf-cpu.txt 2>/dev/null
+  cmp -s /tmp/gguf-cuda.txt /tmp/gguf-cpu.txt && echo "gguf: cuda:0 --hash identical to cpu ($(wc -l </tmp/gguf-cpu.txt) tensors)" | tee -a "$OUT/summary.txt" || { echo "gguf: DIFFERENT"; status=1; }
+  gguf_args=(--gguf "$ckpts/gguf/llama3-8b-f16.gguf")
+fi
 
 log "cuda:0 --hash equals cpu --hash"
 hashes=/tmp/hashes
@@ -101,6 +109,6 @@ log "doctor on the 8B checkpoint"
 log "benchmark"
 cold=--cold
 [ "$quick" = "--quick" ] && cold=
-(cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT" --runs 5 $cold --models $models) \
+(cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT" --runs 5 $cold --models $models "${gguf_args[@]}") \
   2>&1 | tee "$OUT/bench.txt"
 exit $status
