@@ -5,41 +5,124 @@
 
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
+#include "ferry/ggml_type.hpp"
 #include "report.hpp"
 
 namespace ferry::cli {
 namespace {
 
+bool is_gguf(const Checkpoint& c) { return c.format() == CheckpointFormat::Gguf; }
+
+nlohmann::json file_json(const CheckpointFile& f) {
+  nlohmann::json out = {{"path", f.path.string()},
+                        {"size", f.size},
+                        {"format", checkpoint_format_name(f.format)},
+                        {"data_start", f.data_start},
+                        {"metadata", f.metadata}};
+  if (f.format == CheckpointFormat::Gguf) {
+    out["gguf_version"] = f.gguf_version;
+    out["alignment"] = f.gguf_alignment;
+    out["gguf_metadata"] = nlohmann::json::parse(f.metadata_json);
+  }
+  return out;
+}
+
 nlohmann::json checkpoint_json(const Checkpoint& c) {
   nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : c.files())
-    files.push_back({{"path", f.path.string()}, {"size", f.size}, {"metadata", f.metadata}});
+  for (const auto& f : c.files()) files.push_back(file_json(f));
   nlohmann::json tensors = nlohmann::json::array();
-  for (const auto& t : c.tensors())
+  for (const auto& t : c.tensors()) {
     tensors.push_back({{"name", t.name},
                        {"dtype", dtype_name(t.dtype)},
                        {"shape", t.shape},
                        {"bytes", t.size},
                        {"file", c.files()[t.file_index].path.string()},
                        {"offset", t.offset}});
+    if (t.ggml_type >= 0) {
+      tensors.back()["ggml_type"] = ggml_type_name(t.ggml_type);
+      tensors.back()["ggml_type_id"] = t.ggml_type;
+      tensors.back()["ggml_dims"] = t.ggml_dims;
+    }
+  }
   return {{"path", c.path().string()},
+          {"format", checkpoint_format_name(c.format())},
           {"total_bytes", c.total_bytes()},
           {"files", files},
           {"tensors", tensors}};
 }
 
+// One line of a metadata value for people: control characters escaped, long text cut.
+std::string one_line(const std::string& text) {
+  constexpr std::size_t kMaxShown = 100;
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '\n')
+      out += "\\n";
+    else if (c < 0x20 || c == 0x7f)
+      out += "\\x" + std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15];
+    else
+      out += static_cast<char>(c);
+  }
+  if (text.size() > kMaxShown) {
+    // Cut at a character boundary: drop a UTF-8 sequence the limit split.
+    std::size_t lead = out.size();
+    while (lead > 0 && (static_cast<unsigned char>(out[lead - 1]) & 0xC0) == 0x80) --lead;
+    if (lead > 0) {
+      const auto first = static_cast<unsigned char>(out[lead - 1]);
+      const std::size_t length = first >= 0xF0 ? 4 : first >= 0xE0 ? 3 : first >= 0xC0 ? 2 : 1;
+      if (out.size() - (lead - 1) < length) out.resize(lead - 1);
+    }
+    out += "... (" + std::to_string(text.size()) + " bytes)";
+  }
+  return out;
+}
+
+// GGUF metadata, typed; arrays summarized (--json gives them in full).
+void print_gguf_metadata(const CheckpointFile& f) {
+  std::printf("  gguf: version %u, alignment %llu, tensor data at byte %llu\n", f.gguf_version,
+              static_cast<unsigned long long>(f.gguf_alignment),
+              static_cast<unsigned long long>(f.data_start));
+  const auto metadata = nlohmann::ordered_json::parse(f.metadata_json);  // file order
+  for (const auto& [key, item] : metadata.items()) {
+    const std::string type = item["type"].get<std::string>();
+    std::string value;
+    if (type == "ARRAY")
+      value = "[" + std::to_string(item["value"].size()) + " items of " +
+              item["element_type"].get<std::string>() + "]";
+    else if (item["value"].is_string())
+      value = one_line(item["value"].get<std::string>());
+    else
+      value = item["value"].dump();
+    std::printf("  metadata: %s (%s) = %s\n", one_line(key).c_str(), type.c_str(), value.c_str());
+  }
+}
+
 void print_text(const Checkpoint& c) {
   std::printf("checkpoint: %s\n", c.path().c_str());
+  if (is_gguf(c)) std::printf("format: gguf\n");
   std::printf("tensors: %zu, %s in %zu file(s)\n", c.tensors().size(),
               human_bytes(c.total_bytes()).c_str(), c.files().size());
   for (const auto& f : c.files()) {
     std::printf("file: %s (%s)\n", f.path.c_str(), human_bytes(f.size).c_str());
+    if (f.format == CheckpointFormat::Gguf) {
+      print_gguf_metadata(f);
+      continue;
+    }
     for (const auto& [key, value] : f.metadata)
       std::printf("  metadata: %s = %s\n", key.c_str(), value.c_str());
   }
-  for (const auto& t : c.tensors())
-    std::printf("%s\t%s\t%s\t%llu\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
-                shape_text(t.shape).c_str(), static_cast<unsigned long long>(t.size));
+  // GGUF rows: name, ggml type, dims as GGUF states them (ne[0] first), bytes, absolute offset.
+  for (const auto& t : c.tensors()) {
+    if (t.ggml_type >= 0)
+      std::printf("%s\t%s\t%s\t%llu\t%llu\n", t.name.c_str(),
+                  std::string(ggml_type_name(t.ggml_type)).c_str(), shape_text(t.ggml_dims).c_str(),
+                  static_cast<unsigned long long>(t.size),
+                  static_cast<unsigned long long>(t.offset));
+    else
+      std::printf("%s\t%s\t%s\t%llu\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+                  shape_text(t.shape).c_str(), static_cast<unsigned long long>(t.size));
+  }
 }
 
 }  // namespace
@@ -49,13 +132,16 @@ void add_inspect(CLI::App& app) {
                                             "metadata and files");
   static std::string path;
   static bool json = false;
-  cmd->add_option("path", path, "a .safetensors file, a shard directory or an index .json")
+  cmd->add_option("path", path,
+                  "a .safetensors or .gguf file, a directory of either, or an index .json")
       ->required();
   cmd->add_flag("--json", json, "print JSON");
   cmd->callback([] {
     Checkpoint c = Checkpoint::open(path);
     if (json)
-      std::cout << checkpoint_json(c).dump(2) << "\n";
+      // GGUF names and strings are UTF-8 by the spec but unchecked: bad bytes print as U+FFFD.
+      std::cout << checkpoint_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
     else
       print_text(c);
   });

@@ -8,6 +8,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "host_memory.hpp"
 #include "ferry/checkpoint.hpp"
+#include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "load_command.hpp"
@@ -30,10 +31,16 @@ void print_digests(const LoadedCheckpoint& loaded) {
   for (const auto& t : loaded.tensors()) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(),
             [](const auto* a, const auto* b) { return a->info->name < b->info->name; });
-  for (const auto* t : sorted)
-    std::printf("%s\t%s\t%s\t%s\n", t->info->name.c_str(),
-                std::string(dtype_name(t->info->dtype)).c_str(), shape_text(t->info->shape).c_str(),
+  for (const auto* t : sorted) {
+    // GGUF tensors say what GGUF says: the ggml type ("Q4_K") and dims ne[0] first, as
+    // llama.cpp and the gguf package report them; the bytes hashed are the same either way.
+    const TensorInfo& info = *t->info;
+    const bool gguf = info.ggml_type >= 0;
+    std::printf("%s\t%s\t%s\t%s\n", info.name.c_str(),
+                std::string(gguf ? ggml_type_name(info.ggml_type) : dtype_name(info.dtype)).c_str(),
+                shape_text(gguf ? info.ggml_dims : info.shape).c_str(),
                 digest_hex(tensor_digest(loaded, *t)).c_str());
+  }
 }
 
 void add_load(CLI::App& app) {
@@ -56,7 +63,7 @@ void add_load(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--hash", hash,
                 "print name, dtype, shape and XXH3-64 of each tensor as loaded, sorted by name "
-                "(statistics then go to stderr)");
+                "(statistics then go to stderr); for GGUF the ggml type and dims, ne[0] first");
   cmd->add_flag("--json", json, "print the statistics as JSON");
   cmd->add_option("--tensor", names, "load only this tensor (repeatable)")->allow_extra_args(false);
   cmd->add_option("--io", io, "staged path: auto, direct (O_DIRECT) or buffered")

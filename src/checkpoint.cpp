@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
+#include "ferry/gguf.hpp"
 #include "ferry/safetensors.hpp"
 #include "strict_json.hpp"
 
@@ -71,6 +72,32 @@ IndexFile read_index(const fs::path& index_path) {
   return index;
 }
 
+// The regular files of `dir` with this extension, sorted (split GGUF and shards sort by number).
+std::vector<fs::path> files_named(const fs::path& dir, std::string_view extension) {
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().extension() == extension)
+      found.push_back(entry.path());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+CheckpointFormat detect_format(const fs::path& file) {
+  return file.extension() == ".gguf" || is_gguf_file(file) ? CheckpointFormat::Gguf
+                                                           : CheckpointFormat::Safetensors;
+}
+
+// GGUF metadata for a CheckpointFile: scalars as text, everything as typed JSON.
+void describe_gguf(CheckpointFile& entry, const GgufHeader& header) {
+  entry.gguf_version = header.version;
+  entry.gguf_alignment = header.alignment;
+  entry.data_start = header.data_start;
+  entry.metadata_json = gguf_metadata_json(header.metadata);
+  for (const auto& kv : header.metadata)
+    if (kv.value.type != GgufValueType::Array)
+      entry.metadata.emplace(kv.key, gguf_value_text(kv.value));
+}
+
 }  // namespace
 
 Checkpoint Checkpoint::open(const fs::path& path) {
@@ -85,15 +112,17 @@ Checkpoint Checkpoint::open(const fs::path& path) {
 
   fs::path index_path;
   if (fs::is_directory(status)) {
-    index_path = find_index(path);
+    const std::vector<fs::path> shards = files_named(path, ".safetensors");
+    const std::vector<fs::path> ggufs = files_named(path, ".gguf");
+    FERRY_FORMAT_EXPECT(shards.empty() || ggufs.empty(), path.string(),
+                        ": directory mixes .safetensors and .gguf files (",
+                        shards.front().filename().string(), ", ", ggufs.front().filename().string(),
+                        "...); name the file to load");
+    index_path = ggufs.empty() ? find_index(path) : fs::path();
     if (index_path.empty()) {
-      std::vector<fs::path> shards;
-      for (const auto& entry : fs::directory_iterator(path))
-        if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
-          shards.push_back(entry.path());
-      FERRY_FORMAT_EXPECT(!shards.empty(), path.string(), ": no .safetensors files in directory");
-      std::sort(shards.begin(), shards.end());
-      for (const auto& shard : shards) ckpt.add_file(shard);
+      FERRY_FORMAT_EXPECT(!shards.empty() || !ggufs.empty(), path.string(),
+                          ": no .safetensors files and no .gguf files in directory");
+      for (const auto& shard : ggufs.empty() ? shards : ggufs) ckpt.add_file(shard);
       ckpt.index_names();
       return ckpt;
     }
@@ -129,14 +158,28 @@ Checkpoint Checkpoint::open(const fs::path& path) {
 }
 
 void Checkpoint::add_file(const fs::path& file) {
-  SafetensorsHeader header = read_safetensors_header(file);
   CheckpointFile entry;
   entry.path = file;
+  entry.format = detect_format(file);
+  FERRY_FORMAT_EXPECT(_files.empty() || entry.format == _format, file.string(), ": a ",
+                      checkpoint_format_name(entry.format), " file in a ",
+                      checkpoint_format_name(_format), " checkpoint");
+  _format = entry.format;
+  std::vector<TensorInfo> tensors;
+  if (entry.format == CheckpointFormat::Gguf) {
+    GgufHeader header = read_gguf_header(file);
+    describe_gguf(entry, header);
+    tensors = std::move(header.tensors);
+  } else {
+    SafetensorsHeader header = read_safetensors_header(file);
+    entry.metadata = std::move(header.metadata);
+    entry.data_start = header.data_start;
+    tensors = std::move(header.tensors);
+  }
   entry.size = fs::file_size(file);
-  entry.metadata = std::move(header.metadata);
   const auto file_index = static_cast<std::uint32_t>(_files.size());
   _files.push_back(std::move(entry));
-  for (auto& t : header.tensors) {
+  for (auto& t : tensors) {
     t.file_index = file_index;
     _total_bytes += t.size;
     _tensors.push_back(std::move(t));

@@ -1,6 +1,6 @@
 // A checkpoint: one safetensors file, or a directory of shards (with or without
-// model.safetensors.index.json). Opening parses and validates every header; no tensor data is
-// read until a load.
+// model.safetensors.index.json); or one GGUF file, or a directory of GGUF files (split GGUF).
+// Opening parses and validates every header; no tensor data is read until a load.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +16,28 @@
 
 namespace ferry {
 
+// A file is GGUF when it starts with the bytes "GGUF" or is named *.gguf (Ollama's blobs have
+// no extension); otherwise safetensors. One checkpoint holds files of one format.
+enum class CheckpointFormat { Safetensors, Gguf };
+
+constexpr std::string_view checkpoint_format_name(CheckpointFormat format) noexcept {
+  return format == CheckpointFormat::Gguf ? "gguf" : "safetensors";
+}
+
 struct CheckpointFile {
   std::filesystem::path path;
   std::uint64_t size = 0;
+  // safetensors: "__metadata__". GGUF: every scalar value as text (gguf_value_text); arrays are
+  // only in metadata_json.
   std::map<std::string, std::string> metadata;
+  CheckpointFormat format = CheckpointFormat::Safetensors;
+  std::uint64_t data_start = 0;  // where tensor data begins
+  // GGUF only (0 and empty otherwise): the version, the alignment of tensor data, and every
+  // key-value pair, typed, arrays in full (tokenizer vocabularies included), as the JSON object
+  // gguf_metadata_json writes.
+  std::uint32_t gguf_version = 0;
+  std::uint64_t gguf_alignment = 0;
+  std::string metadata_json;
 };
 
 class Checkpoint {
@@ -30,6 +48,7 @@ class Checkpoint {
 
   const std::filesystem::path& path() const noexcept { return _path; }
   const std::vector<CheckpointFile>& files() const noexcept { return _files; }
+  CheckpointFormat format() const noexcept { return _format; }
   // In read order: by file, then by offset.
   const std::vector<TensorInfo>& tensors() const noexcept { return _tensors; }
   // nullptr when absent.
@@ -45,6 +64,7 @@ class Checkpoint {
   std::vector<TensorInfo> _tensors;
   std::unordered_map<std::string, std::size_t> _by_name;
   std::uint64_t _total_bytes = 0;
+  CheckpointFormat _format = CheckpointFormat::Safetensors;
 };
 
 }  // namespace ferry
