@@ -16,14 +16,18 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
-echo "== fuzzing the safetensors reader (60 s)"
+echo "== fuzzing the safetensors and GGUF readers (60 s each)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_safetensors
-corpus=$(mktemp -d)
-cp fuzz/corpus/* "$corpus"/
-build-fuzz/fuzz/fuzz_safetensors -max_total_time=60 -print_final_stats=1 \
-  -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -5
-rm -rf "$corpus"
+cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf
+for target in safetensors gguf; do
+  corpus=$(mktemp -d)
+  seeds=fuzz/corpus
+  [ $target = gguf ] && seeds=fuzz/corpus_gguf
+  cp "$seeds"/* "$corpus"/
+  build-fuzz/fuzz/fuzz_$target -max_total_time=60 -print_final_stats=1 \
+    -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -3
+  rm -rf "$corpus"
+done
 
 echo "== the Python package"
 PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore .

@@ -17,6 +17,7 @@
 
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
+#include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 
 namespace nb = nanobind;
@@ -138,7 +139,25 @@ NB_MODULE(_ferry, m) {
                                 t.file_index, t.offset);
              return out;
            })
-      .def_prop_ro("total_bytes", &Checkpoint::total_bytes);
+      .def_prop_ro("total_bytes", &Checkpoint::total_bytes)
+      .def_prop_ro("format",
+                   [](const Checkpoint& c) { return std::string(checkpoint_format_name(c.format())); })
+      .def("metadata_json",
+           [](const Checkpoint& c, std::size_t file) {
+             FERRY_EXPECT(file < c.files().size(), std::out_of_range, "file index ", file,
+                          " is out of range");
+             return c.files()[file].metadata_json;
+           },
+           "file"_a = 0, "GGUF metadata, typed, as JSON text (empty for safetensors).")
+      .def("ggml_tensors",
+           [](const Checkpoint& c) {
+             // (name, ggml type name, dims with ne[0] first) for GGUF tensors.
+             std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>>> out;
+             for (const auto& t : c.tensors())
+               if (t.ggml_type >= 0)
+                 out.emplace_back(t.name, std::string(ggml_type_name(t.ggml_type)), t.ggml_dims);
+             return out;
+           });
 
   nb::class_<LoadedCheckpoint>(m, "Loaded")
       .def_prop_ro("device", [](const LoadedCheckpoint& l) { return l.device().to_string(); })
