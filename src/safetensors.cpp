@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
+#include "tensor_layout.hpp"
 #include "io/file_descriptor.hpp"
 #include "strict_json.hpp"
 
@@ -123,18 +124,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
     }
   }
 
-  std::sort(header.tensors.begin(), header.tensors.end(),
-            [](const TensorInfo& a, const TensorInfo& b) {
-              return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
-            });
-  for (std::size_t i = 1; i < header.tensors.size(); ++i) {
-    const auto& prev = header.tensors[i - 1];
-    const auto& cur = header.tensors[i];
-    FERRY_FORMAT_EXPECT(cur.offset >= prev.offset + prev.size, label, ": tensors \"", prev.name,
-                        "\" [", prev.offset, ", ", prev.offset + prev.size, ") and \"", cur.name,
-                        "\" [", cur.offset, ", ", cur.offset + cur.size, ") overlap");
-  }
-  for (auto& t : header.tensors) t.offset += header.data_start;
+  detail::finish_tensor_layout(header.tensors, header.data_start, label);
   return header;
 }
 

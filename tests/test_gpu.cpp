@@ -23,14 +23,6 @@ class Gpu : public ::testing::Test {
   }
 };
 
-std::vector<std::byte> read_back(const void* device_data, std::uint64_t size) {
-  detail::PrimaryContext context(0);
-  context.make_current();
-  std::vector<std::byte> host(size);
-  if (size) FERRY_CU(cuMemcpyDtoH, host.data(), reinterpret_cast<shim::cu::DevicePtr>(device_data), size);
-  return host;
-}
-
 std::vector<TensorSpec> mixed_specs() {
   std::vector<TensorSpec> specs;
   const std::uint64_t sizes[] = {3, 4096, 1, 70001, 255, 5 << 20, 12345, 0, (3 << 20) + 7, 999};
@@ -62,7 +54,7 @@ TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
       EXPECT_TRUE(loaded->stats().staging_pinned);
       for (const auto& t : loaded->tensors()) {
         auto plain = test::read_plain(*ckpt, *t.info);
-        auto device = read_back(t.data, t.info->size);
+        auto device = test::read_device(t.data, t.info->size);
         ASSERT_EQ(device, plain) << t.info->name << " io=" << static_cast<int>(io)
                                  << " chunk=" << chunk;
         ASSERT_EQ(tensor_digest(*loaded, t), bytes_digest(written.at(t.info->name)));
@@ -82,8 +74,8 @@ TEST_F(Gpu, LoadIntoDeviceMemoryTheCallerOwns) {
   LoadOptions options;
   options.device = Device::cuda(0);
   load_into(ckpt, dst, options);
-  EXPECT_EQ(read_back(a.get(), 70001), written.at("g3"));
-  EXPECT_EQ(read_back(b.get(), 5 << 20), written.at("g5"));
+  EXPECT_EQ(test::read_device(a.get(), 70001), written.at("g3"));
+  EXPECT_EQ(test::read_device(b.get(), 5 << 20), written.at("g5"));
 }
 
 TEST_F(Gpu, MissingDeviceIsAClearError) {

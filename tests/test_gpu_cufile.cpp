@@ -29,14 +29,6 @@ class GpuCuFile : public ::testing::Test {
   bool gds = false;
 };
 
-std::vector<std::byte> read_back(const void* device_data, std::uint64_t size) {
-  detail::PrimaryContext context(0);
-  context.make_current();
-  std::vector<std::byte> host(size);
-  if (size) FERRY_CU(cuMemcpyDtoH, host.data(), reinterpret_cast<shim::cu::DevicePtr>(device_data), size);
-  return host;
-}
-
 TEST_F(GpuCuFile, LoadsAreBitExactWithTheHostPath) {
   TempDir dir;
   std::vector<TensorSpec> specs;
@@ -53,7 +45,7 @@ TEST_F(GpuCuFile, LoadsAreBitExactWithTheHostPath) {
   ASSERT_EQ(loaded.stats().files.size(), 1u);
   EXPECT_EQ(loaded.stats().files[0].io_path, gds ? IoPath::CufileGds : IoPath::CufileCompat);
   for (const auto& t : loaded.tensors())
-    ASSERT_EQ(read_back(t.data, t.info->size), test::read_plain(*ckpt, *t.info)) << t.info->name;
+    ASSERT_EQ(test::read_device(t.data, t.info->size), test::read_plain(*ckpt, *t.info)) << t.info->name;
 }
 
 TEST_F(GpuCuFile, CompatibilityModeMustBeAllowed) {
@@ -94,12 +86,12 @@ TEST_F(GpuCuFile, DeviceToFileToDeviceRoundTripsAreExact) {
   for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{4096 * 3}, std::uint64_t{777}}) {
     file.write(offset, source.get(), size);
     file.read(offset, target.get(), size);
-    ASSERT_EQ(read_back(target.get(), size), bytes) << "offset " << offset;
+    ASSERT_EQ(test::read_device(target.get(), size), bytes) << "offset " << offset;
   }
   const std::uint64_t part = 5000;
   file.write(123, static_cast<const std::byte*>(source.get()) + 99, part);
   file.read(123, static_cast<std::byte*>(target.get()) + 1, part);
-  auto back = read_back(static_cast<std::byte*>(target.get()) + 1, part);
+  auto back = test::read_device(static_cast<std::byte*>(target.get()) + 1, part);
   EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin() + 99));
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "cuda/cuda_resources.hpp"
 #include "io/file_descriptor.hpp"
 
 namespace ferry::test {
@@ -56,6 +57,15 @@ std::map<std::string, std::vector<std::byte>> write_random_checkpoint(
     written[spec.name] = std::move(bytes);
   });
   return written;
+}
+
+std::vector<std::byte> read_device(const void* device_data, std::uint64_t size) {
+  detail::PrimaryContext context(0);
+  context.make_current();
+  std::vector<std::byte> host(size);
+  if (size)
+    FERRY_CU(cuMemcpyDtoH, host.data(), reinterpret_cast<shim::cu::DevicePtr>(device_data), size);
+  return host;
 }
 
 std::vector<std::byte> read_plain(const Checkpoint& checkpoint, const TensorInfo& tensor) {

@@ -41,6 +41,9 @@ std::vector<std::byte> random_bytes(std::size_t size, std::uint64_t seed);
 std::map<std::string, std::vector<std::byte>> write_random_checkpoint(
     const std::filesystem::path& path, const std::vector<TensorSpec>& specs, std::uint64_t seed);
 
+// Copies `size` bytes of cuda:0 memory at `device_data` to the host (GPU tests only).
+std::vector<std::byte> read_device(const void* device_data, std::uint64_t size);
+
 // The plain host path: one pread of exactly the tensor's bytes.
 std::vector<std::byte> read_plain(const Checkpoint& checkpoint, const TensorInfo& tensor);
 

@@ -1,0 +1,24 @@
+#include "tensor_layout.hpp"
+
+#include <algorithm>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+void finish_tensor_layout(std::vector<TensorInfo>& tensors, std::uint64_t data_start,
+                          std::string_view label) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+  });
+  for (std::size_t i = 1; i < tensors.size(); ++i) {
+    const auto& prev = tensors[i - 1];
+    const auto& cur = tensors[i];
+    FERRY_FORMAT_EXPECT(cur.offset >= prev.offset + prev.size, label, ": tensors \"", prev.name,
+                        "\" [", prev.offset, ", ", prev.offset + prev.size, ") and \"", cur.name,
+                        "\" [", cur.offset, ", ", cur.offset + cur.size, ") overlap");
+  }
+  for (auto& t : tensors) t.offset += data_start;
+}
+
+}  // namespace ferry::detail
