@@ -6,6 +6,7 @@
 
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
+#include "ferry/ggml_type.hpp"
 #include "ferry/ferry.h"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
@@ -93,13 +94,17 @@ ferry_status ferry_checkpoint_tensor_info(const ferry_checkpoint* checkpoint, si
     FERRY_EXPECT(index < tensors.size(), std::invalid_argument, "tensor index ", index,
                  " is out of range (", tensors.size(), " tensors)");
     const ferry::TensorInfo& t = tensors[index];
+    const bool gguf = t.ggml_type >= 0;
     *out = ferry_tensor_info{t.name.c_str(),
                              ferry::dtype_name(t.dtype).data(),
                              t.shape.data(),
                              t.shape.size(),
                              t.size,
                              checkpoint->file_names[t.file_index].c_str(),
-                             t.offset};
+                             t.offset,
+                             gguf ? ferry::ggml_type_name(t.ggml_type).data() : nullptr,
+                             gguf ? t.ggml_dims.data() : nullptr,
+                             gguf ? t.ggml_dims.size() : 0};
   });
 }
 

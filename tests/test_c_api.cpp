@@ -5,6 +5,7 @@
 
 #include "ferry/ferry.h"
 #include "ferry/tensor_digest.hpp"
+#include "gguf_bytes.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -118,6 +119,29 @@ TEST_F(CApi, ErrorsAreStatusesWithMessages) {
   ferry_checkpoint_free(nullptr);
   ferry_loaded_free(nullptr);
   EXPECT_EQ(ferry_checkpoint_tensor_count(nullptr), 0u);
+}
+
+TEST_F(CApi, GgufTensorsCarryTheirGgmlTypeAndDims) {
+  using namespace ferry::test;
+  GgufBytes file;
+  file.tensors.push_back(tensor_info("q", {64, 2}, 8, 0));  // Q8_0: 2 rows of 2 blocks of 34 bytes
+  file.data = std::string(2 * 2 * 34, '\x5a');
+  write_file(dir / "m.gguf", file.build());
+  ferry_checkpoint* gguf = nullptr;
+  ASSERT_EQ(ferry_checkpoint_open((dir / "m.gguf").c_str(), &gguf), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_tensor_info info{};
+  ASSERT_EQ(ferry_checkpoint_tensor_info(gguf, 0, &info), FERRY_STATUS_OK);
+  EXPECT_STREQ(info.ggml_type, "Q8_0");
+  ASSERT_EQ(info.ggml_rank, 2u);
+  EXPECT_EQ(info.ggml_dims[0], 64u);
+  EXPECT_STREQ(info.dtype, "U8");
+  EXPECT_EQ(info.bytes, 136u);
+  ferry_tensor_info plain{};
+  ASSERT_EQ(ferry_checkpoint_tensor_info(checkpoint, 0, &plain), FERRY_STATUS_OK);
+  EXPECT_EQ(plain.ggml_type, nullptr);
+  EXPECT_EQ(plain.ggml_rank, 0u);
+  ferry_checkpoint_free(gguf);
 }
 
 TEST_F(CApi, CudaWithoutGpuIsACudaError) {

@@ -48,6 +48,11 @@ typedef struct ferry_tensor_info {
   uint64_t bytes;
   const char* file;     /* path of the file holding the tensor */
   uint64_t file_offset; /* absolute offset of its first byte in that file */
+  /* GGUF tensors only (NULL / 0 otherwise): the ggml type ("Q4_K") and the dimensions as GGUF
+   * states them, ne[0] first. dtype and shape then describe the bytes (U8 rows if quantized). */
+  const char* ggml_type;
+  const uint64_t* ggml_dims;
+  size_t ggml_rank;
 } ferry_tensor_info;
 
 typedef struct ferry_load_options {
