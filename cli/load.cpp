@@ -57,7 +57,7 @@ void add_load(CLI::App& app) {
   static double chunk_mib = 0;
   static unsigned threads = 0;
   static unsigned repeat = 1;
-  cmd->add_option("path", path, "a .safetensors file, a shard directory or an index .json")
+  cmd->add_option("path", path, "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
   cmd->add_option("--device", device, "cuda:N, cpu, or auto (the first GPU, else host memory)")
       ->capture_default_str();

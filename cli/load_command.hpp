@@ -11,7 +11,8 @@ namespace ferry::cli {
 // "auto" picks cuda:0 where a GPU is usable and says on stderr why not otherwise.
 Device resolve_device(const std::string& text);
 
-// One line per tensor, sorted by name: name, dtype, shape, XXH3-64 of the loaded bytes.
+// One line per tensor, sorted by name: name, dtype, shape, XXH3-64 of the loaded bytes (for
+// GGUF tensors the ggml type and dims, ne[0] first).
 void print_digests(const LoadedCheckpoint& loaded);
 
 }  // namespace ferry::cli
