@@ -2,8 +2,9 @@
 # Everything that needs the GPU machine, in one call (device tool):
 #   builds ferry there, runs every test (GPU ones included), compares `ferry load --hash` on
 #   cuda:0 with cpu, and runs the benchmark. Full logs go to $OUT; a short table prints last.
-# Carry: .deps (Debian .debs of the build's header/static dependencies) and .whl (Python wheels:
-#   xxhash, pytest and its needs, scikit-build-core, pathspec, nanobind).
+# Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
+#   header/static dependencies, and Python wheels:
+#   xxhash, pytest and its needs, scikit-build-core, pathspec, nanobind, gguf).
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [--quick]
 set -euo pipefail
 OUT=${OUT:-/tmp/ferry-out}
