@@ -1,27 +1,23 @@
 #include "shim/cuda_driver.hpp"
 
-#include <dlfcn.h>
-
 #include "ferry/error.hpp"
+#include "shim/dynamic_library.hpp"
 
 namespace ferry::shim {
 namespace {
 
-// Resolves `name` into `slot`; false (with the reason recorded) when the symbol is missing.
+constexpr const char* kLibrary = "libcuda.so.1";
+
 template <class Fn>
-bool resolve(void* library, const char* name, Fn& slot, std::string& why) {
-  slot = reinterpret_cast<Fn>(::dlsym(library, name));
-  if (slot == nullptr && why.empty()) why = std::string("libcuda.so.1 lacks ") + name;
-  return slot != nullptr;
+bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {
+  return shim::resolve(library, kLibrary, symbol, slot, why);
 }
 
 CudaDriver load_driver() {
   CudaDriver d;
-  void* library = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE);
+  void* library = open_vendor_library({kLibrary}, d.why_unusable);
   if (library == nullptr) {
-    const char* err = ::dlerror();
-    d.why_unusable = std::string("the CUDA driver library libcuda.so.1 was not found (") +
-                     (err ? err : "dlopen failed") + ")";
+    d.why_unusable = "the CUDA driver library " + d.why_unusable;
     return d;
   }
   std::string& why = d.why_unusable;

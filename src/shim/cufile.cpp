@@ -1,29 +1,19 @@
 #include "shim/cufile.hpp"
 
-#include <dlfcn.h>
+#include "shim/dynamic_library.hpp"
 
 namespace ferry::shim {
 namespace {
 
 template <class Fn>
-bool resolve(void* library, const char* name, Fn& slot, std::string& why) {
-  slot = reinterpret_cast<Fn>(::dlsym(library, name));
-  if (slot == nullptr && why.empty()) why = std::string("libcufile lacks ") + name;
-  return slot != nullptr;
+bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {
+  return shim::resolve(library, "libcufile", symbol, slot, why);
 }
 
 CuFileLibrary load_library() {
   CuFileLibrary l;
-  void* library = nullptr;
-  for (const char* name : {"libcufile.so.0", "libcufile.so"}) {
-    library = ::dlopen(name, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE);
-    if (library) break;
-  }
-  if (library == nullptr) {
-    const char* err = ::dlerror();
-    l.why_not_loaded = std::string("libcufile.so.0 was not found (") + (err ? err : "dlopen failed") + ")";
-    return l;
-  }
+  void* library = open_vendor_library({"libcufile.so.0", "libcufile.so"}, l.why_not_loaded);
+  if (library == nullptr) return l;
   std::string& why = l.why_not_loaded;
   bool ok = resolve(library, "cuFileDriverOpen", l.cuFileDriverOpen, why);
   ok &= resolve(library, "cuFileDriverGetProperties", l.cuFileDriverGetProperties, why);
