@@ -7,7 +7,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"ferry: moves tensors between storage and GPU memory at the speed of the hardware"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ferry 0.1.0");
+  app.set_version_flag("--version", "ferry " FERRY_VERSION);
   ferry::cli::add_inspect(app);
   ferry::cli::add_load(app);
   ferry::cli::add_doctor(app);

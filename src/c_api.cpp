@@ -66,7 +66,7 @@ extern "C" {
 
 const char* ferry_last_error(void) { return last_error.c_str(); }
 
-const char* ferry_version(void) { return "0.1.0"; }
+const char* ferry_version(void) { return FERRY_VERSION; }
 
 ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
   return guarded([&] {

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "ferry/ferry.h"
 #include "ferry/tensor_digest.hpp"
@@ -142,6 +144,13 @@ TEST_F(CApi, GgufTensorsCarryTheirGgmlTypeAndDims) {
   EXPECT_EQ(plain.ggml_type, nullptr);
   EXPECT_EQ(plain.ggml_rank, 0u);
   ferry_checkpoint_free(gguf);
+}
+
+TEST(CApiVersion, MatchesTheProjectAndThePythonPackage) {
+  // pyproject.toml states the version again for pip: the two must agree.
+  std::ifstream pyproject(std::string(FERRY_SOURCE_DIR) + "/pyproject.toml");
+  std::string text((std::istreambuf_iterator<char>(pyproject)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(std::string("version = \"") + ferry_version() + "\""), std::string::npos);
 }
 
 TEST_F(CApi, CudaWithoutGpuIsACudaError) {

@@ -85,7 +85,7 @@ typedef struct ferry_load_stats {
 
 /* The message of the calling thread's last failure; "" if none. Never NULL. */
 FERRY_API const char* ferry_last_error(void);
-/* "0.1.0" */
+/* The library's version, "MAJOR.MINOR.PATCH". */
 FERRY_API const char* ferry_version(void);
 
 /* Opens and validates a .safetensors file, a shard directory or an index .json.

@@ -7,8 +7,7 @@ tensor that refers to it is gone. Drop-in shapes of the safetensors API:
     ferry.safe_open(path, framework="pt", device=...) -> keys(), metadata(), get_tensor(), get_slice()
     ferry.numpy.load_file(path)                       -> dict[str, numpy.ndarray]
 """
-from ._ferry import Checkpoint, Loaded, cuda_available, release_staging_memory
+from ._ferry import Checkpoint, Loaded, __version__, cuda_available, release_staging_memory
 from ._open import safe_open
 
-__version__ = "0.1.0"
 __all__ = ["Checkpoint", "Loaded", "cuda_available", "release_staging_memory", "safe_open"]

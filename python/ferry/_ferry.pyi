@@ -1,6 +1,8 @@
 """Type stubs for ferry's extension module."""
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+__version__: str
+
 class Checkpoint:
     @staticmethod
     def open(path: str) -> "Checkpoint": ...

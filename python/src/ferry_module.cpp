@@ -214,6 +214,7 @@ NB_MODULE(_ferry, m) {
       "staging_bytes"_a = 0, "chunk_bytes"_a = 0, "threads"_a = 0, "progress"_a = nb::none(),
       "Loads (name, address, capacity) destinations the caller owns on device.");
 
+  m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
 }
