@@ -1,6 +1,6 @@
 """Writes benchmark checkpoints with Hugging Face's safetensors writer (needs torch).
 
-usage: make_checkpoints.py DIR [MODEL ...]   (models: qwen3-0.6b, llama3-8b)
+usage: make_checkpoints.py DIR [MODEL ...]   (bench/model_shapes.py names them; default MODELS)
 Each model goes to DIR/MODEL/: one model.safetensors, or N shards plus
 model.safetensors.index.json, split in order the way transformers' save_pretrained does.
 """
@@ -12,25 +12,27 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from model_shapes import MODELS
+from model_shapes import ALL, MODELS
 
 POOL_BYTES = 64 << 20
 
 
 def random_tensor(shape, seed, pool):
-    """bf16 tensor of random bytes: the pool, rotated by a per-tensor amount, tiled."""
+    """bf16 tensor of random bytes: the pool, read from a per-tensor offset, wrapping around."""
     n = math.prod(shape) * 2
     out = torch.empty(n, dtype=torch.uint8)
-    shift = (seed * 4099) % POOL_BYTES
-    rotated = torch.cat([pool[shift:], pool[:shift]])
-    for start in range(0, n, POOL_BYTES):
-        end = min(n, start + POOL_BYTES)
-        out[start:end] = rotated[: end - start]
+    position = (seed * 4099) % POOL_BYTES
+    filled = 0
+    while filled < n:
+        take = min(n - filled, POOL_BYTES - position)
+        out[filled:filled + take] = pool[position:position + take]
+        filled += take
+        position = 0
     return out.view(torch.bfloat16).view(shape)
 
 
 def write_model(root, name):
-    shapes_fn, shards = MODELS[name]
+    shapes_fn, shards = ALL[name]
     shapes = shapes_fn()
     target = os.path.join(root, name)
     os.makedirs(target, exist_ok=True)

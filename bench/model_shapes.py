@@ -47,4 +47,65 @@ def llama3_8b():
     return shapes
 
 
-MODELS = {"qwen3-0.6b": (qwen3_0_6b, 1), "llama3-8b": (llama3_8b, 4)}
+def moe_16x64():
+    """A Qwen3-MoE-style checkpoint cut to 16 layers of 64 experts (3 projections each): 3,219
+    bf16 tensors, 11.5 GB in 5 shards, most of them 3 MB expert matrices."""
+    hidden, layers, experts, expert_mlp, vocab, head_dim = 2048, 16, 64, 768, 151936, 128
+    q, kv = 32 * head_dim, 4 * head_dim
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q, hidden),
+            p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.weight": (kv, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q),
+            p + "self_attn.q_norm.weight": (head_dim,),
+            p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate.weight": (experts, hidden),
+        })
+        for e in range(experts):
+            x = f"{p}mlp.experts.{e}."
+            shapes.update({
+                x + "gate_proj.weight": (expert_mlp, hidden),
+                x + "up_proj.weight": (expert_mlp, hidden),
+                x + "down_proj.weight": (hidden, expert_mlp),
+            })
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def sized(gigabytes):
+    """Llama-shaped layers (hidden 4096, 32k vocabulary) stacked to about `gigabytes` GB, for
+    the load-time-against-size sweep."""
+    def shapes():
+        hidden, mlp, vocab, kv = 4096, 14336, 32000, 1024
+        per_layer = 2 * (2 * hidden * hidden + 2 * kv * hidden + 3 * mlp * hidden + 2 * hidden)
+        layers = max(1, round((gigabytes * 1e9 - 2 * 2 * vocab * hidden) / per_layer))
+        out = {"model.embed_tokens.weight": (vocab, hidden)}
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            out.update({
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (hidden, hidden),
+                p + "self_attn.k_proj.weight": (kv, hidden),
+                p + "self_attn.v_proj.weight": (kv, hidden),
+                p + "self_attn.o_proj.weight": (hidden, hidden),
+                p + "mlp.gate_proj.weight": (mlp, hidden),
+                p + "mlp.up_proj.weight": (mlp, hidden),
+                p + "mlp.down_proj.weight": (hidden, mlp),
+            })
+        out["model.norm.weight"] = (hidden,)
+        out["lm_head.weight"] = (vocab, hidden)
+        return out
+    return shapes
+
+
+MODELS = {"qwen3-0.6b": (qwen3_0_6b, 1), "llama3-8b": (llama3_8b, 4), "moe-16x64": (moe_16x64, 5)}
+# Checkpoint size sweep: name -> (shapes, shards); shards of about 4 GB as transformers writes.
+SIZES = {f"sized-{gb}gb": (sized(gb), max(1, gb // 4)) for gb in (1, 4, 16, 32)}
+ALL = {**MODELS, **SIZES}

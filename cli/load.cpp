@@ -56,6 +56,7 @@ void add_load(CLI::App& app) {
   static double staging_mib = static_cast<double>(kDefaultStagingBytes >> 20);
   static double chunk_mib = 0;
   static unsigned threads = 0;
+  static unsigned slots = 0;
   static unsigned repeat = 1;
   cmd->add_option("path", path, "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
@@ -79,6 +80,7 @@ void add_load(CLI::App& app) {
   cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
+  cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
   cmd->add_option("--repeat", repeat, "load this many times and report each")
       ->check(CLI::PositiveNumber);
   cmd->callback([] {
@@ -92,6 +94,7 @@ void add_load(CLI::App& app) {
     options.staging_bytes = static_cast<std::uint64_t>(staging_mib * (1 << 20));
     options.chunk_bytes = static_cast<std::uint64_t>(chunk_mib * (1 << 20));
     options.reader_threads = threads;
+    options.slots_per_thread = slots;
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
     std::unique_ptr<detail::PrimaryContext> context;
     if (options.device.is_cuda()) context = std::make_unique<detail::PrimaryContext>(options.device.index);

@@ -47,6 +47,13 @@ nlohmann::json stats_json(const LoadStats& s) {
           {"staging_bytes", s.staging_bytes},
           {"staging_pinned", s.staging_pinned},
           {"reader_threads", s.reader_threads},
+          {"slots_per_thread", s.slots_per_thread},
+          {"allocate_seconds", s.allocate_seconds},
+          {"open_seconds", s.open_seconds},
+          {"setup_thread_seconds", s.setup_thread_seconds},
+          {"read_thread_seconds", s.read_thread_seconds},
+          {"wait_thread_seconds", s.wait_thread_seconds},
+          {"queue_thread_seconds", s.queue_thread_seconds},
           {"chunk_bytes", s.chunk_bytes},
           {"files", files}};
 }

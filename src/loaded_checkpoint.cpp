@@ -112,8 +112,10 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   LoadedCheckpoint result;
   result._checkpoint = checkpoint;
   result._device = options.device;
+  const auto allocating = Clock::now();
   result._memory = context ? detail::allocate_device_memory(context, plan.dest_bytes)
                            : detail::allocate_host_memory(plan.dest_bytes);
+  result._stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
   const auto base = reinterpret_cast<std::uintptr_t>(result._memory.get());
   std::vector<std::uintptr_t> addresses;
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {

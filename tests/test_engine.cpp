@@ -1,12 +1,14 @@
 // The staged engine with host destinations, checked byte for byte against the plain host path.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "io/source_file.hpp"
 #include "test_support.hpp"
 
 namespace ferry {
@@ -207,6 +209,54 @@ TEST(Engine, DirectOnAFileSystemThatRefusesItIsAClearErrorAndAutoSaysWhy) {
   EXPECT_THROW(load(ckpt, direct), std::invalid_argument);
   auto loaded = load(ckpt, LoadOptions{});
   EXPECT_EQ(loaded.stats().files[0].io_path, IoPath::Buffered);
+}
+
+// Every page asked for, as a reference for the sampled probe.
+double exact_page_cache_fraction(const detail::FileDescriptor& fd, std::uint64_t size) {
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return -1;
+  const std::uint64_t pages = (size + 4095) / 4096;
+  std::vector<unsigned char> resident(pages);
+  const int rc = ::mincore(map, size, resident.data());
+  ::munmap(map, size);
+  if (rc != 0) return -1;
+  std::uint64_t in = 0;
+  for (unsigned char r : resident) in += r & 1;
+  return static_cast<double>(in) / static_cast<double>(pages);
+}
+
+// The residency probe behind auto's buffered-or-O_DIRECT choice samples large files; it must
+// still see how much of a file the page cache holds.
+TEST(PageCache, SampledResidencyFollowsWhatTheCacheHolds) {
+  TempDir dir;
+  const auto file = dir / "big.bin";
+  const std::uint64_t size = 2 * detail::kResidencySamplePages * 4096 + 12345;
+  test::write_file(file, std::string(size, 'x'));
+  detail::FileDescriptor fd = detail::open_for_reading(file);
+  ASSERT_EQ(::fdatasync(fd.get()), 0);
+  ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  if (detail::page_cache_fraction(fd, size) > 0.05)
+    GTEST_SKIP() << "this file system keeps pages in memory after POSIX_FADV_DONTNEED";
+  std::vector<char> buffer(1 << 20);
+  for (std::uint64_t at = 0; at < size / 2; at += buffer.size())
+    ASSERT_GT(::pread(fd.get(), buffer.data(), buffer.size(), static_cast<off_t>(at)), 0);
+  // Read-ahead may have pulled in a little more than half.
+  const double exact = exact_page_cache_fraction(fd, size);
+  ASSERT_GT(exact, 0.45);
+  ASSERT_LT(exact, 0.75);
+  EXPECT_NEAR(detail::page_cache_fraction(fd, size), exact, 0.02);
+  for (std::uint64_t at = size / 2; at < size; at += buffer.size())
+    ASSERT_GT(::pread(fd.get(), buffer.data(), buffer.size(), static_cast<off_t>(at)), 0);
+  EXPECT_GT(detail::page_cache_fraction(fd, size), 0.99);
+}
+
+TEST(PageCache, SmallFilesAreProbedPageByPage) {
+  TempDir dir;
+  const auto file = dir / "small.bin";
+  test::write_file(file, std::string(3 * 4096 + 5, 'y'));
+  detail::FileDescriptor fd = detail::open_for_reading(file);
+  EXPECT_EQ(detail::page_cache_fraction(fd, 3 * 4096 + 5), 1.0);
+  EXPECT_EQ(detail::page_cache_fraction(fd, 0), 1.0);
 }
 
 TEST(Engine, CudaWithoutAGpuIsACudaError) {

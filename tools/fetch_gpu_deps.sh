@@ -11,3 +11,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl xxhash pytest pluggy iniconfig "scikit-build-core==1.1.2" pathspec "nanobind==3.1.0" \
   "gguf==0.19.0"
+# Peers the benchmark compares with (their other needs are already on the GPU machine).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl "fastsafetensors==0.5.0" "runai-model-streamer==0.16.1"

@@ -5,11 +5,15 @@
 # Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
 #   header/static dependencies, and Python wheels:
 #   xxhash, pytest and its needs, scikit-build-core, pathspec, nanobind, gguf).
-#   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [--quick]
+#   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
+#   stages: build, tests, bench (default: all three). A warm machine keeps /tmp/build and
+#   /tmp/ckpts between calls, so `tests` and `bench` may go in separate calls when one call's
+#   time is capped.
 set -euo pipefail
 OUT=${OUT:-/tmp/ferry-out}
 mkdir -p "$OUT"
-quick=${1:-}
+stages=" ${*:-build tests bench} "
+want() { [[ "$stages" == *" $1 "* ]]; }
 root=$PWD
 # cuFile's configuration for the tests: compatibility mode allowed (this machine has no
 # nvidia-fs), logs out of the working tree.
@@ -32,23 +36,27 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 
+ferry=/tmp/build/cli/ferry
+status=0
+if want build; then
 log "build"
 cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
   -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
   >"$OUT/build.log" 2>&1
 ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-ferry=/tmp/build/cli/ferry
 
 log "doctor"
 "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
 
 log "python package (pip install .)"
-status=0
 CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
   CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
   python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
   >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
+fi
 
+ckpts=/tmp/ckpts
+if want tests; then
 log "tests"
 # A failing test is reported (and fails the script at the end) without stopping the benchmark.
 (cd /tmp/build && ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest.log" | head -80; }
@@ -58,7 +66,7 @@ grep -E "Gpu\." "$OUT/ctest.log" | tee -a "$OUT/summary.txt" || true
 log "checkpoints"
 ckpts=/tmp/ckpts
 models="qwen3-0.6b llama3-8b"
-[ "$quick" = "--quick" ] && models="qwen3-0.6b"
+quick=
 (cd bench && python3 make_checkpoints.py "$ckpts" $models) | tee -a "$OUT/summary.txt"
 gguf_args=()
 if [ "$quick" != "--quick" ]; then
@@ -107,9 +115,12 @@ PY
 log "doctor on the 8B checkpoint"
 [ -d "$ckpts/llama3-8b" ] && "$ferry" doctor "$ckpts/llama3-8b" --read-limit-gib 4 | tee -a "$OUT/summary.txt"
 
+fi
+if want bench; then
 log "benchmark"
 cold=--cold
 [ "$quick" = "--quick" ] && cold=
 (cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT" --runs 5 $cold --models $models "${gguf_args[@]}") \
   2>&1 | tee "$OUT/bench.txt"
+fi
 exit $status

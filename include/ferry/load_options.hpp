@@ -42,6 +42,7 @@ struct LoadOptions {
   std::uint64_t staging_bytes = kDefaultStagingBytes;  // upper bound on host staging memory
   std::uint64_t chunk_bytes = 0;                       // largest read; 0 = chosen
   unsigned reader_threads = 0;                         // 0 = chosen
+  unsigned slots_per_thread = 0;  // staging slots each reader cycles through; 0 = chosen (2)
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
 };

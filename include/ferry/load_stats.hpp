@@ -31,11 +31,21 @@ struct LoadStats {
   std::uint64_t tensor_bytes = 0;   // bytes that landed in destination memory
   std::uint64_t bytes_read = 0;     // bytes read from files (alignment and holes included)
   double seconds = 0;               // from planning to the last copy finished
+  double allocate_seconds = 0;      // of which: allocating destination memory
   double staging_seconds = 0;       // of which: allocating staging memory
+  double open_seconds = 0;          // of which: opening files, probing their page-cache residency
   unsigned reader_threads = 0;
+  unsigned slots_per_thread = 0;
   std::uint64_t chunk_bytes = 0;
   std::uint64_t staging_bytes = 0;  // host staging actually allocated
   bool staging_pinned = false;
+  // Where the reader threads' time went, summed over threads (the staged path only): reading
+  // into staging, waiting for a slot's earlier copies, and queueing copies; setup is each
+  // thread's stream and events.
+  double setup_thread_seconds = 0;
+  double read_thread_seconds = 0;
+  double wait_thread_seconds = 0;
+  double queue_thread_seconds = 0;
   std::vector<FileLoadStats> files;
 
   double gigabytes_per_second() const {

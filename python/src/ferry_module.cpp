@@ -59,7 +59,14 @@ nb::dict stats_dict(const LoadStats& s) {
   d["staging_bytes"] = s.staging_bytes;
   d["staging_pinned"] = s.staging_pinned;
   d["reader_threads"] = s.reader_threads;
+  d["slots_per_thread"] = s.slots_per_thread;
   d["chunk_bytes"] = s.chunk_bytes;
+  d["allocate_seconds"] = s.allocate_seconds;
+  d["open_seconds"] = s.open_seconds;
+  d["setup_thread_seconds"] = s.setup_thread_seconds;
+  d["read_thread_seconds"] = s.read_thread_seconds;
+  d["wait_thread_seconds"] = s.wait_thread_seconds;
+  d["queue_thread_seconds"] = s.queue_thread_seconds;
   d["files"] = files;
   return d;
 }

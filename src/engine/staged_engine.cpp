@@ -30,6 +30,20 @@ std::uint64_t slot_bytes(std::uint64_t chunk) {
   return (chunk + kSlotSlack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
 }
 
+// Seconds since the last lap (or construction).
+class Stopwatch {
+ public:
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - _last).count();
+    _last = now;
+    return seconds;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point _last = std::chrono::steady_clock::now();
+};
+
 // Waits for a stream's copies even when the worker leaves by an exception, so staging is never
 // freed under a copy in flight.
 struct StreamDrain {
@@ -60,6 +74,14 @@ class StagedRun {
     return out;
   }
 
+  void add_thread_times(LoadStats& stats) const {
+    std::lock_guard lock(_mutex);
+    stats.setup_thread_seconds = _times.setup;
+    stats.read_thread_seconds = _times.read;
+    stats.wait_thread_seconds = _times.wait;
+    stats.queue_thread_seconds = _times.queue;
+  }
+
  private:
   void guarded(unsigned worker) {
     try {
@@ -71,7 +93,13 @@ class StagedRun {
     }
   }
 
+  struct ThreadTimes {
+    double setup = 0, read = 0, wait = 0, queue = 0;
+  };
+
   void work(unsigned worker) {
+    ThreadTimes times;
+    Stopwatch clock;
     const unsigned slots = _settings.slots_per_thread;
     const std::uint64_t stride = slot_bytes(_settings.chunk_bytes);
     std::byte* mine = _staging + static_cast<std::uint64_t>(worker) * slots * stride;
@@ -83,6 +111,7 @@ class StagedRun {
       for (unsigned s = 0; s < slots; ++s) done.emplace_back();
     }
     StreamDrain drain{stream ? &*stream : nullptr};
+    times.setup += clock.lap();
     for (std::uint64_t k = 0; !_failed; ++k) {
       const std::size_t i = _next.fetch_add(1);
       if (i >= _chunks.size()) break;
@@ -90,7 +119,9 @@ class StagedRun {
       const unsigned slot = static_cast<unsigned>(k % slots);
       std::byte* buffer = mine + slot * stride;
       if (stream) done[slot].synchronize();  // the slot's previous copies have finished
+      times.wait += clock.lap();
       const std::byte* data = _sources[chunk.file_index]->read(chunk.file_offset, chunk.size, buffer);
+      times.read += clock.lap();
       for (const CopyTask& c : chunk.copies) {
         if (stream) {
           FERRY_CU(cuMemcpyHtoDAsync, c.destination, data + c.chunk_offset, c.size, stream->get());
@@ -99,9 +130,17 @@ class StagedRun {
         }
       }
       if (stream) done[slot].record(*stream);
+      times.queue += clock.lap();
       report(chunk.size);
+      clock.lap();
     }
     if (stream) stream->synchronize();
+    times.wait += clock.lap();
+    std::lock_guard lock(_mutex);
+    _times.setup += times.setup;
+    _times.read += times.read;
+    _times.wait += times.wait;
+    _times.queue += times.queue;
   }
 
   // Under the lock, so that the caller sees the count only grow.
@@ -119,7 +158,8 @@ class StagedRun {
   std::atomic<std::size_t> _next{0};
   std::uint64_t _done = 0;
   std::atomic<bool> _failed{false};
-  std::mutex _mutex;
+  ThreadTimes _times;
+  mutable std::mutex _mutex;
   std::exception_ptr _error;
 };
 
@@ -131,18 +171,21 @@ EngineSettings choose_settings(const LoadOptions& options) {
   s.progress = options.progress;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   s.threads = options.reader_threads ? options.reader_threads : std::min(cores, kMaxThreads);
+  if (options.slots_per_thread) s.slots_per_thread = options.slots_per_thread;
   const std::uint64_t staging = options.staging_bytes;
-  const auto fits = [&] { return 2ull * s.threads * slot_bytes(s.chunk_bytes) <= staging; };
+  const auto fits = [&] {
+    return std::uint64_t{s.slots_per_thread} * s.threads * slot_bytes(s.chunk_bytes) <= staging;
+  };
   if (options.chunk_bytes) {
     s.chunk_bytes = (options.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
   } else {
     s.chunk_bytes = kDefaultChunk;
     while (!fits() && s.chunk_bytes > kMinChunk) s.chunk_bytes /= 2;
   }
-  // Fewer threads where the budget cannot give each of them two slots.
+  // Fewer threads where the budget cannot give each of them its slots.
   while (s.threads > 1 && !fits()) --s.threads;
-  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", staging, " bytes cannot hold two ",
-               s.chunk_bytes, "-byte reads");
+  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", staging, " bytes cannot hold ",
+               s.slots_per_thread, " slots of ", s.chunk_bytes, "-byte reads");
   return s;
 }
 
@@ -172,11 +215,16 @@ void run_staged(std::span<const CheckpointFile> files, std::span<const EngineChu
   stats.staging_bytes = staging_bytes;
   stats.staging_pinned = staging.pinned();
   stats.reader_threads = settings.threads;
+  stats.slots_per_thread = settings.slots_per_thread;
   stats.chunk_bytes = settings.chunk_bytes;
 
+  const auto opening = std::chrono::steady_clock::now();
   StagedRun run(files, chunks, settings, staging.data(), total);
+  stats.open_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - opening).count();
   run.run();  // every copy out of staging has finished when this returns, even by exception
   keep_staging(std::move(staging));
+  run.add_thread_times(stats);
   stats.files = run.file_stats();
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
 }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -25,12 +26,25 @@ double page_cache_fraction(const FileDescriptor& fd, std::uint64_t size) {
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (map == MAP_FAILED) return 0.0;
   const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> resident((size + page - 1) / page);
+  const std::uint64_t pages = (size + page - 1) / page;
+  constexpr std::uint64_t kWindowPages = 16;
+  const std::uint64_t windows =
+      pages <= kResidencySamplePages ? 1 : kResidencySamplePages / kWindowPages;
+  const std::uint64_t window_pages = windows == 1 ? pages : kWindowPages;
+  std::vector<unsigned char> resident(window_pages);
+  std::uint64_t asked = 0;
   std::uint64_t in_cache = 0;
-  if (::mincore(map, size, resident.data()) == 0)
-    for (unsigned char r : resident) in_cache += r & 1;
+  for (std::uint64_t w = 0; w < windows; ++w) {
+    // Window w starts w/windows of the way into the file; the last one ends at its end.
+    const std::uint64_t first = std::min(pages - window_pages, pages * w / windows);
+    const std::uint64_t length = std::min(window_pages * page, size - first * page);
+    if (::mincore(static_cast<char*>(map) + first * page, length, resident.data()) != 0) break;
+    const std::uint64_t n = (length + page - 1) / page;
+    for (std::uint64_t i = 0; i < n; ++i) in_cache += resident[i] & 1;
+    asked += n;
+  }
   ::munmap(map, size);
-  return static_cast<double>(in_cache) / static_cast<double>(resident.size());
+  return asked ? static_cast<double>(in_cache) / static_cast<double>(asked) : 0.0;
 }
 
 SourceFile::SourceFile(const std::filesystem::path& path, IoMode mode)

@@ -17,7 +17,10 @@ namespace ferry::detail {
 
 inline constexpr std::uint64_t kDirectAlignment = 4096;
 
-// Fraction of the file's pages resident in the page cache (mincore over a mapping).
+// Fraction of the file's pages resident in the page cache (mincore over a mapping). Large files
+// are sampled: at most `kResidencySamplePages` pages in evenly spaced windows, since asking for
+// every page costs about 35 ms per 4 GB (a third of a warm 16 GB load, measured on an H200 host).
+inline constexpr std::uint64_t kResidencySamplePages = 16384;
 double page_cache_fraction(const FileDescriptor& fd, std::uint64_t size);
 
 class SourceFile {
