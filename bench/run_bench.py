@@ -1,11 +1,19 @@
-"""Loads benchmark checkpoints with ferry and with safetensors on one GPU, beside the machine's
-limits measured in the same run; prints a table and writes results.json.
+"""The benchmark suite: every loader of bench/loaders.py and ferry's command, on each checkpoint
+and source, beside the machine's limits measured in the same run. Writes a results file (JSON)
+that bench/report.py turns into BENCHMARKS.md and the chart.
 
-usage: run_bench.py --ferry BIN --dir CHECKPOINTS --out OUTDIR [--runs N] [--cold]
+usage: run_bench.py --ferry BIN --dir CHECKPOINTS --out FILE.json [--sources warm tmpfs cold]
+                    [--models ...] [--sizes] [--runs N]
+
+Sources: warm (page cache holds the files), tmpfs (files copied to /dev/shm), cold (page cache
+dropped before each run; needs root). Limits: pinned host-to-device copy (torch, 1 GiB), and
+the raw read of the same files (ferry doctor: parallel pread when warm or tmpfs, O_DIRECT cold).
+A loader that fails is kept in the results with its error, not dropped.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,7 +21,13 @@ import time
 
 import torch
 
-from model_shapes import MODELS
+from loaders import LOADERS
+from model_shapes import MODELS, SIZES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Runs per loader: ferry's own rows get more, for a stable median; slow peers fewer.
+PEER_RUNS = {"safetensors load_file": 3, "safetensors safe_open": 2, "fastsafetensors nogds": 2,
+             "fastsafetensors gds": 1, "runai-model-streamer": 2, "torch.cuda.gds": 1}
 
 
 def drop_page_cache():
@@ -23,11 +37,14 @@ def drop_page_cache():
 
 
 def warm_page_cache(path):
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                while f.read(64 << 20):
-                    pass
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            while f.read(64 << 20):
+                pass
+
+
+def checkpoint_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
 
 
 def pinned_h2d_gbps(runs=5, nbytes=1 << 30):
@@ -41,62 +58,102 @@ def pinned_h2d_gbps(runs=5, nbytes=1 << 30):
         torch.cuda.synchronize()
         if i:
             rates.append(nbytes / (time.perf_counter() - t) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
     return statistics.median(rates)
 
 
-def ferry_load(binary, path, runs, extra=()):
-    out = subprocess.run([binary, "load", path, "--device", "cuda:0", "--json", "--repeat", str(runs), *extra],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+def run_json(cmd):
+    """Runs cmd; returns (parsed stdout, None) or (None, the reason it failed)."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+        return None, (lines[-1] if lines else f"exit status {out.returncode}")[:300]
+    return json.loads(out.stdout), None
 
 
-def safetensors_load(path, runs):
-    """safetensors.torch.load_file(device='cuda:0') over every shard, in a fresh process."""
-    code = f"""
-import glob, json, os, time, torch
-from safetensors.torch import load_file
-p = {path!r}
-files = sorted(glob.glob(os.path.join(p, '*.safetensors'))) if os.path.isdir(p) else [p]
-torch.zeros(1, device='cuda:0'); torch.cuda.synchronize()
-out = []
-for _ in range({runs}):
-    t = time.perf_counter(); n = 0
-    for f in files:
-        d = load_file(f, device='cuda:0'); n += sum(x.numel() * x.element_size() for x in d.values())
-    torch.cuda.synchronize(); s = time.perf_counter() - t
-    out.append({{'seconds': s, 'gigabytes_per_second': n / s / 1e9}}); del d
-print(json.dumps(out))
-"""
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+def ferry_cli(binary, path, runs, cold, extra=()):
+    """ferry load, one process per run when cold (each run drops the page cache first)."""
+    rows = []
+    for _ in range(runs if cold else 1):
+        if cold:
+            drop_page_cache()
+        got, error = run_json([binary, "load", path, "--device", "cuda:0", "--json",
+                               "--repeat", "1" if cold else str(runs), *extra])
+        if error:
+            return {"error": error}
+        for r in got:
+            rows.append({**r, "path": ",".join(sorted({f["io_path"] for f in r["files"]})),
+                         "gpu_beyond_tensors_bytes": r["allocated_bytes"] - r["tensor_bytes"]})
+    return {"runs": rows}
 
 
-def ferry_python_load(path, runs):
-    """ferry.torch.load_file(device='cuda:0') in a fresh process, CUDA started before the clock."""
-    code = f"""
-import json, time, torch, ferry.torch
-torch.zeros(1, device='cuda:0'); torch.cuda.synchronize()
-out = []
-for _ in range({runs}):
-    t = time.perf_counter()
-    d, stats = ferry.torch.load({path!r}, device='cuda:0'); torch.cuda.synchronize()
-    s = time.perf_counter() - t; n = sum(x.numel() * x.element_size() for x in d.values())
-    out.append({{'seconds': s, 'gigabytes_per_second': n / s / 1e9,
-                'io_path': stats['files'][0]['io_path']}}); del d
-print(json.dumps(out))
-"""
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+def python_loader(name, path, runs, cold):
+    cmd = [sys.executable, os.path.join(HERE, "run_loader.py"), name, path, "--runs", str(runs)]
+    got, error = run_json(cmd + (["--cold"] if cold else []))
+    return {"error": error} if error else {"runs": got}
 
 
-def doctor(binary, path, limit_gib):
-    out = subprocess.run([binary, "doctor", path, "--json", "--read-limit-gib", str(limit_gib)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+def raw_read_gbps(binary, path, cold):
+    """The read limit: O_DIRECT from a dropped cache when cold, parallel pread otherwise."""
+    if cold:
+        drop_page_cache()
+    limit_gib = checkpoint_bytes(path) / 2**30 + 1
+    got, error = run_json([binary, "doctor", path, "--json", "--read-limit-gib", f"{limit_gib:.1f}"])
+    if error:
+        return None
+    reads = got["path"]["read"]
+    return reads.get("odirect_gbps") if cold else reads["buffered_gbps"]
 
 
-def median_of(runs, key):
-    return statistics.median(r[key] for r in runs)
+def run_case(args, model, source, path):
+    cold = source == "cold"
+    if not cold:
+        warm_page_cache(path)
+    case = {"model": model, "source": source, "bytes": checkpoint_bytes(path),
+            "read_limit_gbps": raw_read_gbps(args.ferry, path, cold), "loaders": {}}
+    runs = 2 if cold else args.runs
+    loaders = case["loaders"]
+    loaders["ferry"] = ferry_cli(args.ferry, path, runs, cold)
+    loaders["ferry.torch"] = python_loader("ferry.torch", path, runs, cold)
+    for name in LOADERS:
+        if name != "ferry.torch":
+            loaders[name] = python_loader(name, path, 1 if cold else PEER_RUNS[name], cold)
+    loaders["ferry --backend cufile"] = ferry_cli(args.ferry, path, 1, cold,
+                                                  ("--backend", "cufile", "--allow-compat"))
+    for name, result in loaders.items():
+        print(f"  {model} {source} {name}: " + (
+            f"{statistics.median(r['gigabytes_per_second'] for r in result['runs']):.2f} GB/s"
+            if "runs" in result else "failed: " + result["error"]), flush=True)
+    return case
+
+
+def size_sweep(args):
+    """ferry's load time against checkpoint size, warm; each checkpoint is deleted after use."""
+    rows = []
+    for name in SIZES:
+        subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoints.py"), args.dir, name],
+                       check=True)
+        path = os.path.join(args.dir, name)
+        warm_page_cache(path)
+        result = ferry_cli(args.ferry, path, 3, False)
+        shutil.rmtree(path)
+        if "error" in result:
+            rows.append({"name": name, "error": result["error"]})
+            continue
+        seconds = statistics.median(r["seconds"] for r in result["runs"])
+        rows.append({"name": name, "bytes": result["runs"][0]["tensor_bytes"], "seconds": seconds,
+                     "gigabytes_per_second": result["runs"][0]["tensor_bytes"] / seconds / 1e9})
+        print(f"  {name}: {rows[-1]['seconds']:.3f} s, {rows[-1]['gigabytes_per_second']:.1f} GB/s",
+              flush=True)
+    return rows
+
+
+def machine():
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) * 1024
+    return {"gpu": torch.cuda.get_device_name(0), "cores": os.cpu_count(), "memory_bytes": mem,
+            "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
 def main():
@@ -105,75 +162,36 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--sources", nargs="*", default=["warm", "tmpfs", "cold"])
     ap.add_argument("--models", nargs="*", default=list(MODELS))
-    ap.add_argument("--gguf", help="a GGUF file the size of llama3-8b, loaded beside it")
+    ap.add_argument("--sizes", action="store_true", help="also the load-time-against-size sweep")
     args = ap.parse_args()
-
-    results = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0),
-               "pinned_h2d_gbps": pinned_h2d_gbps(), "models": {}}
-    rows = []
-    for model in args.models:
-        path = os.path.join(args.dir, model)
-        size_gb = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) / 1e9
-        r = results["models"][model] = {"bytes_gb": size_gb}
-        warm_page_cache(path)
-        r["warm_read"] = doctor(args.ferry, path, 64)["path"]["read"]["buffered_gbps"]
-        r["ferry_warm"] = ferry_load(args.ferry, path, args.runs)
-        r["safetensors_warm"] = safetensors_load(path, 2)
-        r["ferry_python_warm"] = ferry_python_load(path, args.runs)
-        r["ferry_cufile_warm"] = ferry_load(args.ferry, path, 3, ("--backend", "cufile", "--allow-compat"))
-        first = r["ferry_warm"][0]
-        rows.append((model, "warm", "ferry (first load)", first["gigabytes_per_second"], 1,
-                     first["files"][0]["io_path"], first["peak_host_growth_bytes"] / 2**20))
-        rows.append((model, "warm", "ferry (median)", median_of(r["ferry_warm"], "gigabytes_per_second"),
-                     len(r["ferry_warm"]), first["files"][0]["io_path"],
-                     max(x["peak_host_growth_bytes"] for x in r["ferry_warm"]) / 2**20))
-        cf = r["ferry_cufile_warm"]
-        rows.append((model, "warm", "ferry --backend cufile", median_of(cf, "gigabytes_per_second"), len(cf),
-                     cf[0]["files"][0]["io_path"], max(x["peak_host_growth_bytes"] for x in cf) / 2**20))
-        py = r["ferry_python_warm"]
-        rows.append((model, "warm", "ferry.torch (first)", py[0]["gigabytes_per_second"], 1,
-                     py[0]["io_path"], None))
-        rows.append((model, "warm", "ferry.torch (median)", median_of(py, "gigabytes_per_second"), len(py),
-                     py[0]["io_path"], None))
-        rows.append((model, "warm", "safetensors.load_file",
-                     median_of(r["safetensors_warm"], "gigabytes_per_second"), 2, "mmap", None))
-        if args.cold:
-            drop_page_cache()
-            d = doctor(args.ferry, path, 64)["path"]["read"]
-            r["cold_odirect_read"] = d.get("odirect_gbps")
-            drop_page_cache()
-            r["ferry_cold"] = ferry_load(args.ferry, path, 1)
-            rows.append((model, "cold", "ferry", r["ferry_cold"][0]["gigabytes_per_second"], 1,
-                         r["ferry_cold"][0]["files"][0]["io_path"],
-                         r["ferry_cold"][0]["peak_host_growth_bytes"] / 2**20))
-            warm_page_cache(path)
-
-    if args.gguf:
-        warm_page_cache(os.path.dirname(args.gguf))
-        g = results["gguf"] = {"ferry_warm": ferry_load(args.ferry, args.gguf, args.runs),
-                               "bytes_gb": os.path.getsize(args.gguf) / 1e9}
-        rows.append(("gguf-8b", "warm", "ferry (median)", median_of(g["ferry_warm"], "gigabytes_per_second"),
-                     len(g["ferry_warm"]), g["ferry_warm"][0]["files"][0]["io_path"],
-                     max(x["peak_host_growth_bytes"] for x in g["ferry_warm"]) / 2**20))
-
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    limit = results["pinned_h2d_gbps"]
-    print(f"\n{results['gpu']}: pinned host->device {limit:.1f} GB/s (torch copy_, 1 GiB, median of 5)")
-    for model, r in results["models"].items():
-        line = f"{model}: {r['bytes_gb']:.2f} GB, warm parallel read {r['warm_read']:.1f} GB/s"
-        if "cold_odirect_read" in r:
-            line += f", cold O_DIRECT read {r['cold_odirect_read']:.2f} GB/s"
-        print(line)
-    print(f"{'model':<11} {'source':<6} {'loader':<22} {'GB/s':>7} {'runs':>4} {'x H2D':>6} {'path':<13} {'host MiB':>8}")
-    for model, source, loader, gbps, runs, path, host in rows:
-        host_text = f"{host:8.1f}" if host is not None else "       -"
-        print(f"{model:<11} {source:<6} {loader:<22} {gbps:7.2f} {runs:4d} {gbps / limit:6.2f} {path:<13} {host_text}")
-        if source == "cold":
-            ref = results["models"][model]["cold_odirect_read"]
-            print(f"{'':<11} {'':<6} {'  x cold O_DIRECT read':<22} {gbps / ref:7.2f}")
+    torch.zeros(1, device="cuda:0")
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
+               "pinned_h2d_gbps": pinned_h2d_gbps(), "cases": [], "sizes": []}
+    print(f"pinned host->device: {results['pinned_h2d_gbps']:.1f} GB/s", flush=True)
+    for source in args.sources:
+        for model in args.models:
+            path = os.path.join(args.dir, model)
+            case = None
+            if source == "tmpfs":
+                shm = os.path.join("/dev/shm/ferry-bench", model)
+                shutil.rmtree(shm, ignore_errors=True)
+                shutil.copytree(path, shm)
+                try:
+                    case = run_case(args, model, source, shm)
+                finally:
+                    shutil.rmtree(shm)
+            else:
+                case = run_case(args, model, source, path)
+            case["pinned_h2d_gbps"] = results["pinned_h2d_gbps"]
+            results["cases"].append(case)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+    if args.sizes:
+        results["sizes"] = size_sweep(args)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

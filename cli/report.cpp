@@ -40,6 +40,7 @@ nlohmann::json stats_json(const LoadStats& s) {
                      {"bytes_read", f.bytes_read}});
   return {{"device", s.device},
           {"tensor_bytes", s.tensor_bytes},
+          {"allocated_bytes", s.allocated_bytes},
           {"bytes_read", s.bytes_read},
           {"seconds", s.seconds},
           {"gigabytes_per_second", s.gigabytes_per_second()},

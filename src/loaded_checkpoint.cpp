@@ -127,6 +127,7 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   LoadStats& stats = result._stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
+  stats.allocated_bytes = plan.dest_bytes;
   execute(checkpoint->files(), resolve(plan, addresses), settings, options, stats, base,
           plan.dest_bytes);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();

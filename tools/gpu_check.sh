@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU machine, in one call (device tool):
-#   builds ferry there, runs every test (GPU ones included), compares `ferry load --hash` on
-#   cuda:0 with cpu, and runs the benchmark. Full logs go to $OUT; a short table prints last.
-# Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
-#   header/static dependencies, and Python wheels:
-#   xxhash, pytest and its needs, scikit-build-core, pathspec, nanobind, gguf).
+# Everything that needs the GPU machine (device tool): builds ferry there, runs every test (GPU
+# ones included), checks that every path lands the same bytes as the host path, and runs the
+# benchmark suite (bench/run_bench.py). Full logs go to $OUT; short tables print as it goes.
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
-#   stages: build, tests, bench (default: all three). A warm machine keeps /tmp/build and
-#   /tmp/ckpts between calls, so `tests` and `bench` may go in separate calls when one call's
-#   time is capped.
+#   stages: build tests warm tmpfs cold sizes (default: all, about 20 minutes). The device tool
+#   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
+#   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
+#   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
+#   BENCHMARKS.md and the chart.
+# Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
+#   header/static dependencies; Python wheels of the test tools and of the peer loaders).
 set -euo pipefail
 OUT=${OUT:-/tmp/ferry-out}
 mkdir -p "$OUT"
-stages=" ${*:-build tests bench} "
+stages=" ${*:-build tests warm tmpfs cold sizes} "
 want() { [[ "$stages" == *" $1 "* ]]; }
 root=$PWD
-# cuFile's configuration for the tests: compatibility mode allowed (this machine has no
-# nvidia-fs), logs out of the working tree.
+ferry=/tmp/build/cli/ferry
+ckpts=/tmp/ckpts
+models="qwen3-0.6b llama3-8b moe-16x64"
+status=0
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+export PYTHONUNBUFFERED=1
+# cuFile's configuration: compatibility mode allowed (this machine has no nvidia-fs), logs out
+# of the working tree.
 export CUFILE_ENV_PATH_JSON=$root/tests/data/cufile.json
 # This VM runs no udev, and cuFile refuses to register files whose block device has no udev
 # attributes (ferry's error says so). Give the disk under /tmp the entry udev would write.
@@ -26,82 +33,71 @@ if [ ! -e "/run/udev/data/b$dev" ]; then
   printf 'I:1\nE:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$(findmnt -no FSTYPE -T /tmp)" \
     >"/run/udev/data/b$dev"
 fi
-log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 # Build dependencies: the same Debian packages CI installs, unpacked into a private prefix.
 mkdir -p /tmp/deps
 for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site
 
-ferry=/tmp/build/cli/ferry
-status=0
-if want build; then
-log "build"
-cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
-  -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
-  >"$OUT/build.log" 2>&1
-ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+build() {
+  log "build"
+  cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+    -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+    -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
+  ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  log "python package (pip install .)"
+  CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+    CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
+    python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
+    >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
+  log "doctor"
+  "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
+}
 
-log "doctor"
-"$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
+checkpoints() {
+  local missing=""
+  for m in $models; do [ -d "$ckpts/$m" ] || missing="$missing $m"; done
+  [ -z "$missing" ] && return
+  log "checkpoints"
+  (cd bench && python3 make_checkpoints.py "$ckpts" $missing) | tee -a "$OUT/summary.txt"
+}
 
-log "python package (pip install .)"
-CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
-  CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
-  python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
-  >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
-fi
-
-ckpts=/tmp/ckpts
-if want tests; then
-log "tests"
-# A failing test is reported (and fails the script at the end) without stopping the benchmark.
-(cd /tmp/build && ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest.log" | head -80; }
-tail -3 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
-grep -E "Gpu\." "$OUT/ctest.log" | tee -a "$OUT/summary.txt" || true
-
-log "checkpoints"
-ckpts=/tmp/ckpts
-models="qwen3-0.6b llama3-8b"
-quick=
-(cd bench && python3 make_checkpoints.py "$ckpts" $models) | tee -a "$OUT/summary.txt"
-gguf_args=()
-if [ "$quick" != "--quick" ]; then
-  mkdir -p "$ckpts/gguf" && (cd bench && python3 make_gguf.py "$ckpts/gguf/llama3-8b-f16.gguf") | tee -a "$OUT/summary.txt"
-  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cuda:0 --hash >/tmp/gguf-cuda.txt 2>/dev/null
-  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cpu --hash >/tmp/gguf-cpu.txt 2>/dev/null
-  cmp -s /tmp/gguf-cuda.txt /tmp/gguf-cpu.txt && echo "gguf: cuda:0 --hash identical to cpu ($(wc -l </tmp/gguf-cpu.txt) tensors)" | tee -a "$OUT/summary.txt" || { echo "gguf: DIFFERENT"; status=1; }
-  gguf_args=(--gguf "$ckpts/gguf/llama3-8b-f16.gguf")
-fi
-
-log "cuda:0 --hash equals cpu --hash"
-hashes=/tmp/hashes
-mkdir -p $hashes
-for m in $models; do
-  "$ferry" load "$ckpts/$m" --device cuda:0 --hash >"$hashes/cuda-$m.txt" 2>/dev/null
-  "$ferry" load "$ckpts/$m" --device cpu --hash >"$hashes/cpu-$m.txt" 2>/dev/null
-  if cmp -s "$hashes/cuda-$m.txt" "$hashes/cpu-$m.txt"; then
-    echo "$m: identical ($(wc -l <"$hashes/cuda-$m.txt") tensors)" | tee -a "$OUT/summary.txt"
+# `ferry load --hash` of $1 with extra flags $3... must equal the cpu hashes in $2.
+same_hashes() {
+  local path=$1 want=$2 label=$3; shift 3
+  if "$ferry" load "$path" --hash "$@" >/tmp/hashes.txt 2>/tmp/hashes.log && cmp -s /tmp/hashes.txt "$want"; then
+    echo "$label: identical to cpu ($(wc -l <"$want") tensors; $(grep -o 'cufile-[a-z]*\|odirect\|buffered' /tmp/hashes.log | sort -u | tr '\n' ' '))" | tee -a "$OUT/summary.txt"
   else
-    echo "$m: DIFFERENT" | tee -a "$OUT/summary.txt"; diff "$hashes/cuda-$m.txt" "$hashes/cpu-$m.txt" | head; status=1
+    echo "$label: DIFFERENT from cpu" | tee -a "$OUT/summary.txt"; tail -3 /tmp/hashes.log; status=1
   fi
-done
-for m in $models; do
-  "$ferry" load "$ckpts/$m" --device cuda:0 --backend cufile --allow-compat --hash \
-    >"$hashes/cufile-$m.txt" 2>"$hashes/cufile-$m.log" || { cat "$hashes/cufile-$m.log"; status=1; }
-  if cmp -s "$hashes/cufile-$m.txt" "$hashes/cpu-$m.txt"; then
-    echo "$m: --backend cufile identical to cpu ($(grep -o 'cufile-[a-z]*' "$hashes/cufile-$m.log" | sort -u | tr '\n' ' '))" | tee -a "$OUT/summary.txt"
-  else
-    echo "$m: --backend cufile DIFFERENT from cpu" | tee -a "$OUT/summary.txt"; status=1
-  fi
-done
-log "backend choice"
-"$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 --backend cufile 2>&1 | tee -a "$OUT/summary.txt" || true
-"$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 | grep "^path" | tee -a "$OUT/summary.txt"
-python3 - "$ckpts/qwen3-0.6b" "$hashes/cpu-qwen3-0.6b.txt" <<'PY' | tee -a "$OUT/summary.txt" || status=1
+}
+
+tests() {
+  log "tests"
+  # A failing test is reported (and fails the script at the end) without stopping the rest.
+  (cd /tmp/build && ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest.log" | head -80; }
+  tail -3 "$OUT/ctest.log" | tee -a "$OUT/summary.txt"
+  checkpoints
+  log "every path lands the bytes of the host path (ferry load --hash)"
+  mkdir -p /tmp/hashes
+  for m in $models; do
+    "$ferry" load "$ckpts/$m" --device cpu --hash >"/tmp/hashes/cpu-$m.txt" 2>/dev/null
+    same_hashes "$ckpts/$m" "/tmp/hashes/cpu-$m.txt" "$m cuda:0 auto" --device cuda:0
+    same_hashes "$ckpts/$m" "/tmp/hashes/cpu-$m.txt" "$m cuda:0 O_DIRECT" --device cuda:0 --io direct
+    same_hashes "$ckpts/$m" "/tmp/hashes/cpu-$m.txt" "$m cuda:0 cuFile" --device cuda:0 --backend cufile --allow-compat
+  done
+  mkdir -p "$ckpts/gguf"
+  (cd bench && python3 make_gguf.py "$ckpts/gguf/llama3-8b-f16.gguf") | tee -a "$OUT/summary.txt"
+  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cpu --hash >/tmp/hashes/cpu-gguf.txt 2>/dev/null
+  same_hashes "$ckpts/gguf/llama3-8b-f16.gguf" /tmp/hashes/cpu-gguf.txt "gguf 8B cuda:0" --device cuda:0
+  "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cuda:0 | head -1 | tee -a "$OUT/summary.txt"
+  rm -rf "$ckpts/gguf"  # the disk holds 64 GiB: room for the size sweep
+  log "backend choice"
+  "$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 --backend cufile 2>&1 | tee -a "$OUT/summary.txt" || true
+  "$ferry" load "$ckpts/qwen3-0.6b" --device cuda:0 | grep "^path" | tee -a "$OUT/summary.txt"
+  python3 - "$ckpts/qwen3-0.6b" /tmp/hashes/cpu-qwen3-0.6b.txt <<'PY' | tee -a "$OUT/summary.txt" || status=1
 # ferry's digests equal those of the bytes safetensors itself returns.
 import sys, torch, xxhash
 from safetensors import safe_open
@@ -111,16 +107,23 @@ with safe_open(sys.argv[1] + "/model.safetensors", framework="pt") as f:
 print(f"qwen3-0.6b vs safetensors.safe_open: {len(want) - len(bad)}/{len(want)} tensors equal")
 sys.exit(1 if bad else 0)
 PY
+}
 
-log "doctor on the 8B checkpoint"
-[ -d "$ckpts/llama3-8b" ] && "$ferry" doctor "$ckpts/llama3-8b" --read-limit-gib 4 | tee -a "$OUT/summary.txt"
+bench() {
+  local stage=$1; shift
+  log "benchmark: $stage"
+  (cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT/results-$stage.json" "$@") \
+    2>&1 | tee -a "$OUT/bench.txt"
+}
 
-fi
-if want bench; then
-log "benchmark"
-cold=--cold
-[ "$quick" = "--quick" ] && cold=
-(cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT" --runs 5 $cold --models $models "${gguf_args[@]}") \
-  2>&1 | tee "$OUT/bench.txt"
+if want build || [ ! -x "$ferry" ]; then build; fi
+want tests && tests
+if want warm || want tmpfs || want cold; then checkpoints; fi
+want warm && bench warm --sources warm
+want tmpfs && bench tmpfs --sources tmpfs
+want cold && bench cold --sources cold
+if want sizes; then
+  rm -rf "$ckpts"/*  # the 32 GB checkpoint needs the room
+  bench sizes --sources --sizes
 fi
 exit $status

@@ -29,6 +29,7 @@ struct FileLoadStats {
 struct LoadStats {
   std::string device;               // "cuda:0" or "cpu"
   std::uint64_t tensor_bytes = 0;   // bytes that landed in destination memory
+  std::uint64_t allocated_bytes = 0;  // destination memory ferry allocated (0 for load_into)
   std::uint64_t bytes_read = 0;     // bytes read from files (alignment and holes included)
   double seconds = 0;               // from planning to the last copy finished
   double allocate_seconds = 0;      // of which: allocating destination memory

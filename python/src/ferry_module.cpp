@@ -52,6 +52,7 @@ nb::dict stats_dict(const LoadStats& s) {
   nb::dict d;
   d["device"] = s.device;
   d["tensor_bytes"] = s.tensor_bytes;
+  d["allocated_bytes"] = s.allocated_bytes;
   d["bytes_read"] = s.bytes_read;
   d["seconds"] = s.seconds;
   d["gigabytes_per_second"] = s.gigabytes_per_second();
