@@ -25,6 +25,9 @@ class Loaded:
     def names(self) -> List[str]: ...
     def bytes(self, name: str) -> object:
         """A DLPack capsule: a uint8 view of the tensor's bytes that keeps the memory alive."""
+    def views(self) -> List[Tuple[str, Optional[object]]]:
+        """(name, DLPack capsule with the tensor's dtype and shape, or None where the dtype has
+        no DLPack type every framework reads) for every loaded tensor."""
     def stats(self) -> dict: ...
 
 def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[str]] = None,

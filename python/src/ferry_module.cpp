@@ -6,6 +6,7 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -27,6 +28,27 @@ namespace ferry {
 namespace {
 
 using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig>;
+
+// The DLPack type of the dtypes every torch and numpy build reads from DLPack; others (bool,
+// unsigned wider than 8 bits, float8 and packed types) leave as bytes and are retyped in Python.
+std::optional<nb::dlpack::dtype> dlpack_dtype(DType dtype) {
+  using nb::dlpack::dtype_code;
+  const auto make = [](dtype_code code, unsigned bits) {
+    return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+  };
+  switch (dtype) {
+    case DType::U8: return make(dtype_code::UInt, 8);
+    case DType::I8: return make(dtype_code::Int, 8);
+    case DType::I16: return make(dtype_code::Int, 16);
+    case DType::I32: return make(dtype_code::Int, 32);
+    case DType::I64: return make(dtype_code::Int, 64);
+    case DType::F16: return make(dtype_code::Float, 16);
+    case DType::BF16: return make(dtype_code::Bfloat, 16);
+    case DType::F32: return make(dtype_code::Float, 32);
+    case DType::F64: return make(dtype_code::Float, 64);
+    default: return std::nullopt;
+  }
+}
 
 // A view of `size` bytes at `data` that keeps `memory` alive for as long as any consumer holds it.
 Bytes byte_view(const std::shared_ptr<void>& memory, void* data, std::uint64_t size,
@@ -183,6 +205,33 @@ NB_MODULE(_ferry, m) {
              return byte_view(l.memory(), t->data, t->info->size, l.device());
            },
            "name"_a, "A uint8 view of the tensor's bytes that keeps the loaded memory alive.")
+      .def("views",
+           [](const LoadedCheckpoint& l) {
+             // One call for every tensor: per-tensor Python calls cost more than the I/O of a
+             // small tensor. None where the dtype has no DLPack type every framework reads.
+             std::vector<std::pair<std::string, nb::object>> out;
+             out.reserve(l.tensors().size());
+             const int device_type = l.device().is_cuda() ? nb::device::cuda::value
+                                                           : nb::device::cpu::value;
+             const int device_id = l.device().is_cuda() ? l.device().index : 0;
+             for (const auto& t : l.tensors()) {
+               const auto type = t.info->ggml_type < 0 ? dlpack_dtype(t.info->dtype) : std::nullopt;
+               if (!type) {
+                 out.emplace_back(t.info->name, nb::none());
+                 continue;
+               }
+               std::vector<std::size_t> shape(t.info->shape.begin(), t.info->shape.end());
+               auto* keep = new std::shared_ptr<void>(l.memory());
+               nb::capsule owner(keep, [](void* p) noexcept {
+                 delete static_cast<std::shared_ptr<void>*>(p);
+               });
+               nb::ndarray<> view(t.data, shape.size(), shape.data(), owner, nullptr, *type,
+                                  device_type, device_id);
+               out.emplace_back(t.info->name, nb::cast(view));
+             }
+             return out;
+           },
+           "(name, DLPack view with the tensor's dtype and shape, or None) for every tensor.")
       .def("stats", [](const LoadedCheckpoint& l) { return stats_dict(l.stats()); });
 
   m.def(

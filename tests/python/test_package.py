@@ -110,6 +110,19 @@ def test_tensors_are_views_that_keep_memory_alive(tmp_path):
     assert rss_bytes() - before < 32 << 20, "memory freed when the last tensor died"
 
 
+def test_loaded_tensors_can_be_saved_again_by_safetensors(every_dtype, tmp_path):
+    """Each tensor is its own storage, as with safetensors: a writer that refuses tensors sharing
+    memory accepts what ferry loaded, and writes the same bytes back."""
+    from safetensors.torch import save_file
+    loaded = ferry.torch.load_file(every_dtype)
+    storages = [t.storage().data_ptr() for t in loaded.values() if t.numel()]
+    assert len(set(storages)) == len(storages)
+    save_file(loaded, tmp_path / "again.safetensors")
+    again = st_load_file(tmp_path / "again.safetensors")
+    for name, tensor in loaded.items():
+        assert same(again[name], tensor), name
+
+
 def test_safe_open_keys_metadata_tensors_and_slices(every_dtype, shards):
     with ferry.safe_open(every_dtype, framework="pt") as f:
         assert f.keys() == sorted(dict(safetensors.deserialize(every_dtype.read_bytes())))
