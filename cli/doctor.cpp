@@ -10,6 +10,8 @@
 #include "cufile/gds_mode.hpp"
 #include "engine/staged_engine.hpp"
 #include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+#include "ferry/tuning.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
 #include "machine_probe.hpp"
@@ -102,6 +104,28 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
   return out;
 }
 
+// Measures every candidate setting on the checkpoint at `path` and writes the winner to the
+// tuning file. Progress goes to stderr, so that --json output stays one document.
+void tune(const std::string& path, bool json) {
+  FERRY_EXPECT(!path.empty(), std::invalid_argument, "doctor --tune needs a checkpoint PATH");
+  auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
+  const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
+  std::FILE* out = json ? stderr : stdout;
+  std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",
+               path.c_str(), human_bytes(checkpoint->total_bytes()).c_str(),
+               device.to_string().c_str());
+  const Tuning best = ferry::tune(checkpoint, device, 3, [out](const Tuning& t) {
+    std::fprintf(out, "  %2u threads, %s reads, %u slots: %.2f GB/s\n", t.reader_threads,
+                 human_bytes(t.chunk_bytes).c_str(), t.slots_per_thread, t.gigabytes_per_second);
+    std::fflush(out);
+  });
+  write_tuning(tuning_file(), best);
+  std::fprintf(out, "chose %u threads, %s reads, %u slots (%.2f GB/s; the smallest staging within "
+                    "2%% of the fastest); written to %s\n",
+               best.reader_threads, human_bytes(best.chunk_bytes).c_str(), best.slots_per_thread,
+               best.gigabytes_per_second, tuning_file().c_str());
+}
+
 void print_text(const Json& r) {
   std::printf("machine: %d cores, %s memory\n", r["cores"].get<int>(),
               human_bytes(r["memory_bytes"].get<std::uint64_t>()).c_str());
@@ -130,10 +154,14 @@ void print_text(const Json& r) {
               g.value("path_mode", g["mode"].get<std::string>()) == "gds" ? "it would here"
                                                                           : "not here");
   const Json& e = r["engine"];
-  std::printf("engine defaults: %u reader threads, %s reads, two slots each, staging bound %s\n",
+  std::printf("engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
+              "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
+              "page-cache residency\n",
               e["reader_threads"].get<unsigned>(),
               human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
-              human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str());
+              e["slots_per_thread"].get<unsigned>(),
+              human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
+              e["settings_source"].get<std::string>().c_str());
   if (!r.contains("path")) return;
   const Json& p = r["path"];
   std::printf("path: %s\n  file system: %s\n", p["path"].get<std::string>().c_str(),
@@ -161,11 +189,15 @@ void add_doctor(CLI::App& app) {
   static std::string path;
   static bool json = false;
   static double read_limit_gib = 4;
+  static bool tune_engine = false;
   cmd->add_option("path", path, "a file or directory whose file system and reads to measure");
   cmd->add_flag("--json", json, "print JSON");
   cmd->add_option("--read-limit-gib", read_limit_gib, "read at most this much of PATH per mode")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_flag("--tune", tune_engine,
+                "load the checkpoint at PATH with each candidate engine setting (to cuda:0, else "
+                "host memory), keep the fastest in the tuning file that later loads read");
   cmd->callback([] {
     Json report;
     report["cores"] = std::thread::hardware_concurrency();
@@ -173,9 +205,12 @@ void add_doctor(CLI::App& app) {
                              static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     report["cuda"] = cuda_section();
     report["cufile"] = cufile_section(path);
+    if (tune_engine) tune(path, json);
     const auto engine = detail::choose_settings(LoadOptions{});
     report["engine"] = {{"reader_threads", engine.threads},
                         {"chunk_bytes", engine.chunk_bytes},
+                        {"slots_per_thread", engine.slots_per_thread},
+                        {"settings_source", engine.source},
                         {"staging_bytes", kDefaultStagingBytes}};
     if (!path.empty())
       report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),

@@ -23,9 +23,12 @@ void print_stats(std::FILE* out, const LoadStats& s, std::size_t tensor_count) {
   std::fprintf(out, "loaded %zu tensors, %s into %s in %.3f s: %.2f GB/s\n", tensor_count,
                human_bytes(s.tensor_bytes).c_str(), s.device.c_str(), s.seconds,
                s.gigabytes_per_second());
-  std::fprintf(out, "staging: %s %s (allocated in %.3f s), %u reader threads, %s reads\n",
+  std::fprintf(out, "staging: %s %s (allocated in %.3f s), %u reader threads, %s reads, %u slots each\n",
                human_bytes(s.staging_bytes).c_str(), s.staging_pinned ? "pinned" : "pageable",
-               s.staging_seconds, s.reader_threads, human_bytes(s.chunk_bytes).c_str());
+               s.staging_seconds, s.reader_threads, human_bytes(s.chunk_bytes).c_str(),
+               s.slots_per_thread);
+  if (!s.settings_source.empty())
+    std::fprintf(out, "settings: %s\n", s.settings_source.c_str());
   for (const auto& f : s.files)
     std::fprintf(out, "path: %s %s (%s)\n", f.path.c_str(), std::string(io_path_name(f.io_path)).c_str(),
                  f.reason.c_str());
@@ -49,6 +52,7 @@ nlohmann::json stats_json(const LoadStats& s) {
           {"staging_pinned", s.staging_pinned},
           {"reader_threads", s.reader_threads},
           {"slots_per_thread", s.slots_per_thread},
+          {"settings_source", s.settings_source},
           {"allocate_seconds", s.allocate_seconds},
           {"open_seconds", s.open_seconds},
           {"setup_thread_seconds", s.setup_thread_seconds},

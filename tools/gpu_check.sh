@@ -109,6 +109,14 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# The engine's settings measured on this machine (ferry doctor --tune), once, before any
+# benchmark: the suite measures ferry as a user runs it after tuning.
+tuned() {
+  [ -f "${FERRY_TUNING_FILE:-$HOME/.cache/ferry/tuning.json}" ] && return
+  log "tuning (ferry doctor --tune)"
+  "$ferry" doctor "$ckpts/llama3-8b" --tune | tee -a "$OUT/summary.txt" | grep -v "^  \(cuda\|host\|for\|--\)" || status=1
+}
+
 bench() {
   local stage=$1; shift
   log "benchmark: $stage"
@@ -118,7 +126,7 @@ bench() {
 
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
-if want warm || want tmpfs || want cold; then checkpoints; fi
+if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs
 want cold && bench cold --sources cold

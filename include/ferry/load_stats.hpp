@@ -38,6 +38,7 @@ struct LoadStats {
   unsigned reader_threads = 0;
   unsigned slots_per_thread = 0;
   std::uint64_t chunk_bytes = 0;
+  std::string settings_source;  // where threads, read size and slots came from (see tuning.hpp)
   std::uint64_t staging_bytes = 0;  // host staging actually allocated
   bool staging_pinned = false;
   // Where the reader threads' time went, summed over threads (the staged path only): reading

@@ -83,6 +83,7 @@ nb::dict stats_dict(const LoadStats& s) {
   d["staging_pinned"] = s.staging_pinned;
   d["reader_threads"] = s.reader_threads;
   d["slots_per_thread"] = s.slots_per_thread;
+  d["settings_source"] = s.settings_source;
   d["chunk_bytes"] = s.chunk_bytes;
   d["allocate_seconds"] = s.allocate_seconds;
   d["open_seconds"] = s.open_seconds;

@@ -13,6 +13,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "engine/staging_cache.hpp"
 #include "ferry/error.hpp"
+#include "ferry/tuning.hpp"
 #include "io/source_file.hpp"
 
 namespace ferry::detail {
@@ -171,8 +172,18 @@ EngineSettings choose_settings(const LoadOptions& options) {
   s.io = options.io;
   s.progress = options.progress;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  s.threads = options.reader_threads ? options.reader_threads : std::min(cores, kMaxThreads);
-  if (options.slots_per_thread) s.slots_per_thread = options.slots_per_thread;
+  // Whatever the caller leaves at zero comes from this machine's tuning file, else the defaults.
+  const bool all_given = options.reader_threads && options.chunk_bytes && options.slots_per_thread;
+  ActiveTuning active = all_given ? ActiveTuning{std::nullopt, "given by the caller"} : active_tuning();
+  const std::optional<Tuning>& tuned = active.tuning;
+  s.source = std::move(active.source);
+  s.threads = options.reader_threads ? options.reader_threads
+              : tuned               ? tuned->reader_threads
+                                    : std::min(cores, kMaxThreads);
+  if (options.slots_per_thread)
+    s.slots_per_thread = options.slots_per_thread;
+  else if (tuned)
+    s.slots_per_thread = tuned->slots_per_thread;
   const std::uint64_t staging = options.staging_bytes;
   const auto fits = [&] {
     return std::uint64_t{s.slots_per_thread} * s.threads * slot_bytes(s.chunk_bytes) <= staging;
@@ -180,7 +191,7 @@ EngineSettings choose_settings(const LoadOptions& options) {
   if (options.chunk_bytes) {
     s.chunk_bytes = (options.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
   } else {
-    s.chunk_bytes = kDefaultChunk;
+    s.chunk_bytes = tuned ? tuned->chunk_bytes : kDefaultChunk;
     while (!fits() && s.chunk_bytes > kMinChunk) s.chunk_bytes /= 2;
   }
   // Fewer threads where the budget cannot give each of them its slots.
@@ -217,6 +228,7 @@ void run_staged(std::span<const CheckpointFile> files, std::span<const EngineChu
   stats.staging_pinned = staging.pinned();
   stats.reader_threads = settings.threads;
   stats.slots_per_thread = settings.slots_per_thread;
+  stats.settings_source = settings.source;
   stats.chunk_bytes = settings.chunk_bytes;
 
   const auto opening = std::chrono::steady_clock::now();

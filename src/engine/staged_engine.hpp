@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ferry/checkpoint.hpp"
@@ -36,12 +37,13 @@ struct EngineSettings {
   std::uint64_t chunk_bytes = 0;
   unsigned slots_per_thread = 2;
   IoMode io = IoMode::Auto;
+  std::string source;  // where threads, chunk size and slots came from, in words
   const PrimaryContext* gpu = nullptr;  // null: destinations are host memory
   std::function<void(std::uint64_t, std::uint64_t)> progress;
 };
 
-// Picks threads and read size from the machine and the request, two staging slots per thread,
-// all within options.staging_bytes.
+// Picks threads, read size and slots per thread: the request's, else this machine's tuning file
+// (ferry/tuning.hpp), else the built-in defaults; all within options.staging_bytes.
 EngineSettings choose_settings(const LoadOptions& options);
 
 // Runs every chunk; on return every byte has landed (or an exception says why not). Fills the

@@ -173,3 +173,26 @@ def test_deeply_nested_shape_is_refused_cleanly(run_ferry, tmp_path):
     path = tmp_path / "nested.safetensors"
     path.write_bytes(raw(header, b"x"))
     expect_clean_error(run_ferry("inspect", path), path, "shape")
+
+
+def test_doctor_tune_needs_a_checkpoint(run_ferry):
+    r = run_ferry("doctor", "--tune")
+    assert r.returncode == 1 and "ferry: error:" in r.stderr and "needs a checkpoint PATH" in r.stderr
+
+
+def test_doctor_tune_writes_the_file_later_loads_use(run_ferry, tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_TUNING_FILE", str(tmp_path / "tuning.json"))
+    path = write_safetensors(tmp_path / "m.safetensors", {"w": ("uint8", [40 << 20])})
+    tuned = run_ferry("doctor", path, "--tune", "--json", "--read-limit-gib", "0.01", timeout=300)
+    assert tuned.returncode == 0, tuned.stderr
+    chosen = json.loads((tmp_path / "tuning.json").read_text())
+    engine = json.loads(tuned.stdout)["engine"]
+    assert engine["reader_threads"] == chosen["reader_threads"]
+    assert "measured by ferry doctor --tune" in engine["settings_source"]
+    stats = json.loads(run_ferry("load", path, "--json").stdout)[0]
+    # (a load with few chunks may run fewer threads and slots than chosen; never larger reads)
+    assert stats["chunk_bytes"] == chosen["chunk_bytes"]
+    assert stats["settings_source"] == engine["settings_source"]
+    (tmp_path / "tuning.json").write_text("{broken")
+    broken = run_ferry("load", path)
+    assert broken.returncode == 1 and "tuning.json" in broken.stderr and "--tune" in broken.stderr

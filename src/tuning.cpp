@@ -1,0 +1,181 @@
+#include "ferry/tuning.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+#include "shim/cuda_driver.hpp"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string gpu0_name() {
+  const auto& d = shim::CudaDriver::get();
+  if (!d.usable || d.device_count < 1) return "no GPU";
+  shim::cu::Device device = 0;
+  char name[256] = {};
+  if (d.cuDeviceGet(&device, 0) != 0 || d.cuDeviceGetName(name, sizeof name, device) != 0)
+    return "GPU 0 unnamed";
+  return name;
+}
+
+[[noreturn]] void malformed(const fs::path& file, const std::string& why) {
+  detail::fail<std::invalid_argument>(file.string(), ": not a usable ferry tuning file (", why,
+                                      "); delete it, or measure again with `ferry doctor "
+                                      "CHECKPOINT --tune`");
+}
+
+std::uint64_t staging_of(const Tuning& t) {
+  return std::uint64_t{t.reader_threads} * t.slots_per_thread * t.chunk_bytes;
+}
+
+}  // namespace
+
+fs::path tuning_file() {
+  if (const char* explicit_file = std::getenv("FERRY_TUNING_FILE"); explicit_file && *explicit_file)
+    return explicit_file;
+  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache && *cache)
+    return fs::path(cache) / "ferry" / "tuning.json";
+  const char* home = std::getenv("HOME");
+  return fs::path(home && *home ? home : "/tmp") / ".cache" / "ferry" / "tuning.json";
+}
+
+std::string this_machine() {
+  static const std::string machine =
+      std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " cores, " + gpu0_name();
+  return machine;
+}
+
+std::optional<Tuning> read_tuning(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) {
+    if (!fs::exists(file)) return std::nullopt;
+    detail::fail_errno(errno, file.string(), ": cannot read the tuning file");
+  }
+  Json j;
+  try {
+    j = Json::parse(in);
+    Tuning t;
+    t.reader_threads = j.at("reader_threads").get<unsigned>();
+    t.chunk_bytes = j.at("chunk_bytes").get<std::uint64_t>();
+    t.slots_per_thread = j.at("slots_per_thread").get<unsigned>();
+    t.machine = j.at("machine").get<std::string>();
+    t.measured = j.value("measured", "");
+    t.gigabytes_per_second = j.value("gigabytes_per_second", 0.0);
+    t.checkpoint = j.value("checkpoint", "");
+    if (t.reader_threads < 1 || t.reader_threads > 1024)
+      malformed(file, "reader_threads must be 1 to 1024");
+    if (t.chunk_bytes < 4096 || t.chunk_bytes % 4096 || t.chunk_bytes > (1ull << 30))
+      malformed(file, "chunk_bytes must be a multiple of 4096 up to 1 GiB");
+    if (t.slots_per_thread < 1 || t.slots_per_thread > 16)
+      malformed(file, "slots_per_thread must be 1 to 16");
+    return t;
+  } catch (const nlohmann::json::exception& e) {
+    malformed(file, e.what());
+  }
+}
+
+void write_tuning(const fs::path& file, const Tuning& t) {
+  fs::create_directories(file.parent_path());
+  const Json j = {{"reader_threads", t.reader_threads},
+                  {"chunk_bytes", t.chunk_bytes},
+                  {"slots_per_thread", t.slots_per_thread},
+                  {"machine", t.machine},
+                  {"measured", t.measured},
+                  {"gigabytes_per_second", t.gigabytes_per_second},
+                  {"checkpoint", t.checkpoint}};
+  // Written aside and renamed, so that a concurrent load never reads half a file.
+  const fs::path partial = file.string() + ".partial." + std::to_string(::getpid());
+  {
+    std::ofstream out(partial);
+    out << j.dump(2) << "\n";
+    FERRY_EXPECT(out.good(), std::runtime_error, partial.string(), ": cannot write the tuning file");
+  }
+  fs::rename(partial, file);
+}
+
+ActiveTuning active_tuning() {
+  const fs::path file = tuning_file();
+  std::optional<Tuning> t = read_tuning(file);
+  if (!t)
+    return {std::nullopt, "built-in defaults (no tuning file at " + file.string() +
+                              "; `ferry doctor CHECKPOINT --tune` measures one)"};
+  if (t->machine != this_machine())
+    return {std::nullopt, "built-in defaults (" + file.string() + " was measured on " +
+                              t->machine + ", this is " + this_machine() + ")"};
+  std::ostringstream source;
+  source.precision(3);
+  source << "measured by ferry doctor --tune on " << t->measured << " (" << t->gigabytes_per_second
+         << " GB/s), " << file.string();
+  return {t, source.str()};
+}
+
+Tuning tune(const std::shared_ptr<const Checkpoint>& checkpoint, const Device& device,
+            unsigned runs, const std::function<void(const Tuning&)>& report) {
+  FERRY_EXPECT(checkpoint != nullptr, std::invalid_argument, "tune: no checkpoint given");
+  FERRY_EXPECT(runs >= 1, std::invalid_argument, "tune: runs must be at least 1");
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<unsigned> threads;
+  for (unsigned t : {8u, 12u, 16u})
+    if (t <= cores) threads.push_back(t);
+  if (threads.empty()) threads.push_back(cores);
+  std::vector<Tuning> measured;
+  for (unsigned t : threads) {
+    for (std::uint64_t chunk : {2 * kMiB, 4 * kMiB, 8 * kMiB}) {
+      for (unsigned slots : {2u, 3u}) {
+        LoadOptions options;
+        options.device = device;
+        options.reader_threads = t;
+        options.chunk_bytes = chunk;
+        options.slots_per_thread = slots;
+        options.staging_bytes = std::uint64_t{t} * slots * (chunk + 2 * 4096);
+        std::vector<double> rates;
+        for (unsigned r = 0; r <= runs; ++r) {
+          const double gbps = load(checkpoint, options).stats().gigabytes_per_second();
+          if (r > 0) rates.push_back(gbps);  // the first load warms caches and staging
+        }
+        std::sort(rates.begin(), rates.end());
+        measured.push_back({t, chunk, slots, this_machine(), utc_now(), rates[rates.size() / 2],
+                            checkpoint->files().front().path.string()});
+        if (report) report(measured.back());
+      }
+    }
+  }
+  // Within 2% of the fastest (run-to-run noise), the smallest staging wins: less to pin.
+  double fastest = 0;
+  for (const auto& m : measured) fastest = std::max(fastest, m.gigabytes_per_second);
+  const Tuning* best = nullptr;
+  for (const auto& m : measured) {
+    if (m.gigabytes_per_second < 0.98 * fastest) continue;
+    if (!best || staging_of(m) < staging_of(*best) ||
+        (staging_of(m) == staging_of(*best) && m.gigabytes_per_second > best->gigabytes_per_second))
+      best = &m;
+  }
+  return *best;
+}
+
+}  // namespace ferry
