@@ -54,6 +54,7 @@ def _fastsafetensors(path, device, nogds):
     loader = SafeTensorsFileLoader(SingleGroup(), device, nogds=nogds)
     # The copier that really runs: asked for GDS without nvidia-fs, fastsafetensors falls back.
     ran = getattr(getattr(loader, "copier_class", None), "__name__", "unknown copier")
+    try:
         loader.add_filenames({0: shard_files(path)})
         buffers = loader.copy_files_to_device()
         out = {name: buffers.get_tensor(name) for name in buffers.key_to_rank_lidx}
