@@ -120,8 +120,8 @@ void tune(const std::string& path, bool json) {
     std::fflush(out);
   });
   write_tuning(tuning_file(), best);
-  std::fprintf(out, "chose %u threads, %s reads, %u slots (%.2f GB/s; the smallest staging within "
-                    "2%% of the fastest); written to %s\n",
+  std::fprintf(out, "chose %u threads, %s reads, %u slots (%.2f GB/s; within 2%% of the fastest, the "
+                    "most threads, then the smallest staging); written to %s\n",
                best.reader_threads, human_bytes(best.chunk_bytes).c_str(), best.slots_per_thread,
                best.gigabytes_per_second, tuning_file().c_str());
 }

@@ -165,16 +165,19 @@ Tuning tune(const std::shared_ptr<const Checkpoint>& checkpoint, const Device& d
       }
     }
   }
-  // Within 2% of the fastest (run-to-run noise), the smallest staging wins: less to pin.
+  // Within 2% of the fastest (run-to-run noise), the most reader threads win, then the
+  // smallest staging: tuning sees a warm page cache, and the same settings must also serve
+  // tmpfs, where fewer threads fell 25% short on an H200 host while they tied in the page cache.
   double fastest = 0;
   for (const auto& m : measured) fastest = std::max(fastest, m.gigabytes_per_second);
   const Tuning* best = nullptr;
-  for (const auto& m : measured) {
-    if (m.gigabytes_per_second < 0.98 * fastest) continue;
-    if (!best || staging_of(m) < staging_of(*best) ||
-        (staging_of(m) == staging_of(*best) && m.gigabytes_per_second > best->gigabytes_per_second))
-      best = &m;
-  }
+  const auto better = [](const Tuning& a, const Tuning& b) {
+    if (a.reader_threads != b.reader_threads) return a.reader_threads > b.reader_threads;
+    if (staging_of(a) != staging_of(b)) return staging_of(a) < staging_of(b);
+    return a.gigabytes_per_second > b.gigabytes_per_second;
+  };
+  for (const auto& m : measured)
+    if (m.gigabytes_per_second >= 0.98 * fastest && (!best || better(m, *best))) best = &m;
   return *best;
 }
 

@@ -44,7 +44,8 @@ struct ActiveTuning {
 ActiveTuning active_tuning();
 
 // Loads `checkpoint` to `device` with each candidate setting (`runs` times each, after one
-// warm-up load) and returns the fastest by median. Ties within 2% go to the smaller staging.
+// warm-up load) and returns the fastest by median. Within 2% of the fastest, the most reader
+// threads win, then the smallest staging.
 // `report` hears each candidate's result.
 Tuning tune(const std::shared_ptr<const Checkpoint>& checkpoint, const Device& device,
             unsigned runs = 3,
