@@ -94,7 +94,7 @@ def verdicts(case, rows):
     return out
 
 
-def markdown(results, command):
+def markdown(results, command, note=""):
     m = results["machine"]
     lines = [
         "# Benchmarks",
@@ -116,9 +116,10 @@ def markdown(results, command):
         "written by Hugging Face `safetensors` (bench/make_checkpoints.py); peers are the PyPI "
         "releases named in tools/fetch_gpu_deps.sh.",
         "",
-        "![GB/s per loader per case](bench/loaders.png)",
-        "",
     ]
+    if note:
+        lines += [note, ""]
+    lines += ["![GB/s per loader per case](bench/loaders.png)", ""]
     for case in results["cases"]:
         limit, words = limit_of(case)
         read = case["read_limit_gbps"]
@@ -137,7 +138,14 @@ def markdown(results, command):
             lines.append(f"| {r['loader']} | {r['gbps']:.2f} | {r['runs']} | "
                          f"{r['ratio']:.2f} | {r['host'] / MIB:.0f} | "
                          f"{r['gpu_beyond'] / MIB:.1f} | {r['path']} |")
-        lines += [""] + [f"- {v}" for v in verdicts(case, rows)] + [""]
+        lines += [""] + [f"- {v}" for v in verdicts(case, rows)]
+        ferry = case["loaders"].get("ferry", {}).get("runs")
+        if ferry:
+            r = ferry[0]
+            lines.append(f"- ferry's settings: {r['reader_threads']} reader threads, "
+                         f"{r['chunk_bytes'] / MIB:.0f} MiB reads, {r['slots_per_thread']} slots each; "
+                         f"{r.get('settings_source', 'built-in defaults')}")
+        lines.append("")
     if results["sizes"]:
         lines += ["## Load time against checkpoint size (ferry, warm)", "",
                   "| checkpoint | GB | seconds | GB/s |", "| --- | ---: | ---: | ---: |"]
@@ -202,12 +210,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
     ap.add_argument("--command", default="tools/gpu_check.sh")
+    ap.add_argument("--note", default="", help="a paragraph on this run, printed under the intro")
     args = ap.parse_args()
     results = merge(args.results)
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
-        f.write(markdown(results, args.command))
+        f.write(markdown(results, args.command, args.note))
     chart(results, os.path.join(ROOT, "bench", "loaders.png"))
 
 
