@@ -19,7 +19,8 @@
 namespace ferry::detail {
 namespace {
 
-// Measured on an H200 host (16 cores, warm page cache and tmpfs; bench/sweep.sh): 4 MiB reads,
+// Measured on an H200 host (16 cores, warm page cache and tmpfs; the grid `ferry doctor --tune`
+// runs): 4 MiB reads,
 // two slots a thread and 12-16 threads load fastest (47 GB/s against 45 with 2 MiB, whose copies
 // run at 51 GB/s instead of 53); 8 MiB and deeper queues lose more to cache misses and pinning.
 constexpr std::uint64_t kDefaultChunk = 4ull << 20;
