@@ -19,10 +19,11 @@
 namespace ferry::detail {
 namespace {
 
-// Measured on an H200 host (16 cores, warm page cache and tmpfs; the grid `ferry doctor --tune`
-// runs): 4 MiB reads,
-// two slots a thread and 12-16 threads load fastest (47 GB/s against 45 with 2 MiB, whose copies
-// run at 51 GB/s instead of 53); 8 MiB and deeper queues lose more to cache misses and pinning.
+// Defaults where no tuning file applies, measured on an H200 host (16 cores, warm page cache and
+// tmpfs, the grid `ferry doctor --tune` runs): 4 MiB reads, two slots a thread and 16 threads
+// load fastest (47 GB/s against 45 with 2 MiB, whose copies run at 51 GB/s instead of 53; fewer
+// threads tie in the page cache but fall behind on tmpfs); 8 MiB and deeper queues lose more to
+// cache misses and pinning.
 constexpr std::uint64_t kDefaultChunk = 4ull << 20;
 constexpr std::uint64_t kMinChunk = 256ull << 10;
 constexpr unsigned kMaxThreads = 16;
