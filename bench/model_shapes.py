@@ -24,27 +24,34 @@ def qwen3_0_6b():
     return shapes
 
 
-def llama3_8b():
-    """Llama-3-8B: 291 bf16 tensors, untied lm_head."""
-    hidden, layers, mlp, vocab = 4096, 32, 14336, 128256
-    kv = 8 * 128
+def llama_layer(p, hidden, kv, mlp):
+    """One Llama decoder layer's tensors, names prefixed by `p`."""
+    return {
+        p + "input_layernorm.weight": (hidden,),
+        p + "post_attention_layernorm.weight": (hidden,),
+        p + "self_attn.q_proj.weight": (hidden, hidden),
+        p + "self_attn.k_proj.weight": (kv, hidden),
+        p + "self_attn.v_proj.weight": (kv, hidden),
+        p + "self_attn.o_proj.weight": (hidden, hidden),
+        p + "mlp.gate_proj.weight": (mlp, hidden),
+        p + "mlp.up_proj.weight": (mlp, hidden),
+        p + "mlp.down_proj.weight": (hidden, mlp),
+    }
+
+
+def llama(hidden, layers, mlp, vocab, kv):
+    """A Llama-architecture checkpoint: embeddings, layers, norm, untied lm_head."""
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (hidden, hidden),
-            p + "self_attn.k_proj.weight": (kv, hidden),
-            p + "self_attn.v_proj.weight": (kv, hidden),
-            p + "self_attn.o_proj.weight": (hidden, hidden),
-            p + "mlp.gate_proj.weight": (mlp, hidden),
-            p + "mlp.up_proj.weight": (mlp, hidden),
-            p + "mlp.down_proj.weight": (hidden, mlp),
-        })
+        shapes.update(llama_layer(f"model.layers.{i}.", hidden, kv, mlp))
     shapes["model.norm.weight"] = (hidden,)
     shapes["lm_head.weight"] = (vocab, hidden)
     return shapes
+
+
+def llama3_8b():
+    """Llama-3-8B: 291 bf16 tensors, untied lm_head."""
+    return llama(hidden=4096, layers=32, mlp=14336, vocab=128256, kv=8 * 128)
 
 
 def moe_16x64():
@@ -85,23 +92,7 @@ def sized(gigabytes):
         hidden, mlp, vocab, kv = 4096, 14336, 32000, 1024
         per_layer = 2 * (2 * hidden * hidden + 2 * kv * hidden + 3 * mlp * hidden + 2 * hidden)
         layers = max(1, round((gigabytes * 1e9 - 2 * 2 * vocab * hidden) / per_layer))
-        out = {"model.embed_tokens.weight": (vocab, hidden)}
-        for i in range(layers):
-            p = f"model.layers.{i}."
-            out.update({
-                p + "input_layernorm.weight": (hidden,),
-                p + "post_attention_layernorm.weight": (hidden,),
-                p + "self_attn.q_proj.weight": (hidden, hidden),
-                p + "self_attn.k_proj.weight": (kv, hidden),
-                p + "self_attn.v_proj.weight": (kv, hidden),
-                p + "self_attn.o_proj.weight": (hidden, hidden),
-                p + "mlp.gate_proj.weight": (mlp, hidden),
-                p + "mlp.up_proj.weight": (mlp, hidden),
-                p + "mlp.down_proj.weight": (hidden, mlp),
-            })
-        out["model.norm.weight"] = (hidden,)
-        out["lm_head.weight"] = (vocab, hidden)
-        return out
+        return llama(hidden, layers, mlp, vocab, kv)
     return shapes
 
 
