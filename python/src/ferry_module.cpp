@@ -50,11 +50,16 @@ std::optional<nb::dlpack::dtype> dlpack_dtype(DType dtype) {
   }
 }
 
+// An owner for DLPack views that holds a reference to `memory` until the last consumer lets go.
+nb::capsule keep_alive(const std::shared_ptr<void>& memory) {
+  auto* keep = new std::shared_ptr<void>(memory);
+  return nb::capsule(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+}
+
 // A view of `size` bytes at `data` that keeps `memory` alive for as long as any consumer holds it.
 Bytes byte_view(const std::shared_ptr<void>& memory, void* data, std::uint64_t size,
                 const Device& device) {
-  auto* keep = new std::shared_ptr<void>(memory);
-  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+  nb::capsule owner = keep_alive(memory);
   const std::size_t shape[1] = {static_cast<std::size_t>(size)};
   return Bytes(data, 1, shape, owner, nullptr, nb::dtype<std::uint8_t>(),
                device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value,
@@ -222,12 +227,8 @@ NB_MODULE(_ferry, m) {
                  continue;
                }
                std::vector<std::size_t> shape(t.info->shape.begin(), t.info->shape.end());
-               auto* keep = new std::shared_ptr<void>(l.memory());
-               nb::capsule owner(keep, [](void* p) noexcept {
-                 delete static_cast<std::shared_ptr<void>*>(p);
-               });
-               nb::ndarray<> view(t.data, shape.size(), shape.data(), owner, nullptr, *type,
-                                  device_type, device_id);
+               nb::ndarray<> view(t.data, shape.size(), shape.data(), keep_alive(l.memory()),
+                                  nullptr, *type, device_type, device_id);
                out.emplace_back(t.info->name, nb::cast(view));
              }
              return out;
