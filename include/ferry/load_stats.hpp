@@ -55,4 +55,8 @@ struct LoadStats {
   }
 };
 
+// The statistics as one JSON object, field names as above (gigabytes_per_second included, each
+// file's io_path by name): what `ferry load --json` prints and Python's stats() returns.
+std::string to_json(const LoadStats& stats);
+
 }  // namespace ferry

@@ -66,38 +66,9 @@ Bytes byte_view(const std::shared_ptr<void>& memory, void* data, std::uint64_t s
                device.is_cuda() ? device.index : 0);
 }
 
-nb::dict stats_dict(const LoadStats& s) {
-  nb::list files;
-  for (const auto& f : s.files) {
-    nb::dict d;
-    d["path"] = f.path.string();
-    d["io_path"] = std::string(io_path_name(f.io_path));
-    d["reason"] = f.reason;
-    d["bytes_read"] = f.bytes_read;
-    files.append(d);
-  }
-  nb::dict d;
-  d["device"] = s.device;
-  d["tensor_bytes"] = s.tensor_bytes;
-  d["allocated_bytes"] = s.allocated_bytes;
-  d["bytes_read"] = s.bytes_read;
-  d["seconds"] = s.seconds;
-  d["gigabytes_per_second"] = s.gigabytes_per_second();
-  d["staging_seconds"] = s.staging_seconds;
-  d["staging_bytes"] = s.staging_bytes;
-  d["staging_pinned"] = s.staging_pinned;
-  d["reader_threads"] = s.reader_threads;
-  d["slots_per_thread"] = s.slots_per_thread;
-  d["settings_source"] = s.settings_source;
-  d["chunk_bytes"] = s.chunk_bytes;
-  d["allocate_seconds"] = s.allocate_seconds;
-  d["open_seconds"] = s.open_seconds;
-  d["setup_thread_seconds"] = s.setup_thread_seconds;
-  d["read_thread_seconds"] = s.read_thread_seconds;
-  d["wait_thread_seconds"] = s.wait_thread_seconds;
-  d["queue_thread_seconds"] = s.queue_thread_seconds;
-  d["files"] = files;
-  return d;
+// The library's JSON of the statistics, as a Python dict: one list of fields for every front end.
+nb::object stats_dict(const LoadStats& s) {
+  return nb::module_::import_("json").attr("loads")(to_json(s));
 }
 
 // Python callables are called with the GIL held, from whichever reader thread finished a chunk.
