@@ -71,8 +71,9 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
             loaded = pending.result()
             pending = (pool.submit(_ferry.load, work[i + 1][0], dev, work[i + 1][2], **engine)
                        if i + 1 < len(work) else None)
+            tensors = _tensors(loaded, table)
             for name in group:
-                yield name, _as_tensor(loaded, name, *table[name][:2])
+                yield name, tensors[name]
 
 
 def load_into(target: Union[torch.nn.Module, Dict[str, torch.Tensor]], path: PathLike,
