@@ -190,16 +190,22 @@ EngineSettings choose_settings(const LoadOptions& options) {
   const auto fits = [&] {
     return std::uint64_t{s.slots_per_thread} * s.threads * slot_bytes(s.chunk_bytes) <= staging;
   };
+  const std::uint64_t wanted_chunk = tuned ? tuned->chunk_bytes : kDefaultChunk;
   if (options.chunk_bytes) {
     s.chunk_bytes = (options.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
   } else {
-    s.chunk_bytes = tuned ? tuned->chunk_bytes : kDefaultChunk;
+    s.chunk_bytes = wanted_chunk;
     while (!fits() && s.chunk_bytes > kMinChunk) s.chunk_bytes /= 2;
   }
   // Fewer threads where the budget cannot give each of them its slots.
+  const unsigned wanted_threads = s.threads;
   while (s.threads > 1 && !fits()) --s.threads;
   FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", staging, " bytes cannot hold ",
                s.slots_per_thread, " slots of ", s.chunk_bytes, "-byte reads");
+  if (s.threads < wanted_threads || (!options.chunk_bytes && s.chunk_bytes < wanted_chunk))
+    s.source += "; cut to " + std::to_string(s.threads) + " threads of " +
+                std::to_string(s.chunk_bytes) + "-byte reads to fit the staging bound of " +
+                std::to_string(staging) + " bytes";
   return s;
 }
 
