@@ -437,7 +437,7 @@ TEST_F(CheckpointTest, SeveralIndexFilesAreAmbiguous) {
 
 // Two shards with the same file name in different subdirectories: the index must be checked
 // against the shard's path, not only its file name.
-// DISABLED: src/checkpoint.cpp compares held_by.filename() with the listed shard's filename(), so
+// DISABLED: src/format/checkpoint.cpp compares held_by.filename() with the listed shard's filename(), so
 // this swapped index is accepted (see the report that came with this test).
 TEST_F(CheckpointTest, IndexListingATensorInASameNamedShardElsewhere) {
   fs::create_directory(dir / "a");

@@ -548,7 +548,7 @@ TEST_F(SafetensorsTest, MetadataNotAnObject) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Known defects, disabled until src/safetensors.cpp is fixed (see the report with these tests).
+// Known defects, disabled until src/format/safetensors.cpp is fixed (see the report with these tests).
 
 // An ambiguous entry: Hugging Face refuses it ("duplicate field `dtype`"); ferry takes the last.
 TEST_F(SafetensorsTest, DuplicateFieldInTensorEntry) {

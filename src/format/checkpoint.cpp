@@ -8,7 +8,7 @@
 #include "ferry/error.hpp"
 #include "ferry/gguf.hpp"
 #include "ferry/safetensors.hpp"
-#include "strict_json.hpp"
+#include "format/strict_json.hpp"
 
 namespace ferry {
 namespace {

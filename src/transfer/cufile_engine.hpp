@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cufile/gds_mode.hpp"
-#include "engine/staged_engine.hpp"
+#include "transfer/staged_engine.hpp"
 
 namespace ferry::detail {
 

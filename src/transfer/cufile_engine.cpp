@@ -1,4 +1,4 @@
-#include "engine/cufile_engine.hpp"
+#include "transfer/cufile_engine.hpp"
 
 #include <atomic>
 #include <exception>

@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
-#include "tensor_layout.hpp"
+#include "format/tensor_layout.hpp"
 #include "io/file_descriptor.hpp"
-#include "strict_json.hpp"
+#include "format/strict_json.hpp"
 
 namespace ferry {
 namespace {

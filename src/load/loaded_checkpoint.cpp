@@ -4,9 +4,9 @@
 #include <unordered_set>
 
 #include "cuda/cuda_resources.hpp"
-#include "engine/cufile_engine.hpp"
-#include "engine/staged_engine.hpp"
-#include "engine/staging_cache.hpp"
+#include "transfer/cufile_engine.hpp"
+#include "transfer/staged_engine.hpp"
+#include "transfer/staging_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/load_plan.hpp"
 

@@ -7,7 +7,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "tensor_layout.hpp"
+#include "format/tensor_layout.hpp"
 #include "ferry/ggml_type.hpp"
 #include "io/file_descriptor.hpp"
 

@@ -1,4 +1,4 @@
-#include "engine/staged_engine.hpp"
+#include "transfer/staged_engine.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
-#include "engine/staging_cache.hpp"
+#include "transfer/staging_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/tuning.hpp"
 #include "io/source_file.hpp"

@@ -1,4 +1,4 @@
-#include "engine/staging_cache.hpp"
+#include "transfer/staging_cache.hpp"
 
 #include <mutex>
 

@@ -1,4 +1,4 @@
-#include "strict_json.hpp"
+#include "format/strict_json.hpp"
 
 #include <set>
 #include <string>

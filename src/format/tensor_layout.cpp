@@ -1,4 +1,4 @@
-#include "tensor_layout.hpp"
+#include "format/tensor_layout.hpp"
 
 #include <algorithm>
 
