@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "cufile/gds_mode.hpp"
-#include "transfer/staged_engine.hpp"
+#include "load/settings.hpp"
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tuning.hpp"

@@ -1,6 +1,9 @@
 // A checkpoint: one safetensors file, or a directory of shards (with or without
 // model.safetensors.index.json); or one GGUF file, or a directory of GGUF files (split GGUF).
-// Opening parses and validates every header; no tensor data is read until a load.
+// Opening parses and validates every header; no tensor data is read until a load. The files
+// parsed stay in the checkpoint's file set, so a load reads exactly those files even if a path
+// is later replaced (an atomic rename) or deleted; a file closed to stay under the descriptor
+// limit is checked for the same identity when reopened.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ferry/file_set.hpp"
 #include "ferry/tensor_info.hpp"
 
 namespace ferry {
@@ -54,12 +58,16 @@ class Checkpoint {
   // nullptr when absent.
   const TensorInfo* find(std::string_view name) const;
   std::uint64_t total_bytes() const noexcept { return _total_bytes; }
+  // The files, in files() order, kept open for loads.
+  const FileSet& file_set() const noexcept { return *_file_set; }
+  std::shared_ptr<const FileSet> shared_file_set() const noexcept { return _file_set; }
 
  private:
   void add_file(const std::filesystem::path& file);
   void index_names();
 
   std::filesystem::path _path;
+  std::shared_ptr<FileSet> _file_set;
   std::vector<CheckpointFile> _files;
   std::vector<TensorInfo> _tensors;
   std::unordered_map<std::string, std::size_t> _by_name;

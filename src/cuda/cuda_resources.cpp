@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <new>
 
 #include "ferry/error.hpp"
@@ -73,13 +75,20 @@ HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(
   _data = static_cast<std::byte*>(p);
   ::madvise(p, mapped, MADV_HUGEPAGE);  // advice only: no huge pages is still correct
   if (pin_in == nullptr) return;
-  pin_in->make_current();
-  if (auto r = shim::CudaDriver::get().cuMemHostRegister(p, mapped, shim::cu::kMemHostRegisterPortable);
-      r != shim::cu::kSuccess) {
+  try {
+    pin(*pin_in);
+  } catch (...) {
     ::munmap(p, mapped);
     _data = nullptr;
-    shim::cuda_check(r, "cuMemHostRegister");
+    throw;
   }
+}
+
+void HostBuffer::pin(const PrimaryContext& context) {
+  if (_pinned || _data == nullptr) return;
+  context.make_current();
+  FERRY_CU(cuMemHostRegister, _data, std::max<std::size_t>(_size, kPageBytes),
+           shim::cu::kMemHostRegisterPortable);
   _pinned = true;
 }
 
@@ -100,6 +109,16 @@ void HostBuffer::release() noexcept {
   if (_pinned) shim::CudaDriver::get().cuMemHostUnregister(_data);
   ::munmap(_data, std::max<std::size_t>(_size, kPageBytes));
   _data = nullptr;
+}
+
+const PrimaryContext& device_context(int ordinal) {
+  static std::mutex mutex;
+  // Leaked on purpose: releasing a primary context at exit could call a driver already gone.
+  static auto* contexts = new std::map<int, std::unique_ptr<PrimaryContext>>;
+  std::lock_guard lock(mutex);
+  auto& slot = (*contexts)[ordinal];
+  if (!slot) slot = std::make_unique<PrimaryContext>(ordinal);
+  return *slot;
 }
 
 std::shared_ptr<void> allocate_device_memory(std::shared_ptr<PrimaryContext> context,

@@ -54,6 +54,7 @@ class Event {
   void record(const Stream& stream);
   // Waits for the last recorded work; returns at once if nothing was recorded.
   void synchronize() const;
+  shim::cu::Event get() const noexcept { return _event; }
 
  private:
   shim::cu::Event _event = nullptr;
@@ -79,6 +80,8 @@ class HostBuffer {
   std::byte* data() const noexcept { return _data; }
   std::size_t size() const noexcept { return _size; }
   bool pinned() const noexcept { return _pinned; }
+  // Pins the buffer now (portable: usable from every context), if it is not yet.
+  void pin(const PrimaryContext& context);
 
  private:
   void release() noexcept;
@@ -86,6 +89,11 @@ class HostBuffer {
   std::size_t _size = 0;
   bool _pinned = false;
 };
+
+// The primary context of device `ordinal`, retained for the life of the process: the transfer
+// core's streams and pinned slots belong to it. Never released, on purpose (no CUDA call from a
+// static destructor). Throws CudaError for a missing device or no driver.
+const PrimaryContext& device_context(int ordinal);
 
 // Device memory in `context`, freed when the last reference goes; the deleter keeps the
 // context alive until then.

@@ -103,6 +103,7 @@ void describe_gguf(CheckpointFile& entry, const GgufHeader& header) {
 Checkpoint Checkpoint::open(const fs::path& path) {
   Checkpoint ckpt;
   ckpt._path = path;
+  ckpt._file_set = FileSet::create();
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
@@ -165,6 +166,10 @@ void Checkpoint::add_file(const fs::path& file) {
                       checkpoint_format_name(entry.format), " file in a ",
                       checkpoint_format_name(_format), " checkpoint");
   _format = entry.format;
+  // Opened first and kept: the identity taken here is what every later read must find.
+  FileSet& set = *_file_set;
+  const std::uint32_t kept = set.add(file);
+  FERRY_ASSERT(kept == _files.size());
   std::vector<TensorInfo> tensors;
   if (entry.format == CheckpointFormat::Gguf) {
     GgufHeader header = read_gguf_header(file);
@@ -176,7 +181,12 @@ void Checkpoint::add_file(const fs::path& file) {
     entry.data_start = header.data_start;
     tensors = std::move(header.tensors);
   }
-  entry.size = fs::file_size(file);
+  entry.size = set.size_at_open(kept);
+  // The parser read the path: it must still be the file kept open.
+  std::error_code ec;
+  const auto parsed_size = fs::file_size(file, ec);
+  if (ec || parsed_size != entry.size)
+    detail::fail_errno(ESTALE, file.string(), ": the file changed while it was being opened");
   const auto file_index = static_cast<std::uint32_t>(_files.size());
   _files.push_back(std::move(entry));
   for (auto& t : tensors) {

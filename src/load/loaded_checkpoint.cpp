@@ -1,40 +1,47 @@
 #include "ferry/loaded_checkpoint.hpp"
 
 #include <chrono>
+#include <optional>
 #include <unordered_set>
 
 #include "cuda/cuda_resources.hpp"
-#include "transfer/cufile_engine.hpp"
-#include "transfer/staged_engine.hpp"
-#include "transfer/staging_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/load_plan.hpp"
+#include "ferry/transfer.hpp"
+#include "load/settings.hpp"
+#include "transfer/backend.hpp"
+#include "transfer/pinned_pool.hpp"
+#include "transfer/ticket_state.hpp"
 
 namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Turns plan segments into copies to absolute addresses, merging segments that are contiguous
-// both in staging and in the destination (consecutive tensors of a checkpoint usually are).
-std::vector<detail::EngineChunk> resolve(const LoadPlan& plan,
-                                         const std::vector<std::uintptr_t>& tensor_addresses) {
-  std::vector<detail::EngineChunk> out;
+// Turns each planned chunk into one extent: its copies become memory spans (holes the plan reads
+// through become spans without memory), merged where both the file bytes and the destination
+// are contiguous (consecutive tensors of a checkpoint usually are).
+std::vector<Extent> resolve(const LoadPlan& plan, const std::vector<std::uintptr_t>& addresses,
+                            const Device& device) {
+  std::vector<Extent> out;
   out.reserve(plan.chunks.size());
   for (const ReadChunk& c : plan.chunks) {
-    detail::EngineChunk e{c.file_index, c.file_offset, c.size, {}};
+    Extent x{c.file_index, c.file_offset, {}};
+    std::uint64_t at = 0;  // chunk bytes covered so far
     for (const CopySegment& s : c.copies) {
-      const std::uintptr_t dst = tensor_addresses[s.tensor] + s.tensor_offset;
-      if (!e.copies.empty()) {
-        auto& last = e.copies.back();
-        if (last.chunk_offset + last.size == s.chunk_offset && last.destination + last.size == dst) {
-          last.size += s.size;
-          continue;
-        }
+      const std::uintptr_t dst = addresses[s.tensor] + s.tensor_offset;
+      if (s.chunk_offset > at) x.spans.push_back({Device::cpu(), nullptr, s.chunk_offset - at});
+      auto* last = x.spans.empty() ? nullptr : &x.spans.back();
+      if (last && last->data && s.chunk_offset == at &&
+          reinterpret_cast<std::uintptr_t>(last->data) + last->size == dst) {
+        last->size += s.size;
+      } else {
+        x.spans.push_back({device, reinterpret_cast<void*>(dst), s.size});
       }
-      e.copies.push_back({s.chunk_offset, dst, s.size});
+      at = s.chunk_offset + s.size;
     }
-    out.push_back(std::move(e));
+    if (c.size > at) x.spans.push_back({Device::cpu(), nullptr, c.size - at});
+    out.push_back(std::move(x));
   }
   return out;
 }
@@ -44,20 +51,53 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
   return std::make_shared<detail::PrimaryContext>(device.index);
 }
 
-// Runs the resolved chunks on the path choose_backend picks. `own` is ferry's destination
-// allocation, registered with cuFile for the load; empty for caller-owned destinations.
-void execute(std::span<const CheckpointFile> files, const std::vector<detail::EngineChunk>& chunks,
+// The route: the backend for these files and this device, the submission, and its statistics.
+// `own` is ferry's destination allocation, registered with cuFile for the load; empty for
+// caller-owned destinations.
+void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
              const detail::EngineSettings& settings, const LoadOptions& options, LoadStats& stats,
              std::uintptr_t own_base, std::uint64_t own_bytes) {
-  detail::BackendChoice choice = detail::choose_backend(files, options);
-  if (choice.cufile) {
-    detail::RegisteredBuffer registered(own_base, own_bytes);
-    detail::run_cufile(files, chunks, settings, choice.verdicts, registered.base(), stats);
-    return;
+  TransferOptions t;
+  t.backend = options.backend;
+  t.allow_compat = options.allow_compat;
+  t.io = options.io;
+  t.threads = settings.threads;
+  t.chunk_bytes = settings.chunk_bytes;
+  t.slots_per_thread = settings.slots_per_thread;
+  t.staging_bytes = options.staging_bytes;
+  t.stop_at_first_error = true;  // a load fails whole: no need to read the rest
+  t.progress = options.progress;
+  const detail::Route route = detail::choose_route(checkpoint.file_set(), options.device, t);
+  auto state = std::make_shared<detail::TicketState>(
+      checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
+  std::optional<detail::RegisteredBuffer> registered;
+  if (route.backend == &detail::cufile_backend()) {
+    registered.emplace(own_base, own_bytes);
+    state->registered_base = registered->base();
   }
-  detail::run_staged(files, chunks, settings, stats);
-  if (!choice.note.empty())
-    for (auto& f : stats.files) f.reason += "; " + choice.note;
+  state->stats.note = route.note;
+  Ticket ticket = detail::start(*route.backend, std::move(state));
+  ticket.wait();  // every copy out of staging has finished when this returns, even on failure
+  ticket.rethrow_if_failed();
+  const TransferStats& ts = ticket.stats();
+  stats.reader_threads = ts.threads;
+  stats.chunk_bytes = ts.chunk_bytes;
+  if (ts.backend == "staged") {
+    stats.slots_per_thread = ts.slots_per_thread;
+    stats.settings_source = settings.source;
+    if (!ts.note.empty() && ts.note != route.note) stats.settings_source += "; " + ts.note;
+    stats.staging_bytes = ts.staging_bytes;
+    stats.staging_pinned = ts.staging_pinned;
+    stats.staging_seconds = ts.staging_seconds;
+    stats.setup_thread_seconds = ts.setup_thread_seconds;
+    stats.read_thread_seconds = ts.read_thread_seconds;
+    stats.wait_thread_seconds = ts.wait_thread_seconds;
+    stats.queue_thread_seconds = ts.queue_thread_seconds;
+  }
+  stats.files = ts.files;
+  for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
+  if (!route.note.empty())
+    for (auto& f : stats.files) f.reason += "; " + route.note;
 }
 
 PlanOptions plan_options(const detail::EngineSettings& settings) {
@@ -86,15 +126,19 @@ Backend parse_backend(std::string_view text) {
 
 std::string_view io_path_name(IoPath path) {
   switch (path) {
-    case IoPath::Direct: return "odirect";
-    case IoPath::Buffered: return "buffered";
-    case IoPath::CufileGds: return "cufile-gds";
-    case IoPath::CufileCompat: return "cufile-compat";
+    case IoPath::Direct:
+      return "odirect";
+    case IoPath::Buffered:
+      return "buffered";
+    case IoPath::CufileGds:
+      return "cufile-gds";
+    case IoPath::CufileCompat:
+      return "cufile-compat";
   }
   return "unknown";
 }
 
-void release_staging_memory() { detail::release_staging(); }
+void release_staging_memory() { detail::staging_pool().release_idle(); }
 
 const LoadedTensor* LoadedCheckpoint::find(std::string_view name) const {
   auto it = _by_name.find(std::string(name));
@@ -104,9 +148,9 @@ const LoadedTensor* LoadedCheckpoint::find(std::string_view name) const {
 LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options) {
   FERRY_EXPECT(checkpoint != nullptr, std::invalid_argument, "load: no checkpoint given");
   auto context = context_for(options.device);  // before the clock: CUDA start-up is not I/O
+  const ActiveTuning tuning = detail::tuning_for(options);  // read once, passed down
   const auto started = Clock::now();
-  detail::EngineSettings settings = detail::choose_settings(options);
-  settings.gpu = context.get();
+  detail::EngineSettings settings = detail::choose_settings(options, tuning);
   LoadPlan plan = plan_load(*checkpoint, options.names, plan_options(settings));
 
   LoadedCheckpoint result;
@@ -128,7 +172,7 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
   stats.allocated_bytes = plan.dest_bytes;
-  execute(checkpoint->files(), resolve(plan, addresses), settings, options, stats, base,
+  execute(*checkpoint, resolve(plan, addresses, options.device), settings, options, stats, base,
           plan.dest_bytes);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return result;
@@ -137,16 +181,16 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
 LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestination> destinations,
                     const LoadOptions& options) {
   auto context = context_for(options.device);
+  const ActiveTuning tuning = detail::tuning_for(options);  // read once, passed down
   const auto started = Clock::now();
   std::vector<std::string> names;
   std::unordered_map<std::string, const TensorDestination*> by_name;
   for (const auto& d : destinations) {
-    FERRY_EXPECT(by_name.emplace(d.name, &d).second, std::invalid_argument,
-                 "load_into: tensor \"", d.name, "\" has two destinations");
+    FERRY_EXPECT(by_name.emplace(d.name, &d).second, std::invalid_argument, "load_into: tensor \"",
+                 d.name, "\" has two destinations");
     names.push_back(d.name);
   }
-  detail::EngineSettings settings = detail::choose_settings(options);
-  settings.gpu = context.get();
+  detail::EngineSettings settings = detail::choose_settings(options, tuning);
   LoadPlan plan = plan_load(checkpoint, names, plan_options(settings));
   std::vector<std::uintptr_t> addresses;
   for (const TensorInfo* t : plan.tensors) {
@@ -160,7 +204,7 @@ LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestinat
   LoadStats stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
-  execute(checkpoint.files(), resolve(plan, addresses), settings, options, stats, 0, 0);
+  execute(checkpoint, resolve(plan, addresses, options.device), settings, options, stats, 0, 0);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return stats;
 }

@@ -40,13 +40,17 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuMemHostUnregister", d.cuMemHostUnregister, why);
   ok &= resolve(library, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, why);
   ok &= resolve(library, "cuMemcpyDtoH_v2", d.cuMemcpyDtoH, why);
+  ok &= resolve(library, "cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync, why);
+  ok &= resolve(library, "cuMemsetD8Async", d.cuMemsetD8Async, why);
   ok &= resolve(library, "cuStreamCreate", d.cuStreamCreate, why);
   ok &= resolve(library, "cuStreamDestroy_v2", d.cuStreamDestroy, why);
   ok &= resolve(library, "cuStreamSynchronize", d.cuStreamSynchronize, why);
+  ok &= resolve(library, "cuStreamWaitEvent", d.cuStreamWaitEvent, why);
   ok &= resolve(library, "cuEventCreate", d.cuEventCreate, why);
   ok &= resolve(library, "cuEventDestroy_v2", d.cuEventDestroy, why);
   ok &= resolve(library, "cuEventRecord", d.cuEventRecord, why);
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
+  ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
   if (!ok) return d;
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {

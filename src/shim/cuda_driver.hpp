@@ -58,13 +58,17 @@ struct CudaDriver {
   cu::Result (*cuMemHostUnregister)(void*) = nullptr;
   cu::Result (*cuMemcpyHtoDAsync)(cu::DevicePtr, const void*, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuMemcpyDtoH)(void*, cu::DevicePtr, std::size_t) = nullptr;
+  cu::Result (*cuMemcpyDtoHAsync)(void*, cu::DevicePtr, std::size_t, cu::Stream) = nullptr;
+  cu::Result (*cuMemsetD8Async)(cu::DevicePtr, unsigned char, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuStreamCreate)(cu::Stream*, unsigned) = nullptr;
   cu::Result (*cuStreamDestroy)(cu::Stream) = nullptr;
   cu::Result (*cuStreamSynchronize)(cu::Stream) = nullptr;
+  cu::Result (*cuStreamWaitEvent)(cu::Stream, cu::Event, unsigned) = nullptr;
   cu::Result (*cuEventCreate)(cu::Event*, unsigned) = nullptr;
   cu::Result (*cuEventDestroy)(cu::Event) = nullptr;
   cu::Result (*cuEventRecord)(cu::Event, cu::Stream) = nullptr;
   cu::Result (*cuEventSynchronize)(cu::Event) = nullptr;
+  cu::Result (*cuEventQuery)(cu::Event) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

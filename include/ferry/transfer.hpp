@@ -1,0 +1,128 @@
+// The transfer core: batches of file <-> memory moves, submitted to one persistent engine and
+// finished asynchronously. An extent is one contiguous range of one file of a FileSet and the
+// memory spans (host or any cuda:N, per span) gathered into it or scattered from it, in order.
+// Submitting returns a Ticket at once; each extent reports its own status, so one bad extent
+// (a range past the end of its file, a file that vanished) fails alone while the others land.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/device.hpp"
+#include "ferry/file_set.hpp"
+#include "ferry/load_options.hpp"
+#include "ferry/load_stats.hpp"
+
+namespace ferry {
+
+enum class Direction { FileToMemory, MemoryToFile };
+
+// `size` bytes at `data`: a host pointer for cpu, a device address for cuda:N. A cpu span with
+// null data is a hole: file bytes read and dropped (file -> memory only).
+struct MemorySpan {
+  Device device;
+  void* data = nullptr;
+  std::uint64_t size = 0;
+};
+
+struct Extent {
+  std::uint32_t file = 0;  // index in the file set
+  std::uint64_t file_offset = 0;
+  std::vector<MemorySpan> spans;  // in file order, back to back from file_offset
+};
+
+struct TransferOptions {
+  Backend backend = Backend::Auto;  // Auto: cuFile only where it does true GPUDirect Storage
+  bool allow_compat = false;        // let Backend::Cufile run in compatibility mode
+  IoMode io = IoMode::Auto;         // the staged path: per file, O_DIRECT or buffered
+  unsigned threads = 0;             // workers; 0: 16 (at most kMaxWorkerThreads, 64)
+  std::uint64_t chunk_bytes = 0;    // largest single read or write; 0: 4 MiB
+  unsigned slots_per_thread = 0;    // staging slots a worker cycles through; 0: 2
+  std::uint64_t staging_bytes = kDefaultStagingBytes;  // this submission's staging, at most
+  // A CUevent of the caller (cast to void*): memory is read or written only after it fires,
+  // waited on the copy streams (no host sync). A memory -> file write of what a kernel still
+  // writes stays correct.
+  void* after_event = nullptr;
+  bool durable = false;              // memory -> file: fdatasync each file before completing
+  bool stop_at_first_error = false;  // cancel what is left once one extent fails
+  // Called from workers, one call at a time, as bytes land.
+  std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
+};
+
+struct ExtentStatus {
+  enum class State { Pending, Done, Failed, Cancelled };
+  State state = State::Pending;
+  std::uint64_t bytes_done = 0;
+  std::string error;  // the failure, naming the file (Failed only)
+};
+
+// What a submission did: the backend, its settings and the path each file took.
+struct TransferStats {
+  std::string backend;  // "staged" or "cufile"
+  unsigned threads = 0;
+  unsigned slots_per_thread = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::uint64_t staging_bytes = 0;  // leased from the process's pool
+  bool staging_pinned = false;
+  std::string note;  // why fewer threads or slots ran than were asked for; empty if none
+  double staging_seconds = 0;
+  double setup_thread_seconds = 0, read_thread_seconds = 0, wait_thread_seconds = 0,
+         queue_thread_seconds = 0;
+  std::uint64_t bytes_moved = 0;     // file bytes read or written (alignment included)
+  std::vector<FileLoadStats> files;  // the files touched
+};
+
+namespace detail {
+struct TicketState;
+}
+
+class Ticket {
+ public:
+  Ticket() = default;
+  explicit Ticket(std::shared_ptr<detail::TicketState> state);
+  Ticket(Ticket&&) noexcept = default;
+  Ticket& operator=(Ticket&& other) noexcept;
+  // Waits for work still in flight: memory and staging are never freed under a copy.
+  ~Ticket();
+
+  // Until every extent landed, failed or was cancelled.
+  void wait() const;
+  bool ready() const;
+  // Workers stop before their next chunk; extents not finished become Cancelled.
+  void cancel();
+  bool cancelled() const;
+
+  std::size_t extent_count() const;
+  ExtentStatus status(std::size_t extent) const;
+  std::uint64_t bytes_done() const;
+  // After wait(): throws the first failure as its own type (FormatError, std::system_error...).
+  void rethrow_if_failed() const;
+  // Makes the CUDA stream `cu_stream` (a CUstream) wait, on the device, for every copy of this
+  // transfer: returns once they are all queued, usually before they land.
+  void order_before(void* cu_stream) const;
+  // After wait().
+  const TransferStats& stats() const;
+
+ private:
+  std::shared_ptr<detail::TicketState> _state;
+};
+
+// Submits to the process's engine (worker pool, staging pool, streams: kept between calls).
+// Throws std::invalid_argument for a bad extent shape (a hole in a write, a file index out of
+// the set, zero staging) and where options.backend cannot be honoured; everything that happens
+// while moving bytes is reported through the ticket.
+Ticket submit(std::shared_ptr<const FileSet> files, Direction direction,
+              std::vector<Extent> extents, const TransferOptions& options);
+
+// Bounds the staging memory of all transfers of the process together (1 GiB by default).
+void set_staging_limit(std::uint64_t bytes);
+std::uint64_t staging_limit();
+// The most staging memory ever held at once.
+std::uint64_t staging_high_water();
+
+}  // namespace ferry

@@ -1,0 +1,100 @@
+// An open file as the operating system gives it: one buffered handle, and an unbuffered one
+// (O_DIRECT; FILE_FLAG_NO_BUFFERING on Windows) where the file system allows it, with the file's
+// identity taken at open. This header is the seam: platform/posix/ implements it now, a Windows
+// implementation fills the same declarations later. Nothing above platform/ calls the OS for files.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "ferry/file_set.hpp"
+
+namespace ferry::detail {
+
+// Unbuffered transfers need offsets, lengths and buffers aligned to this.
+inline constexpr std::uint64_t kDirectAlignment = 4096;
+
+// What the file was at open. A path replaced by an atomic rename, or deleted and written again,
+// names a different file: its device or inode differs.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  // The same file: for files opened for writing only device and inode count (they grow).
+  bool same_file(const FileIdentity& other) const noexcept {
+    return device == other.device && inode == other.inode;
+  }
+  bool same_contents(const FileIdentity& other) const noexcept {
+    return same_file(other) && size == other.size && mtime_ns == other.mtime_ns;
+  }
+};
+
+// A descriptor on POSIX, a HANDLE on Windows.
+using NativeFile = std::intptr_t;
+inline constexpr NativeFile kNoNativeFile = -1;
+
+class PlatformFile {
+ public:
+  // Opens `path`. With `want_direct`, also an unbuffered handle where the file system allows it;
+  // otherwise direct_refusal() says why not. Throws std::system_error naming the path (EMFILE
+  // as "too many open files", never blamed on the file system), std::invalid_argument for
+  // something that is not a regular file.
+  static PlatformFile open(const std::filesystem::path& path, FileAccess access, bool want_direct);
+
+  PlatformFile() = default;
+  PlatformFile(const PlatformFile&) = delete;
+  PlatformFile& operator=(const PlatformFile&) = delete;
+  PlatformFile(PlatformFile&& other) noexcept;
+  PlatformFile& operator=(PlatformFile&& other) noexcept;
+  ~PlatformFile();
+
+  const std::filesystem::path& path() const noexcept { return _path; }
+  FileAccess access() const noexcept { return _access; }
+  const FileIdentity& identity() const noexcept { return _identity; }
+  // The file as it is now (its size may have changed since open).
+  FileIdentity current_identity() const;
+
+  bool has_direct() const noexcept {
+    return _direct.load(std::memory_order_acquire) != kNoNativeFile;
+  }
+  const std::string& direct_refusal() const noexcept { return _direct_refusal; }
+  // Opens the unbuffered handle on the very file already open (not whatever the path names
+  // now); returns false (direct_refusal() says why) where the file system refuses it. Callers
+  // serialise add_direct (the file set's lock); reads may run beside it.
+  bool add_direct();
+
+  // Reads up to `size` bytes at `offset`, retrying short reads and EINTR; fewer only at the end
+  // of the file. `direct` uses the unbuffered handle (aligned offset, size and buffer).
+  std::size_t read_up_to(void* buffer, std::size_t size, std::uint64_t offset, bool direct) const;
+  // Writes all `size` bytes at `offset`; a short write that makes no progress is ENOSPC.
+  void write_all(const void* buffer, std::size_t size, std::uint64_t offset, bool direct) const;
+  // Makes written data durable (fdatasync).
+  void sync() const;
+
+  NativeFile native(bool direct) const noexcept {
+    return direct ? _direct.load(std::memory_order_acquire) : _buffered;
+  }
+
+ private:
+  std::filesystem::path _path;
+  FileAccess _access = FileAccess::Read;
+  NativeFile _buffered = kNoNativeFile;
+  std::atomic<NativeFile> _direct{kNoNativeFile};
+  FileIdentity _identity;
+  std::string _direct_refusal;
+};
+
+// Fraction of the file's pages resident in the page cache, sampled (at most
+// kResidencySamplePages pages in evenly spaced windows: asking for every page cost about 35 ms
+// per 4 GB, a third of a warm 16 GB load on an H200 host). 0 where it cannot be measured.
+inline constexpr std::uint64_t kResidencySamplePages = 16384;
+double page_cache_fraction(NativeFile file, std::uint64_t size);
+
+// The most descriptors this process may hold (RLIMIT_NOFILE), or 0 for no limit.
+std::uint64_t open_file_limit();
+
+}  // namespace ferry::detail

@@ -1,0 +1,94 @@
+// The process's staging memory: page-aligned host slabs, pinned when a GPU uses them, carved into
+// equal slots and handed out by RAII leases. Every transfer (loads, puts, gets) leases from one
+// pool, so the bound on staging holds whatever number of them run at once: a lease takes fewer
+// slots than it asked for where the rest do not fit (never fewer than its minimum), and waits
+// for other leases to end where not even that fits. Idle slabs are kept, so a second transfer
+// pays no allocation or pinning; they are freed to make room for a differently shaped lease.
+// One lease is taken per worker per submission, so the hot loop never touches the pool's lock.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <mutex>
+
+#include "cuda/cuda_resources.hpp"
+
+namespace ferry::detail {
+
+class PinnedPool {
+  struct Slab {
+    HostBuffer buffer;
+    bool leased = false;
+  };
+
+ public:
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&& other) noexcept;
+    ~Lease();
+
+    unsigned slots() const noexcept { return _slots; }
+    std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
+    // Page-aligned, slot_bytes() long.
+    std::byte* slot(unsigned i) const noexcept { return _slab->buffer.data() + i * _slot_bytes; }
+    bool pinned() const noexcept { return _slab && _slab->buffer.pinned(); }
+    bool empty() const noexcept { return _slab == nullptr; }
+
+   private:
+    friend class PinnedPool;
+    PinnedPool* _pool = nullptr;
+    Slab* _slab = nullptr;
+    unsigned _slots = 0;
+    std::uint64_t _slot_bytes = 0;
+  };
+
+  struct Stats {
+    std::uint64_t bound = 0;
+    std::uint64_t held_bytes = 0;    // allocated now, leased or kept
+    std::uint64_t high_water = 0;    // most ever held at once
+    std::uint64_t leased_bytes = 0;  // in leases now
+  };
+
+  explicit PinnedPool(std::uint64_t bound_bytes);
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  // Between `min_slots` and `wanted` slots of at least `slot_bytes` (rounded up to pages),
+  // pinned in `pin_in` when given. Waits while not even `min_slots` fit; throws
+  // std::invalid_argument where they never can (larger than the bound).
+  Lease lease(std::uint64_t slot_bytes, unsigned wanted, unsigned min_slots,
+              const PrimaryContext* pin_in);
+
+  Stats stats() const;
+  std::uint64_t bound() const;
+  // Changes the bound; idle slabs over it are freed. Leases already taken keep their memory.
+  void set_bound(std::uint64_t bytes);
+  // Frees every idle slab.
+  void release_idle();
+
+ private:
+  void give_back(Slab* slab);
+  // Frees idle slabs (but `keep`) until `need` more bytes fit.
+  void free_idle_locked(std::uint64_t need, const Slab* keep = nullptr);
+
+  mutable std::mutex _mutex;
+  std::condition_variable _returned;
+  std::list<Slab> _slabs;
+  std::uint64_t _bound;
+  std::uint64_t _held = 0;
+  std::uint64_t _leased = 0;
+  std::uint64_t _high_water = 0;
+};
+
+// The one pool of the process, bounded by kDefaultStagingLimit until set_bound changes it.
+// Never destroyed: unpinning from a static destructor could call a CUDA driver already gone.
+inline constexpr std::uint64_t kDefaultStagingLimit = 1ull << 30;
+PinnedPool& staging_pool();
+
+}  // namespace ferry::detail

@@ -1,0 +1,56 @@
+// What a submission shares between its caller (Ticket) and its workers: the batch, per-extent
+// progress, and completion. Workers hold it by shared_ptr, so it outlives a dropped Ticket.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/transfer.hpp"
+
+namespace ferry::detail {
+
+struct TicketState {
+  struct ExtentRecord {
+    std::atomic<std::uint64_t> bytes{0};
+    std::atomic<std::uint32_t> pieces_left{0};
+    std::exception_ptr error;  // under TicketState::mutex
+  };
+
+  TicketState(std::shared_ptr<const FileSet> files, Direction direction,
+              std::vector<Extent> extents, TransferOptions options);
+
+  std::shared_ptr<const FileSet> files;
+  Direction direction;
+  std::vector<Extent> extents;
+  TransferOptions options;
+  std::uintptr_t registered_base = 0;  // cuFile: a registered buffer holding the destinations
+  std::uint64_t registered_bytes = 0;
+
+  std::vector<ExtentRecord> records;
+  std::atomic<bool> cancel{false};
+  std::atomic<std::uint64_t> progress_done{0};
+  std::uint64_t progress_total = 0;
+
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  unsigned jobs_running = 0;  // not finished
+  unsigned jobs_queuing = 0;  // have not queued their last copy yet
+  std::exception_ptr first_error;
+  std::vector<std::unique_ptr<Event>> queued;  // recorded behind each job's last copies (GPU jobs)
+  TransferStats stats;
+
+  // A piece of extent `e` failed.
+  void fail(std::size_t e, std::exception_ptr error);
+  // A piece of extent `e` moved `bytes`.
+  void landed(std::size_t e, std::uint64_t bytes);
+  void job_queued(std::vector<std::unique_ptr<Event>> ends);  // once per job
+  void job_finished();
+  void wait() const;
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,434 @@
+// The transfer core with host memory: round trips in both directions, concurrent users of one
+// staging pool, per-extent failures, cancellation, teardown with work in flight, thread
+// creation failures, and the file set's bound and identity checks. Bit-exact throughout.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "ferry/error.hpp"
+#include "ferry/loaded_checkpoint.hpp"
+#include "ferry/transfer.hpp"
+#include "platform/file.hpp"
+#include "test_support.hpp"
+#include "transfer/pinned_pool.hpp"
+#include "transfer/worker_pool.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+std::vector<std::byte> read_back(const std::filesystem::path& file, std::uint64_t offset,
+                                 std::uint64_t size) {
+  std::vector<std::byte> out(size);
+  std::ifstream in(file, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(size));
+  EXPECT_EQ(static_cast<std::uint64_t>(in.gcount()), size);
+  return out;
+}
+
+MemorySpan host(std::vector<std::byte>& v, std::uint64_t at = 0, std::uint64_t n = UINT64_MAX) {
+  return {Device::cpu(), v.data() + at, std::min<std::uint64_t>(n, v.size() - at)};
+}
+
+bool direct_writes_work(const std::filesystem::path& dir) {
+  auto set = FileSet::create();
+  set->add(dir / "probe.bin", FileAccess::ReadWrite);
+  return set->acquire(0, true)->has_direct();
+}
+
+void expect_done(const Ticket& t) {
+  for (std::size_t e = 0; e < t.extent_count(); ++e)
+    EXPECT_EQ(t.status(e).state, ExtentStatus::State::Done) << e << ": " << t.status(e).error;
+}
+
+class RoundTrip : public ::testing::TestWithParam<IoMode> {};
+
+TEST_P(RoundTrip, MemoryToFileToMemoryIsExactAtAnyOffsetAndSize) {
+  TempDir dir;
+  if (GetParam() == IoMode::Direct && !direct_writes_work(dir.path()))
+    GTEST_SKIP() << "no O_DIRECT here";
+  auto set = FileSet::create();
+  set->add(dir / "data.bin", FileAccess::ReadWrite);
+  TransferOptions options;
+  options.io = GetParam();
+  options.chunk_bytes = 1 << 20;  // large extents are split across workers and slots
+  const std::uint64_t sizes[] = {1, 4095, 4096, 4097, 70001, (1 << 20) + 3, 64ull << 20};
+  const std::uint64_t offsets[] = {0, 1, 4096, 12345};
+  std::uint64_t at = 0;
+  std::uint64_t seed = 1;
+  for (std::uint64_t size : sizes)
+    for (std::uint64_t offset : offsets) {
+      if (size == (64ull << 20) && offset != 1 && offset != 0) continue;  // keep it short
+      auto bytes = test::random_bytes(size, seed++);
+      const std::uint64_t where = at + offset;
+      {
+        Ticket put = submit(set, Direction::MemoryToFile, {{0, where, {host(bytes)}}}, options);
+        put.wait();
+        put.rethrow_if_failed();
+        expect_done(put);
+      }
+      std::vector<std::byte> back(size);
+      Ticket get = submit(set, Direction::FileToMemory, {{0, where, {host(back)}}}, options);
+      get.wait();
+      get.rethrow_if_failed();
+      ASSERT_EQ(back, bytes) << "size " << size << " at " << where;
+      ASSERT_EQ(read_back(dir / "data.bin", where, size), bytes);
+      at = where + size;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, RoundTrip, ::testing::Values(IoMode::Buffered, IoMode::Direct));
+
+TEST(Transfer, NeighbouringBytesSurviveUnalignedWrites) {
+  TempDir dir;
+  auto original = test::random_bytes(5 * 4096, 7);
+  test::write_file(dir / "f.bin",
+                   std::string(reinterpret_cast<char*>(original.data()), original.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin", FileAccess::ReadWrite);
+  auto patch = test::random_bytes(2 * 4096 + 10, 8);
+  TransferOptions options;
+  options.durable = true;
+  Ticket t = submit(set, Direction::MemoryToFile, {{0, 4090, {host(patch)}}}, options);
+  t.wait();
+  t.rethrow_if_failed();
+  auto expected = original;
+  std::memcpy(expected.data() + 4090, patch.data(), patch.size());
+  EXPECT_EQ(read_back(dir / "f.bin", 0, expected.size()), expected);
+}
+
+TEST(Transfer, ExtentsGatherAndScatterSeveralSpans) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "f.bin", FileAccess::ReadWrite);
+  auto a = test::random_bytes(1000, 1), b = test::random_bytes(5000, 2),
+       c = test::random_bytes(7, 3);
+  Ticket put = submit(set, Direction::MemoryToFile, {{0, 333, {host(a), host(b), host(c)}}}, {});
+  put.wait();
+  put.rethrow_if_failed();
+  std::vector<std::byte> all(6007), part(100);
+  Ticket get = submit(
+      set, Direction::FileToMemory,
+      {{0, 333, {host(all)}},
+       {0, 333 + 990, {host(part, 0, 10), {Device::cpu(), nullptr, 80}, host(part, 10, 10)}}},
+      {});
+  get.wait();
+  get.rethrow_if_failed();
+  std::vector<std::byte> expected(a);
+  expected.insert(expected.end(), b.begin(), b.end());
+  expected.insert(expected.end(), c.begin(), c.end());
+  EXPECT_EQ(all, expected);
+  EXPECT_TRUE(std::equal(part.begin(), part.begin() + 10, expected.begin() + 990));
+  EXPECT_TRUE(std::equal(part.begin() + 10, part.begin() + 20, expected.begin() + 1080));
+}
+
+// Eight threads at once, reads and writes of their own files, through one staging pool whose
+// bound is far below what they would take alone.
+TEST(Transfer, ConcurrentUsersShareOneBoundedPool) {
+  TempDir dir;
+  const std::uint64_t limit = 24ull << 20;
+  const std::uint64_t old_limit = staging_limit();
+  set_staging_limit(limit);
+  release_staging_memory();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> users;
+  for (int u = 0; u < 8; ++u)
+    users.emplace_back([&, u] {
+      try {
+        auto set = FileSet::create();
+        set->add(dir / ("u" + std::to_string(u)), FileAccess::ReadWrite);
+        TransferOptions options;
+        options.chunk_bytes = (256 << 10) + 4096 * u;
+        options.threads = 4;
+        options.io = u % 2 ? IoMode::Buffered : IoMode::Auto;
+        for (int round = 0; round < 3; ++round) {
+          auto bytes = test::random_bytes((3 << 20) + 17 * u + round, 100 * u + round);
+          std::vector<Extent> extents;
+          for (std::uint64_t at = 0; at < bytes.size(); at += 300000)
+            extents.push_back({0, at + 5, {host(bytes, at, 300000)}});
+          Ticket put = submit(set, Direction::MemoryToFile, extents, options);
+          put.wait();
+          put.rethrow_if_failed();
+          std::vector<std::byte> back(bytes.size());
+          Ticket get = submit(set, Direction::FileToMemory, {{0, 5, {host(back)}}}, options);
+          get.wait();
+          get.rethrow_if_failed();
+          if (back != bytes) ++failures;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++failures;
+      }
+    });
+  for (auto& t : users) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(staging_high_water(), limit);
+  EXPECT_GT(staging_high_water(), 0u);
+  set_staging_limit(old_limit);
+}
+
+TEST(Transfer, OneBadExtentFailsAloneWhileTheOthersLand) {
+  TempDir dir;
+  auto content = test::random_bytes(100000, 9);
+  test::write_file(dir / "ok.bin",
+                   std::string(reinterpret_cast<char*>(content.data()), content.size()));
+  test::write_file(dir / "gone.bin", "soon gone");
+  auto set = FileSet::create(1);  // one open at a time: gone.bin is closed when ok.bin opens
+  set->add(dir / "gone.bin");
+  set->add(dir / "ok.bin");
+  std::filesystem::remove(dir / "gone.bin");
+  set->acquire(1, false);
+  std::vector<std::byte> a(1000), past(1000), b(5000), lost(5);
+  TransferOptions options;
+  options.threads = 1;
+  Ticket t = submit(
+      set, Direction::FileToMemory,
+      {{1, 0, {host(a)}}, {1, 99500, {host(past)}}, {0, 0, {host(lost)}}, {1, 90000, {host(b)}}},
+      options);
+  t.wait();
+  EXPECT_EQ(t.status(0).state, ExtentStatus::State::Done);
+  EXPECT_EQ(t.status(3).state, ExtentStatus::State::Done);
+  EXPECT_EQ(t.status(1).state, ExtentStatus::State::Failed);
+  EXPECT_NE(t.status(1).error.find("ok.bin"), std::string::npos) << t.status(1).error;
+  EXPECT_NE(t.status(1).error.find("end of file"), std::string::npos) << t.status(1).error;
+  EXPECT_EQ(t.status(2).state, ExtentStatus::State::Failed);
+  EXPECT_NE(t.status(2).error.find("changed underneath"), std::string::npos) << t.status(2).error;
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), content.begin()));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), content.begin() + 90000));
+  EXPECT_THROW(t.rethrow_if_failed(), std::exception);
+}
+
+TEST(Transfer, CancelStopsBeforeTheNextChunk) {
+  TempDir dir;
+  auto content = test::random_bytes(1 << 20, 10);
+  test::write_file(dir / "f.bin",
+                   std::string(reinterpret_cast<char*>(content.data()), content.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  std::vector<std::byte> out(content.size());
+  std::vector<Extent> extents;
+  for (std::uint64_t at = 0; at < out.size(); at += 4096)
+    extents.push_back({0, at, {host(out, at, 4096)}});
+  TransferOptions options;
+  options.threads = 1;
+  Ticket* self = nullptr;
+  Ticket t;
+  {
+    // The progress callback needs the ticket; submit with one worker, which waits for nothing
+    // before its first chunk, so the pointer is set through a latch.
+    std::atomic<bool> ready{false};
+    options.progress = [&](std::uint64_t done, std::uint64_t) {
+      while (!ready) std::this_thread::yield();
+      if (done >= 3 * 4096) self->cancel();
+    };
+    t = submit(set, Direction::FileToMemory, extents, options);
+    self = &t;
+    ready = true;
+  }
+  t.wait();
+  EXPECT_TRUE(t.cancelled());
+  std::size_t done = 0, cancelled = 0;
+  for (std::size_t e = 0; e < t.extent_count(); ++e) {
+    const auto s = t.status(e);
+    if (s.state == ExtentStatus::State::Done) {
+      ++done;
+      EXPECT_EQ(std::memcmp(out.data() + e * 4096, content.data() + e * 4096, 4096), 0);
+    } else {
+      EXPECT_EQ(s.state, ExtentStatus::State::Cancelled);
+      ++cancelled;
+    }
+  }
+  EXPECT_GE(done, 3u);
+  EXPECT_GT(cancelled, 0u);
+  EXPECT_THROW(t.rethrow_if_failed(), std::runtime_error);
+}
+
+TEST(Transfer, DroppingTheFileSetAndTicketWithWorkInFlightIsSafe) {
+  TempDir dir;
+  auto content = test::random_bytes(8 << 20, 11);
+  test::write_file(dir / "f.bin",
+                   std::string(reinterpret_cast<char*>(content.data()), content.size()));
+  std::vector<std::byte> out(content.size());
+  {
+    auto set = FileSet::create();
+    set->add(dir / "f.bin");
+    std::vector<Extent> extents;
+    for (std::uint64_t at = 0; at < out.size(); at += 65536)
+      extents.push_back({0, at, {host(out, at, 65536)}});
+    Ticket t = submit(set, Direction::FileToMemory, extents, {});
+    set.reset();  // the ticket keeps the files it needs
+  }               // the ticket's destructor waits: `out` is complete and no longer written
+  EXPECT_EQ(out, content);
+}
+
+TEST(Transfer, BadSubmissionsAreRefusedUpFront) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "f.bin", FileAccess::ReadWrite);
+  std::vector<std::byte> v(10);
+  EXPECT_THROW(submit(set, Direction::FileToMemory, {{1, 0, {host(v)}}}, {}),
+               std::invalid_argument);
+  EXPECT_THROW(submit(set, Direction::MemoryToFile, {{0, 0, {{Device::cpu(), nullptr, 5}}}}, {}),
+               std::invalid_argument);
+  TransferOptions none;
+  none.staging_bytes = 0;
+  EXPECT_THROW(submit(set, Direction::FileToMemory, {{0, 0, {host(v)}}}, none),
+               std::invalid_argument);
+}
+
+// issue 12 item 1: a thread the system refuses is not fatal.
+TEST(WorkerPool, RunsWithTheThreadsItGotAndSaysWhy) {
+  int started = 0;
+  detail::WorkerPool pool(8, [&](std::function<void()> body) {
+    if (started == 2) throw std::system_error(EAGAIN, std::generic_category(), "thread refused");
+    ++started;
+    return std::thread(std::move(body));
+  });
+  EXPECT_EQ(pool.reserve(8), 2u);
+  EXPECT_NE(pool.last_failure().find("thread refused"), std::string::npos);
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 20; ++i) pool.post([&] { ++ran; });
+  while (ran < 20) std::this_thread::yield();
+}
+
+TEST(WorkerPool, WithNoThreadAtAllJobsRunOnTheCaller) {
+  detail::WorkerPool pool(8, [](std::function<void()>) -> std::thread {
+    throw std::system_error(EAGAIN, std::generic_category(), "no threads");
+  });
+  EXPECT_EQ(pool.reserve(4), 0u);
+  std::thread::id ran_on;
+  pool.post([&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+TEST(PinnedPool, LeasesTakeFewerSlotsOrWaitButNeverExceedTheBound) {
+  detail::PinnedPool pool(3 * 4096);
+  auto first = pool.lease(4096, 2, 1, nullptr);
+  EXPECT_EQ(first.slots(), 2u);
+  auto second = pool.lease(4096, 4, 1, nullptr);  // one slot is left: it takes that
+  EXPECT_EQ(second.slots(), 1u);
+  std::atomic<bool> released{false};
+  std::thread waiter([&] {
+    auto third = pool.lease(4096, 2, 2, nullptr);  // needs two: waits for `first`
+    EXPECT_TRUE(released.load());
+    EXPECT_EQ(third.slots(), 2u);
+  });
+  released = true;
+  { auto gone = std::move(first); }
+  waiter.join();
+  EXPECT_LE(pool.stats().high_water, 3u * 4096);
+  EXPECT_THROW(pool.lease(4096, 4, 4, nullptr), std::invalid_argument);
+}
+
+TEST(FileSet, KeepsAtMostMaxOpenAndChecksIdentityOnReopen) {
+  TempDir dir;
+  auto set = FileSet::create(2);
+  for (int i = 0; i < 5; ++i) {
+    test::write_file(dir / ("f" + std::to_string(i)), std::string(100 + i, 'a' + i));
+    set->add(dir / ("f" + std::to_string(i)));
+  }
+  EXPECT_LE(set->open_now(), 2u);
+  EXPECT_EQ(set->acquire(0, false)->identity().size, 100u);
+  // f1 is closed now; replacing its path by a rename makes reopening refuse it.
+  test::write_file(dir / "new", std::string(101, 'z'));
+  std::filesystem::rename(dir / "new", dir / "f1");
+  try {
+    set->acquire(1, false);
+    FAIL() << "expected an error";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed underneath"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FileSet, TooManyOpenFilesIsNamedAsSuch) {
+  TempDir dir;
+  test::write_file(dir / "f", "x");
+  const pid_t child = ::fork();
+  if (child == 0) {
+    struct rlimit limit {};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = 3;  // stdin, stdout, stderr: nothing more
+    for (int fd = 3; fd < 1024; ++fd) ::close(fd);
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    try {
+      detail::PlatformFile::open(dir / "f", FileAccess::Read, false);
+    } catch (const std::system_error& e) {
+      _exit(std::string(e.what()).find("too many open files") != std::string::npos ? 0 : 2);
+    }
+    _exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// issue 12 item 7: a checkpoint of many shards loads under a small descriptor limit.
+TEST(FileSet, ManyShardsLoadUnderASmallDescriptorLimit) {
+  TempDir dir;
+  std::map<std::string, std::vector<std::byte>> written;
+  for (int s = 0; s < 300; ++s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "model-%05d.safetensors", s);
+    auto w = test::write_random_checkpoint(dir / name,
+                                           {{"t" + std::to_string(s), DType::U8, {77u + s}}}, s);
+    written.insert(w.begin(), w.end());
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    struct rlimit limit {};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = 64;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    try {
+      auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir.path()));
+      LoadOptions options;
+      options.io = IoMode::Buffered;
+      auto loaded = load(ckpt, options);
+      for (const auto& t : loaded.tensors())
+        if (std::memcmp(t.data, written.at(t.info->name).data(), t.info->size) != 0) _exit(3);
+      _exit(loaded.tensors().size() == 300 ? 0 : 4);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      _exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(Checkpoint, LoadsTheFilesItParsedEvenAfterThePathIsReplaced) {
+  TempDir dir;
+  auto written =
+      test::write_random_checkpoint(dir / "m.safetensors", {{"x", DType::U8, {5000}}}, 21);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  test::write_random_checkpoint(dir / "other.safetensors", {{"x", DType::U8, {5000}}}, 22);
+  std::filesystem::rename(dir / "other.safetensors", dir / "m.safetensors");
+  auto loaded = load(ckpt, LoadOptions{});
+  EXPECT_EQ(std::memcmp(loaded.find("x")->data, written.at("x").data(), 5000), 0);
+}
+
+TEST(Load, ASecondLoadReusesTheStagingOfTheFirst) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "m.safetensors", {{"x", DType::U8, {3 << 20}}}, 23);
+  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  LoadOptions options;
+  options.chunk_bytes = 1 << 20;
+  load(ckpt, options);
+  const auto held = detail::staging_pool().stats().held_bytes;
+  load(ckpt, options);
+  EXPECT_EQ(detail::staging_pool().stats().held_bytes, held);  // nothing new allocated
+  EXPECT_GT(detail::transfer_workers().threads(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry
