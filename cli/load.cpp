@@ -1,5 +1,6 @@
 // ferry load PATH: loads a checkpoint into GPU or host memory and reports how it went.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -42,6 +43,13 @@ void print_digests(const LoadedCheckpoint& loaded) {
                 digest_hex(tensor_digest(loaded, *t)).c_str());
   }
 }
+
+namespace {
+
+volatile std::sig_atomic_t interrupted = 0;
+extern "C" void on_interrupt(int) { interrupted = 1; }
+
+}  // namespace
 
 void add_load(CLI::App& app) {
   auto* cmd = app.add_subcommand("load", "Load a checkpoint into GPU or host memory");
@@ -95,6 +103,11 @@ void add_load(CLI::App& app) {
     options.chunk_bytes = static_cast<std::uint64_t>(chunk_mib * (1 << 20));
     options.reader_threads = threads;
     options.slots_per_thread = slots;
+    // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
+    struct sigaction on_int {};
+    on_int.sa_handler = on_interrupt;
+    ::sigaction(SIGINT, &on_int, nullptr);
+    options.keep_going = [] { return interrupted == 0; };
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
     std::unique_ptr<detail::PrimaryContext> context;
     if (options.device.is_cuda()) context = std::make_unique<detail::PrimaryContext>(options.device.index);

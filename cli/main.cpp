@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "commands.hpp"
+#include "ferry/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry: moves tensors between storage and GPU memory at the speed of the hardware"};
@@ -16,6 +17,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const ferry::Cancelled& e) {
+    std::fprintf(stderr, "ferry: interrupted: %s\n", e.what());
+    return 130;  // as a shell reports a command stopped by SIGINT
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: error: %s\n", e.what());
     return 1;

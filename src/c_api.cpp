@@ -1,4 +1,7 @@
 // The C ABI over the C++ API: every entry point catches everything and maps it to a status.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -6,10 +9,11 @@
 
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
-#include "ferry/ggml_type.hpp"
 #include "ferry/ferry.h"
+#include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/transfer.hpp"
 
 struct ferry_checkpoint {
   std::shared_ptr<const ferry::Checkpoint> checkpoint;
@@ -20,6 +24,15 @@ struct ferry_loaded {
   ferry::LoadedCheckpoint loaded;
   std::vector<std::string> file_paths;
   std::vector<std::string> file_reasons;
+};
+
+struct ferry_file_set {
+  std::shared_ptr<ferry::FileSet> set;
+};
+
+struct ferry_ticket {
+  ferry::Ticket ticket;
+  std::vector<std::string> errors;  // per transfer, kept for ferry_ticket_status
 };
 
 namespace {
@@ -174,9 +187,9 @@ ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* ou
     require(loaded, "loaded");
     require(out, "out");
     const ferry::LoadStats& s = loaded->loaded.stats();
-    *out = ferry_load_stats{s.tensor_bytes,     s.bytes_read,   s.seconds,
-                            s.gigabytes_per_second(), s.reader_threads, s.chunk_bytes,
-                            s.staging_bytes,    s.files.size()};
+    *out =
+        ferry_load_stats{s.tensor_bytes,   s.bytes_read,  s.seconds,       s.gigabytes_per_second(),
+                         s.reader_threads, s.chunk_bytes, s.staging_bytes, s.files.size()};
   });
 }
 
@@ -193,5 +206,122 @@ ferry_status ferry_loaded_file_stats(const ferry_loaded* loaded, size_t index,
                             loaded->file_reasons[index].c_str(), files[index].bytes_read};
   });
 }
+
+void ferry_transfer_options_init(ferry_transfer_options* options) {
+  if (options == nullptr) return;
+  *options = ferry_transfer_options{};
+  options->struct_size = sizeof(ferry_transfer_options);
+  options->io_mode = FERRY_IO_MODE_AUTO;
+}
+
+ferry_status ferry_file_set_create(size_t max_open, ferry_file_set** out) {
+  return guarded([&] {
+    require(out, "out");
+    auto handle = std::make_unique<ferry_file_set>();
+    handle->set = ferry::FileSet::create(max_open);
+    *out = handle.release();
+  });
+}
+
+ferry_status ferry_file_set_add(ferry_file_set* set, const char* path, int writable,
+                                uint32_t* index) {
+  return guarded([&] {
+    require(set, "set");
+    require(path, "path");
+    const std::uint32_t i =
+        set->set->add(path, writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
+    if (index) *index = i;
+  });
+}
+
+void ferry_file_set_free(ferry_file_set* set) { delete set; }
+
+ferry_status ferry_transfer_submit(ferry_file_set* set, ferry_direction direction,
+                                   const ferry_transfer* transfers, size_t count,
+                                   const ferry_transfer_options* options, ferry_ticket** out) {
+  return guarded([&] {
+    require(set, "set");
+    require(out, "out");
+    FERRY_EXPECT(transfers != nullptr || count == 0, std::invalid_argument,
+                 "transfers must not be NULL");
+    FERRY_EXPECT(
+        direction == FERRY_DIRECTION_FILE_TO_MEMORY || direction == FERRY_DIRECTION_MEMORY_TO_FILE,
+        std::invalid_argument, "unknown direction ", static_cast<int>(direction));
+    ferry_transfer_options given;
+    ferry_transfer_options_init(&given);
+    if (options) {
+      // Fields the caller's (possibly older, smaller) struct does not hold keep their defaults.
+      FERRY_EXPECT(options->struct_size >= offsetof(ferry_transfer_options, io_mode),
+                   std::invalid_argument,
+                   "options->struct_size is not set (call "
+                   "ferry_transfer_options_init)");
+      std::memcpy(&given, options, std::min(options->struct_size, sizeof given));
+    }
+    ferry::TransferOptions o;
+    FERRY_EXPECT(given.io_mode >= FERRY_IO_MODE_AUTO && given.io_mode <= FERRY_IO_MODE_BUFFERED,
+                 std::invalid_argument, "unknown io_mode ", given.io_mode);
+    o.io = static_cast<ferry::IoMode>(given.io_mode);
+    o.threads = given.threads;
+    o.chunk_bytes = given.chunk_bytes;
+    if (given.staging_bytes) o.staging_bytes = given.staging_bytes;
+    o.after_event = given.after_event;
+    o.durable = given.durable != 0;
+    std::vector<ferry::Extent> extents;
+    extents.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const ferry_transfer& t = transfers[i];
+      const ferry::Device device = t.device ? ferry::Device::parse(t.device) : ferry::Device::cpu();
+      FERRY_EXPECT(t.memory != nullptr || t.length == 0, std::invalid_argument, "transfer ", i,
+                   ": memory must not be NULL");
+      extents.push_back({t.file, t.file_offset, {{device, t.memory, t.length}}});
+    }
+    auto handle = std::make_unique<ferry_ticket>();
+    handle->errors.resize(count);
+    handle->ticket =
+        ferry::submit(set->set,
+                      direction == FERRY_DIRECTION_FILE_TO_MEMORY ? ferry::Direction::FileToMemory
+                                                                  : ferry::Direction::MemoryToFile,
+                      std::move(extents), o);
+    *out = handle.release();
+  });
+}
+
+ferry_status ferry_ticket_wait(ferry_ticket* ticket, int64_t timeout_ms, int* ready) {
+  return guarded([&] {
+    require(ticket, "ticket");
+    bool done = true;
+    if (timeout_ms < 0)
+      ticket->ticket.wait();
+    else
+      done = ticket->ticket.wait_for(static_cast<double>(timeout_ms) / 1000.0);
+    if (ready) *ready = done ? 1 : 0;
+  });
+}
+
+int ferry_ticket_ready(const ferry_ticket* ticket) {
+  return ticket == nullptr || ticket->ticket.ready() ? 1 : 0;
+}
+
+void ferry_ticket_cancel(ferry_ticket* ticket) {
+  if (ticket) ticket->ticket.cancel();
+}
+
+ferry_status ferry_ticket_status(ferry_ticket* ticket, size_t index, ferry_transfer_state* state,
+                                 uint64_t* bytes_done, const char** error) {
+  return guarded([&] {
+    require(ticket, "ticket");
+    FERRY_EXPECT(index < ticket->errors.size(), std::invalid_argument, "transfer index ", index,
+                 " is out of range (", ticket->errors.size(), " transfers)");
+    const ferry::ExtentStatus s = ticket->ticket.status(index);
+    if (state) *state = static_cast<ferry_transfer_state>(static_cast<int>(s.state));
+    if (bytes_done) *bytes_done = s.bytes_done;
+    if (error) {
+      ticket->errors[index] = s.error;
+      *error = ticket->errors[index].c_str();
+    }
+  });
+}
+
+void ferry_ticket_free(ferry_ticket* ticket) { delete ticket; }  // ~Ticket waits
 
 }  // extern "C"

@@ -17,10 +17,11 @@ using ferry::test::TempDir;
 class CApi : public ::testing::Test {
  protected:
   void SetUp() override {
-    written = ferry::test::write_random_checkpoint(
-        dir / "m.safetensors",
-        {{"b", ferry::DType::BF16, {3, 5}}, {"a", ferry::DType::F32, {7}}, {"c", ferry::DType::U8, {4099}}},
-        31);
+    written = ferry::test::write_random_checkpoint(dir / "m.safetensors",
+                                                   {{"b", ferry::DType::BF16, {3, 5}},
+                                                    {"a", ferry::DType::F32, {7}},
+                                                    {"c", ferry::DType::U8, {4099}}},
+                                                   31);
     ASSERT_EQ(ferry_checkpoint_open((dir / "m.safetensors").c_str(), &checkpoint), FERRY_STATUS_OK)
         << ferry_last_error();
   }
@@ -161,6 +162,81 @@ TEST_F(CApi, CudaWithoutGpuIsACudaError) {
   ferry_loaded* loaded = nullptr;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_CUDA_ERROR);
   EXPECT_NE(std::string(ferry_last_error()).find("CUDA"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// The transfer core through the C ABI: a batch written, read back (one bad transfer among good
+// ones), statuses, and an older caller's smaller options struct.
+TEST(CApiTransfer, RoundTripWithPerTransferStatus) {
+  TempDir dir;
+  ferry_file_set* set = nullptr;
+  ASSERT_EQ(ferry_file_set_create(0, &set), FERRY_STATUS_OK) << ferry_last_error();
+  uint32_t file = 99;
+  ASSERT_EQ(ferry_file_set_add(set, (dir / "kv.bin").c_str(), 1, &file), FERRY_STATUS_OK)
+      << ferry_last_error();
+  EXPECT_EQ(file, 0u);
+  auto a = ferry::test::random_bytes(10000, 1), b = ferry::test::random_bytes(333, 2);
+  ferry_transfer out[] = {{0, 5, a.size(), "cpu", a.data()},
+                          {0, 20000, b.size(), nullptr, b.data()}};
+  ferry_transfer_options options;
+  ferry_transfer_options_init(&options);
+  options.durable = 1;
+  ferry_ticket* put = nullptr;
+  ASSERT_EQ(ferry_transfer_submit(set, FERRY_DIRECTION_MEMORY_TO_FILE, out, 2, &options, &put),
+            FERRY_STATUS_OK)
+      << ferry_last_error();
+  int ready = 0;
+  ASSERT_EQ(ferry_ticket_wait(put, -1, &ready), FERRY_STATUS_OK);
+  EXPECT_EQ(ready, 1);
+  ferry_ticket_free(put);
+
+  std::vector<std::byte> a2(a.size()), b2(b.size()), past(100);
+  ferry_transfer in[] = {{0, 5, a2.size(), "cpu", a2.data()},
+                         {0, 20300, past.size(), "cpu", past.data()},
+                         {0, 20000, b2.size(), "cpu", b2.data()}};
+  options.struct_size = offsetof(ferry_transfer_options, chunk_bytes);  // an older caller
+  ferry_ticket* get = nullptr;
+  ASSERT_EQ(ferry_transfer_submit(set, FERRY_DIRECTION_FILE_TO_MEMORY, in, 3, &options, &get),
+            FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_file_set_free(set);  // the ticket keeps what it needs
+  ASSERT_EQ(ferry_ticket_wait(get, -1, nullptr), FERRY_STATUS_OK);
+  EXPECT_EQ(ferry_ticket_ready(get), 1);
+  ferry_transfer_state state = FERRY_TRANSFER_PENDING;
+  uint64_t bytes = 0;
+  const char* error = nullptr;
+  ASSERT_EQ(ferry_ticket_status(get, 0, &state, &bytes, &error), FERRY_STATUS_OK);
+  EXPECT_EQ(state, FERRY_TRANSFER_DONE);
+  EXPECT_EQ(bytes, a.size());
+  EXPECT_STREQ(error, "");
+  ASSERT_EQ(ferry_ticket_status(get, 1, &state, nullptr, &error), FERRY_STATUS_OK);
+  EXPECT_EQ(state, FERRY_TRANSFER_FAILED);
+  EXPECT_NE(std::string(error).find("kv.bin"), std::string::npos) << error;
+  ASSERT_EQ(ferry_ticket_status(get, 2, &state, nullptr, nullptr), FERRY_STATUS_OK);
+  EXPECT_EQ(state, FERRY_TRANSFER_DONE);
+  EXPECT_EQ(ferry_ticket_status(get, 3, &state, nullptr, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_ticket_free(get);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+}
+
+TEST(CApiTransfer, BadArgumentsAreStatusesNotCrashes) {
+  ferry_ticket* t = nullptr;
+  EXPECT_EQ(ferry_transfer_submit(nullptr, FERRY_DIRECTION_FILE_TO_MEMORY, nullptr, 0, nullptr, &t),
+            FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_file_set* set = nullptr;
+  ASSERT_EQ(ferry_file_set_create(0, &set), FERRY_STATUS_OK);
+  EXPECT_EQ(ferry_file_set_add(set, "/no/such/file", 0, nullptr), FERRY_STATUS_NOT_FOUND);
+  ferry_transfer bad = {7, 0, 10, "cpu", &t};
+  EXPECT_EQ(ferry_transfer_submit(set, FERRY_DIRECTION_FILE_TO_MEMORY, &bad, 1, nullptr, &t),
+            FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("file index"), std::string::npos);
+  EXPECT_EQ(ferry_ticket_ready(nullptr), 1);
+  ferry_ticket_free(nullptr);
+  ferry_file_set_free(set);
 }
 
 }  // namespace

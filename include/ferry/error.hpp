@@ -24,6 +24,12 @@ class CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Work stopped because its caller asked (a cancelled transfer, an interrupted load).
+class Cancelled : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
 template <class... Parts>

@@ -122,6 +122,84 @@ FERRY_API ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load
 FERRY_API ferry_status ferry_loaded_file_stats(const ferry_loaded* loaded, size_t index,
                                                ferry_file_stats* out);
 
+/* ---- The transfer core (version node FERRY_0.2) -------------------------------------------
+ * Batches of moves between files and memory (host or GPU), in either direction, finished
+ * asynchronously. A file set keeps its files open (at most max_open at once; a file closed to
+ * stay under that bound is checked for the same identity when reopened). A submission returns a
+ * ticket at once; each transfer of the batch has its own status, so one bad transfer (a range
+ * past the end of its file, a file that vanished) fails alone while the others land. */
+
+typedef struct ferry_file_set ferry_file_set;
+typedef struct ferry_ticket ferry_ticket;
+
+typedef enum ferry_direction {
+  FERRY_DIRECTION_FILE_TO_MEMORY = 0,
+  FERRY_DIRECTION_MEMORY_TO_FILE = 1
+} ferry_direction;
+
+typedef enum ferry_transfer_state {
+  FERRY_TRANSFER_PENDING = 0,
+  FERRY_TRANSFER_DONE = 1,
+  FERRY_TRANSFER_FAILED = 2,
+  FERRY_TRANSFER_CANCELLED = 3
+} ferry_transfer_state;
+
+/* `length` bytes at `file_offset` of file `file` (an index from ferry_file_set_add) and the
+ * same number of bytes at `memory` on `device` ("cpu", "cuda" or "cuda:N"; NULL means "cpu").
+ * No alignment is needed anywhere. */
+typedef struct ferry_transfer {
+  uint32_t file;
+  uint64_t file_offset;
+  uint64_t length;
+  const char* device;
+  void* memory;
+} ferry_transfer;
+
+typedef struct ferry_transfer_options {
+  size_t struct_size;     /* sizeof(ferry_transfer_options), set by _init: later versions add
+                           * fields at the end and read only what the caller's size holds */
+  int32_t io_mode;        /* a ferry_io_mode */
+  unsigned threads;       /* 0: chosen */
+  uint64_t chunk_bytes;   /* 0: chosen */
+  uint64_t staging_bytes; /* 0: the default, 256 MiB */
+  void* after_event;      /* a CUevent: memory is touched only after it fires; NULL: none */
+  int32_t durable;        /* memory -> file: nonzero makes the data durable (fdatasync) first */
+} ferry_transfer_options;
+
+/* Fills `options` with the defaults. */
+FERRY_API void ferry_transfer_options_init(ferry_transfer_options* options);
+/* A new, empty file set; max_open 0 chooses (a quarter of ulimit -n). Returns OK or
+ * INVALID_ARGUMENT. */
+FERRY_API ferry_status ferry_file_set_create(size_t max_open, ferry_file_set** out);
+/* Opens `path` (created when `writable` and missing) and adds it; its index goes to *index.
+ * Returns OK, INVALID_ARGUMENT, NOT_FOUND or IO_ERROR ("too many open files" where the
+ * process's descriptor limit is reached). */
+FERRY_API ferry_status ferry_file_set_add(ferry_file_set* set, const char* path, int writable,
+                                          uint32_t* index);
+/* Releases the caller's reference; tickets in flight keep what they need. NULL is ignored. */
+FERRY_API void ferry_file_set_free(ferry_file_set* set);
+/* Submits `count` transfers in one direction. Returns OK (the ticket in *out), or
+ * INVALID_ARGUMENT (a file index out of the set, a NULL memory, a bad device) or CUDA_ERROR;
+ * failures while moving bytes are reported per transfer by ferry_ticket_status. */
+FERRY_API ferry_status ferry_transfer_submit(ferry_file_set* set, ferry_direction direction,
+                                             const ferry_transfer* transfers, size_t count,
+                                             const ferry_transfer_options* options,
+                                             ferry_ticket** out);
+/* Waits until every transfer has finished, failed or was cancelled, or `timeout_ms` passed
+ * (negative: no limit); *ready (may be NULL) says which. Returns OK or INVALID_ARGUMENT. */
+FERRY_API ferry_status ferry_ticket_wait(ferry_ticket* ticket, int64_t timeout_ms, int* ready);
+/* Nonzero once everything has finished; nonzero for NULL. */
+FERRY_API int ferry_ticket_ready(const ferry_ticket* ticket);
+/* Workers stop before their next chunk; unfinished transfers become CANCELLED. */
+FERRY_API void ferry_ticket_cancel(ferry_ticket* ticket);
+/* Transfer `index`'s state, bytes moved, and for FAILED its error (valid until the ticket is
+ * freed; "" otherwise). Any out pointer may be NULL. Returns OK or INVALID_ARGUMENT. */
+FERRY_API ferry_status ferry_ticket_status(ferry_ticket* ticket, size_t index,
+                                           ferry_transfer_state* state, uint64_t* bytes_done,
+                                           const char** error);
+/* Waits for work in flight, then releases the ticket; NULL is ignored. */
+FERRY_API void ferry_ticket_free(ferry_ticket* ticket);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,6 +45,10 @@ struct LoadOptions {
   unsigned slots_per_thread = 0;  // staging slots each reader cycles through; 0 = chosen (2)
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
+  // Called by the waiting thread about every 50 ms; returning false stops the load (workers stop
+  // before their next chunk, everything is released) and it throws ferry::Cancelled. For
+  // interrupts: Ctrl-C in the CLI, KeyboardInterrupt in Python.
+  std::function<bool()> keep_going;
 };
 
 }  // namespace ferry

@@ -92,6 +92,8 @@ class Ticket {
 
   // Until every extent landed, failed or was cancelled.
   void wait() const;
+  // wait() for at most `seconds`; returns ready().
+  bool wait_for(double seconds) const;
   bool ready() const;
   // Workers stop before their next chunk; extents not finished become Cancelled.
   void cancel();
@@ -100,7 +102,8 @@ class Ticket {
   std::size_t extent_count() const;
   ExtentStatus status(std::size_t extent) const;
   std::uint64_t bytes_done() const;
-  // After wait(): throws the first failure as its own type (FormatError, std::system_error...).
+  // After wait(): throws the first failure as its own type (FormatError, std::system_error...),
+  // else ferry::Cancelled where cancel() left extents unfinished.
   void rethrow_if_failed() const;
   // Makes the CUDA stream `cu_stream` (a CUstream) wait, on the device, for every copy of this
   // transfer: returns once they are all queued, usually before they land.

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <memory>
 #include <system_error>
+#include <utility>
 
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
@@ -74,6 +75,12 @@ nb::object stats_dict(const LoadStats& s) {
 // Python callables are called with the GIL held, from whichever reader thread finished a chunk.
 using Progress = std::function<void(std::uint64_t, std::uint64_t)>;
 
+// Whether this thread's last load stopped for a KeyboardInterrupt.
+bool& interrupted_flag() {
+  thread_local bool flag = false;
+  return flag;
+}
+
 LoadOptions make_options(const std::string& device, std::optional<std::vector<std::string>> names,
                          const std::string& io, std::uint64_t staging_bytes,
                          std::uint64_t chunk_bytes, unsigned threads,
@@ -85,6 +92,15 @@ LoadOptions make_options(const std::string& device, std::optional<std::vector<st
   if (staging_bytes) o.staging_bytes = staging_bytes;
   o.chunk_bytes = chunk_bytes;
   o.reader_threads = threads;
+  // The waiting thread looks for signals (Ctrl-C) while the load runs without the GIL; a pending
+  // KeyboardInterrupt cancels the load and is raised in its place.
+  o.keep_going = [] {
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return true;
+    PyErr_Clear();
+    interrupted_flag() = true;
+    return false;
+  };
   if (progress) {
     // The callable is shared so that copies made off the GIL never touch its reference count.
     auto fn = std::make_shared<nb::callable>(std::move(*progress));
@@ -99,6 +115,10 @@ LoadOptions make_options(const std::string& device, std::optional<std::vector<st
 void translate_system_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
+  } catch (const Cancelled& e) {
+    // Stopped by a KeyboardInterrupt seen while waiting: raise that again.
+    const bool by_signal = std::exchange(interrupted_flag(), false);
+    PyErr_SetString(by_signal ? PyExc_KeyboardInterrupt : PyExc_RuntimeError, e.what());
   } catch (const std::system_error& e) {
     const int code = e.code().value();
     PyObject* type = code == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError;

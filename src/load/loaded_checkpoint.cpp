@@ -77,7 +77,15 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   }
   state->stats.note = route.note;
   Ticket ticket = detail::start(*route.backend, std::move(state));
-  ticket.wait();  // every copy out of staging has finished when this returns, even on failure
+  // Every copy out of staging has finished when the wait returns, even on failure.
+  if (options.keep_going) {
+    while (!ticket.wait_for(0.05))
+      if (!options.keep_going()) {
+        ticket.cancel();
+        break;
+      }
+  }
+  ticket.wait();
   ticket.rethrow_if_failed();
   const TransferStats& ts = ticket.stats();
   stats.reader_threads = ts.threads;

@@ -28,7 +28,8 @@ GdsFile GdsFile::open(const std::filesystem::path& path, bool writable, int devi
                ": cuFile cannot run: ", driver.reason);
   auto lease = detail::cufile_handles().acquire(path, writable);
   // The file system is known only once the file exists, so the verdict follows the open.
-  detail::CuFileVerdict verdict = detail::file_verdict(facts, detail::filesystem_name(path.string()));
+  detail::CuFileVerdict verdict =
+      detail::file_verdict(facts, detail::filesystem_name(path.string()));
   FERRY_EXPECT(verdict.mode == detail::CuFileMode::Gds || allow_compat, std::invalid_argument,
                path.string(), ": cuFile would run in compatibility mode (", verdict.reason,
                "); allow it explicitly");

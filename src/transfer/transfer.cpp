@@ -2,6 +2,7 @@
 #include "ferry/transfer.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
@@ -118,6 +119,13 @@ void Ticket::wait() const {
   if (_state) _state->wait();
 }
 
+bool Ticket::wait_for(double seconds) const {
+  if (!_state) return true;
+  std::unique_lock lock(_state->mutex);
+  return _state->changed.wait_for(lock, std::chrono::duration<double>(seconds),
+                                  [&] { return _state->jobs_running == 0; });
+}
+
 bool Ticket::ready() const {
   if (!_state) return true;
   std::lock_guard lock(_state->mutex);
@@ -183,7 +191,7 @@ void Ticket::rethrow_if_failed() const {
   if (error) std::rethrow_exception(error);
   if (_state->cancel)
     for (const auto& r : _state->records)
-      FERRY_EXPECT(r.pieces_left.load() == 0, std::runtime_error, "the transfer was cancelled");
+      FERRY_EXPECT(r.pieces_left.load() == 0, Cancelled, "the transfer was cancelled");
 }
 
 void Ticket::order_before(void* cu_stream) const {

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <new>
 #include <system_error>
 
 namespace ferry::detail {
@@ -86,6 +87,9 @@ void WorkerPool::forget_threads_after_fork() noexcept {
   _threads.clear();
   _jobs.clear();
   _idle = 0;
+  // The condition variable still counts the parent's waiting threads, which the child lacks:
+  // a notify could go to one of them. A fresh one starts clean (the old state is dropped).
+  new (&_wake) std::condition_variable();
 }
 
 WorkerPool& transfer_workers() {
