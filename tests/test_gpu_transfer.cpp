@@ -1,0 +1,150 @@
+// The transfer core with GPU memory: staged round trips (aligned and unaligned, several devices'
+// spans in one extent where there are several GPUs), cuFile round trips, and a write ordered
+// after the caller's event never reads memory a GPU operation is still writing. Skipped without
+// a GPU (cuFile cases also without cuFile).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cuda/cuda_resources.hpp"
+#include "cufile/gds_mode.hpp"
+#include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
+#include "shim/cuda_driver.hpp"
+#include "test_support.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+class GpuTransfer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+    context = std::make_shared<detail::PrimaryContext>(0);
+    context->make_current();
+  }
+  std::shared_ptr<void> device_bytes(const std::vector<std::byte>& bytes) {
+    auto memory = detail::allocate_device_memory(context, bytes.size());
+    FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(memory.get()), bytes.data(),
+             bytes.size(), nullptr);
+    FERRY_CU(cuStreamSynchronize, nullptr);
+    return memory;
+  }
+  std::shared_ptr<detail::PrimaryContext> context;
+};
+
+void round_trip(const std::shared_ptr<detail::PrimaryContext>& context, Backend backend,
+                IoMode io) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "kv.bin", FileAccess::ReadWrite);
+  TransferOptions options;
+  options.backend = backend;
+  options.allow_compat = true;
+  options.io = io;
+  options.chunk_bytes = 1 << 20;
+  for (std::uint64_t size : {std::uint64_t{1}, std::uint64_t{4097}, std::uint64_t{(9 << 20) + 5}})
+    for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{777}, std::uint64_t{8192}}) {
+      auto bytes = test::random_bytes(size, size + offset);
+      auto source = detail::allocate_device_memory(context, size);
+      auto target = detail::allocate_device_memory(context, size);
+      context->make_current();
+      FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(source.get()),
+               bytes.data(), size, nullptr);
+      FERRY_CU(cuStreamSynchronize, nullptr);
+      Ticket put = submit(set, Direction::MemoryToFile,
+                          {{0, offset, {{Device::cuda(0), source.get(), size}}}}, options);
+      put.wait();
+      put.rethrow_if_failed();
+      Ticket get = submit(set, Direction::FileToMemory,
+                          {{0, offset, {{Device::cuda(0), target.get(), size}}}}, options);
+      get.wait();
+      get.rethrow_if_failed();
+      ASSERT_EQ(test::read_device(target.get(), size), bytes) << size << " at " << offset;
+    }
+}
+
+TEST_F(GpuTransfer, StagedRoundTripsAreExactBufferedAndDirect) {
+  round_trip(context, Backend::Posix, IoMode::Buffered);
+  round_trip(context, Backend::Posix, IoMode::Auto);
+}
+
+TEST_F(GpuTransfer, CufileRoundTripsAreExact) {
+  if (detail::driver_verdict(detail::probe_cufile()).mode == detail::CuFileMode::Unavailable)
+    GTEST_SKIP() << "no cuFile";
+  round_trip(context, Backend::Cufile, IoMode::Auto);
+}
+
+TEST_F(GpuTransfer, HostAndGpuSpansInOneExtent) {
+  TempDir dir;
+  auto bytes = test::random_bytes(300000, 5);
+  test::write_file(dir / "f.bin", std::string(reinterpret_cast<char*>(bytes.data()), bytes.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  auto gpu = detail::allocate_device_memory(context, 200000);
+  std::vector<std::byte> host(100000);
+  Ticket t = submit(set, Direction::FileToMemory,
+                    {{0, 0, {{Device::cuda(0), gpu.get(), 200000}, {Device::cpu(), host.data(), 100000}}}},
+                    {});
+  t.wait();
+  t.rethrow_if_failed();
+  auto back = test::read_device(gpu.get(), 200000);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin()));
+  EXPECT_TRUE(std::equal(host.begin(), host.end(), bytes.begin() + 200000));
+}
+
+// The caller's stream fills the buffer with 0xAB after a long copy; the write waits for the
+// event recorded behind the fill, so the file must hold 0xAB everywhere, never the old bytes.
+TEST_F(GpuTransfer, AWriteOrderedAfterAnEventNeverReadsMemoryBeforeIt) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "out.bin", FileAccess::ReadWrite);
+  const std::uint64_t size = 64 << 20;
+  auto buffer = device_bytes(std::vector<std::byte>(size, std::byte{0x11}));
+  auto big = detail::allocate_device_memory(context, 1ull << 30);
+  detail::HostBuffer pinned(1ull << 30, context.get());
+  detail::Stream stream;
+  detail::Event filled;
+  // A long operation first (1 GiB host -> device), then the fill the write must wait for.
+  FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(big.get()), pinned.data(),
+           1ull << 30, stream.get());
+  FERRY_CU(cuMemsetD8Async, reinterpret_cast<shim::cu::DevicePtr>(buffer.get()), 0xAB, size,
+           stream.get());
+  filled.record(stream);
+  TransferOptions options;
+  options.backend = Backend::Posix;
+  options.after_event = filled.get();
+  Ticket t = submit(set, Direction::MemoryToFile, {{0, 0, {{Device::cuda(0), buffer.get(), size}}}},
+                    options);
+  t.wait();
+  t.rethrow_if_failed();
+  std::string written(size, '\0');
+  std::FILE* f = std::fopen((dir / "out.bin").c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fread(written.data(), 1, size, f), size);
+  std::fclose(f);
+  EXPECT_EQ(written.find_first_not_of('\xAB'), std::string::npos);
+}
+
+TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
+  TempDir dir;
+  auto bytes = test::random_bytes(5 << 20, 6);
+  test::write_file(dir / "f.bin", std::string(reinterpret_cast<char*>(bytes.data()), bytes.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  auto gpu = detail::allocate_device_memory(context, bytes.size());
+  Ticket t = submit(set, Direction::FileToMemory,
+                    {{0, 0, {{Device::cuda(0), gpu.get(), bytes.size()}}}}, {});
+  detail::Stream compute;
+  t.order_before(compute.get());
+  detail::HostBuffer landing(bytes.size(), context.get());
+  FERRY_CU(cuMemcpyDtoHAsync, landing.data(), reinterpret_cast<shim::cu::DevicePtr>(gpu.get()),
+           bytes.size(), compute.get());
+  compute.synchronize();
+  EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
+}
+
+}  // namespace
+}  // namespace ferry
