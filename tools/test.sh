@@ -16,6 +16,15 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
+echo "== ThreadSanitizer: the transfer core's tests"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
+  -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+cmake --build build-tsan --target test_transfer test_engine
+# test_transfer forks children after threads ran; TSan checks the parent's threads.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_transfer
+TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
+
 echo "== fuzzing the safetensors and GGUF readers (60 s each)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
 cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf
