@@ -1,20 +1,16 @@
 #include "ferry/checkpoint.hpp"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
-#include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
 #include "ferry/gguf.hpp"
 #include "ferry/safetensors.hpp"
-#include "format/strict_json.hpp"
+#include "format/safetensors_index.hpp"
 
 namespace ferry {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::json;
 
 bool ends_with(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() &&
@@ -31,45 +27,6 @@ fs::path find_index(const fs::path& dir) {
   FERRY_EXPECT(found.size() <= 1, FormatError, dir.string(),
                ": several *.safetensors.index.json files; name the one to load");
   return found.empty() ? fs::path() : found.front();
-}
-
-// An index nests three levels deep (root, weight_map or metadata, value).
-constexpr int kMaxIndexDepth = 8;
-
-struct IndexFile {
-  std::vector<std::string> shards;                      // in first-mention order
-  std::map<std::string, std::string> shard_of_tensor;  // tensor -> shard file name
-};
-
-IndexFile read_index(const fs::path& index_path) {
-  const std::string label = index_path.string();
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) detail::fail_errno(errno, label);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Json root = detail::parse_strict_json(text, label, kMaxIndexDepth);
-  FERRY_FORMAT_EXPECT(root.is_object() && root.contains("weight_map") &&
-                          root["weight_map"].is_object(),
-                      label, ": no \"weight_map\" object");
-  IndexFile index;
-  for (const auto& [tensor, shard] : root["weight_map"].items()) {
-    FERRY_FORMAT_EXPECT(shard.is_string(), label, ": weight_map entry \"", tensor,
-                        "\" is not a file name");
-    const fs::path raw(shard.get<std::string>());
-    // Shards must sit beside the index: no absolute paths, no ".." anywhere (a symlinked
-    // directory makes "sub/.." lead elsewhere). Normalised, "./a" and "a" name one shard.
-    FERRY_FORMAT_EXPECT(!raw.empty() && raw.is_relative() &&
-                            std::none_of(raw.begin(), raw.end(), [](const fs::path& part) {
-                              return part == "..";
-                            }),
-                        label, ": weight_map entry \"", tensor, "\" names \"", raw.string(),
-                        "\", which is not a file beside the index");
-    const std::string name = raw.lexically_normal().string();
-    if (std::find(index.shards.begin(), index.shards.end(), name) == index.shards.end())
-      index.shards.push_back(name);
-    index.shard_of_tensor[tensor] = name;
-  }
-  FERRY_FORMAT_EXPECT(!index.shards.empty(), label, ": weight_map is empty");
-  return index;
 }
 
 // The regular files of `dir` with this extension, sorted (split GGUF and shards sort by number).
@@ -134,7 +91,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     return ckpt;
   }
 
-  IndexFile index = read_index(index_path);
+  const detail::SafetensorsIndex index = detail::read_safetensors_index(index_path);
   const fs::path dir = index_path.parent_path();
   for (const auto& shard : index.shards) ckpt.add_file(dir / shard);
   ckpt.index_names();
