@@ -60,6 +60,9 @@ void describe_gguf(CheckpointFile& entry, const GgufHeader& header) {
 Checkpoint Checkpoint::open(const fs::path& path) {
   Checkpoint ckpt;
   ckpt._path = path;
+  // The system calls below would see only the part before a NUL: another file.
+  FERRY_EXPECT(path.native().find('\0') == std::string::npos, std::invalid_argument, "path \"",
+               path.native().substr(0, path.native().find('\0')), "\\0...\" holds a NUL character");
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
