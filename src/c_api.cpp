@@ -165,7 +165,10 @@ ferry_status ferry_loaded_tensor_digest(const ferry_loaded* loaded, const char* 
                                         uint64_t* digest) {
   return guarded([&] {
     require(digest, "digest");
-    *digest = ferry::tensor_digest(loaded->loaded, find_loaded(loaded, name));
+    // Looked up first: the order in which arguments are evaluated is unspecified, and
+    // loaded->loaded must not be formed before loaded is checked.
+    const ferry::LoadedTensor& tensor = find_loaded(loaded, name);
+    *digest = ferry::tensor_digest(loaded->loaded, tensor);
   });
 }
 
