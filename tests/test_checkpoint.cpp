@@ -631,6 +631,27 @@ TEST_F(GgufCheckpointTest, SplitFilesInADirectory) {
   expect_loads(c);
 }
 
+TEST_F(GgufCheckpointTest, SplitDirectoryMissingAMiddlePartIsRefused) {
+  model("model-00001-of-00003.gguf", "a.", 3);
+  model("model-00003-of-00003.gguf", "c.", 4);
+  expect_format_error(dir.path(), {(dir / "model-00002-of-00003.gguf").string(), "missing",
+                                   "part 2 of 3"});
+}
+
+TEST_F(GgufCheckpointTest, SplitDirectoryMissingTheLastPartIsRefused) {
+  model("model-00001-of-00002.gguf", "a.", 3);
+  expect_format_error(dir.path(), {(dir / "model-00002-of-00002.gguf").string(), "missing"});
+}
+
+// Renamed parts: their split.count still says how many there are.
+TEST_F(GgufCheckpointTest, SplitCountDisagreeingWithTheDirectoryIsRefused) {
+  test::GgufBytes f;
+  f.kvs = {test::kv("split.count", GgufValueType::Uint16, test::le(3, 2))};
+  test::write_file(dir / "first.gguf", f.build());
+  model("second.gguf", "b.", 4);
+  expect_format_error(dir.path(), {(dir / "first.gguf").string(), "split.count is 3", "holds 2"});
+}
+
 TEST_F(GgufCheckpointTest, DirectoryMixingFormatsIsRefused) {
   model("model.gguf", "t.", 5);
   test::write_file(dir / "model.safetensors", test::raw_safetensors("{}", ""));

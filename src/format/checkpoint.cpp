@@ -1,6 +1,9 @@
 #include "ferry/checkpoint.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <regex>
+#include <set>
 
 #include "ferry/error.hpp"
 #include "ferry/gguf.hpp"
@@ -37,6 +40,42 @@ std::vector<fs::path> files_named(const fs::path& dir, std::string_view extensio
       found.push_back(entry.path());
   std::sort(found.begin(), found.end());
   return found;
+}
+
+// Split GGUF files are named PREFIX-00001-of-00003.gguf (llama.cpp's gguf-split): every number
+// from 1 to the count must be there, or the model would load with layers missing.
+void expect_complete_splits(const std::vector<fs::path>& ggufs, const fs::path& dir) {
+  static const std::regex kSplitName(R"((.*)-([0-9]{5})-of-([0-9]{5})\.gguf)");
+  std::map<std::pair<std::string, unsigned>, std::set<unsigned>> numbers;  // (prefix, count)
+  for (const auto& file : ggufs) {
+    std::smatch m;
+    const std::string name = file.filename().string();
+    if (std::regex_match(name, m, kSplitName))
+      numbers[{m[1].str(), static_cast<unsigned>(std::stoul(m[3].str()))}].insert(
+          static_cast<unsigned>(std::stoul(m[2].str())));
+  }
+  for (const auto& [key, found] : numbers) {
+    const auto& [prefix, count] = key;
+    for (unsigned n = 1; n <= count; ++n) {
+      char name[32];
+      std::snprintf(name, sizeof name, "-%05u-of-%05u.gguf", n, count);
+      FERRY_FORMAT_EXPECT(found.count(n) == 1, (dir / (prefix + name)).string(),
+                          ": missing: split GGUF part ", n, " of ", count, " (found ",
+                          found.size(), " of its parts in ", dir.string(), ")");
+    }
+  }
+}
+
+// Each part of a split GGUF says how many parts there are (split.count): the directory must
+// hold that many GGUF files.
+void expect_split_count(const std::vector<CheckpointFile>& files, const fs::path& dir) {
+  for (const auto& f : files) {
+    const auto it = f.metadata.find("split.count");
+    if (it == f.metadata.end()) continue;
+    FERRY_FORMAT_EXPECT(it->second == std::to_string(files.size()), f.path.string(),
+                        ": split.count is ", it->second, " but ", dir.string(), " holds ",
+                        files.size(), " GGUF files");
+  }
 }
 
 CheckpointFormat detect_format(const fs::path& file) {
@@ -82,7 +121,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     if (index_path.empty()) {
       FERRY_FORMAT_EXPECT(!shards.empty() || !ggufs.empty(), path.string(),
                           ": no .safetensors files and no .gguf files in directory");
+      expect_complete_splits(ggufs, path);
       for (const auto& shard : ggufs.empty() ? shards : ggufs) ckpt.add_file(shard);
+      if (!ggufs.empty()) expect_split_count(ckpt.files(), path);
       ckpt.index_names();
       return ckpt;
     }
