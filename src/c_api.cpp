@@ -47,6 +47,8 @@ ferry_status guarded(Body&& body) noexcept {
     return fail(missing ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO_ERROR, e.what());
   } catch (const std::invalid_argument& e) {
     return fail(FERRY_STATUS_INVALID_ARGUMENT, e.what());
+  } catch (const ferry::OutOfMemory& e) {
+    return fail(FERRY_STATUS_OUT_OF_MEMORY, e.what());
   } catch (const std::bad_alloc&) {
     return fail(FERRY_STATUS_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {

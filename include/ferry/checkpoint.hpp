@@ -62,6 +62,7 @@ class Checkpoint {
 
  private:
   void add_file(const std::filesystem::path& file);
+  void add_file_unguarded(const std::filesystem::path& file);
   void index_names();
 
   std::filesystem::path _path;

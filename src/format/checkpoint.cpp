@@ -159,6 +159,17 @@ Checkpoint Checkpoint::open(const fs::path& path) {
 }
 
 void Checkpoint::add_file(const fs::path& file) {
+  // Header sizes come from the file: running out of memory for one is that file's problem.
+  try {
+    add_file_unguarded(file);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(file.string() + ": out of memory while reading its header");
+  }
+}
+
+void Checkpoint::add_file_unguarded(const fs::path& file) {
   CheckpointFile entry;
   entry.path = file;
   entry.format = detect_format(file);

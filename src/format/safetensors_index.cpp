@@ -69,9 +69,14 @@ SafetensorsIndex read_safetensors_index(const fs::path& path) {
   FERRY_FORMAT_EXPECT(size <= kSafetensorsMaxIndexBytes, label, ": index of ", size,
                       " bytes exceeds the limit of ", kSafetensorsMaxIndexBytes,
                       " bytes (not a safetensors index?)");
-  std::string text(size, '\0');
-  read_exact(fd, text.data(), size, 0, path);
-  return parse_safetensors_index(text, label);
+  try {
+    std::string text(size, '\0');
+    read_exact(fd, text.data(), size, 0, path);
+    return parse_safetensors_index(text, label);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(label + ": out of memory while reading this " + std::to_string(size) +
+                      "-byte index");
+  }
 }
 
 }  // namespace ferry::detail
