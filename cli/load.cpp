@@ -36,7 +36,7 @@ void print_digests(const LoadedCheckpoint& loaded) {
     // llama.cpp and the gguf package report them; the bytes hashed are the same either way.
     const TensorInfo& info = *t->info;
     const bool gguf = info.ggml_type >= 0;
-    std::printf("%s\t%s\t%s\t%s\n", info.name.c_str(),
+    std::printf("%s\t%s\t%s\t%s\n", printable(info.name).c_str(),
                 std::string(gguf ? ggml_type_name(info.ggml_type) : dtype_name(info.dtype)).c_str(),
                 shape_text(gguf ? info.ggml_dims : info.shape).c_str(),
                 digest_hex(tensor_digest(loaded, *t)).c_str());
@@ -74,15 +74,19 @@ void add_load(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--allow-compat", allow_compat,
                 "let --backend cufile run in cuFile's compatibility mode");
+  // Ranges: what a tuning file may hold (threads, slots, reads of up to 1 GiB); staging up to
+  // 4 TiB. Numbers past them are typing errors, never settings to spin on.
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_between(1.0 / 256, 4 << 20))
       ->capture_default_str();
   cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", threads, "reader threads (default: chosen)");
-  cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
+      ->check(finite_between(0, 1024));
+  cmd->add_option("--threads", threads, "reader threads (default: chosen)")
+      ->check(CLI::Range(1u, 1024u));
+  cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)")
+      ->check(CLI::Range(1u, 16u));
   cmd->add_option("--repeat", repeat, "load this many times and report each")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1u, 1000000u));
   cmd->callback([] {
     auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
     LoadOptions options;
@@ -101,7 +105,7 @@ void add_load(CLI::App& app) {
     std::FILE* report = hash ? stderr : stdout;
     nlohmann::json runs = nlohmann::json::array();
     for (unsigned r = 0; r < repeat; ++r) {
-      auto progress = std::make_shared<Progress>("loading " + path);
+      auto progress = std::make_shared<Progress>("loading " + printable(path));
       if (!json) options.progress = [progress](auto done, auto total) { progress->update(done, total); };
       const bool peak_known = reset_peak_resident();
       const std::uint64_t before = resident_bytes();
