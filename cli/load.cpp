@@ -5,16 +5,15 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "cuda/cuda_resources.hpp"
 #include "host_memory.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/machine.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
 #include "report.hpp"
-#include "shim/cuda_driver.hpp"
 
 namespace ferry::cli {
 
@@ -22,7 +21,7 @@ Device resolve_device(const std::string& text) {
   if (text != "auto") return Device::parse(text);
   if (cuda_available()) return Device::cuda(0);
   std::fprintf(stderr, "ferry: no usable GPU (%s): loading into host memory\n",
-               shim::CudaDriver::get().why_unusable.c_str());
+               cuda_facts().why_unusable.c_str());
   return Device::cpu();
 }
 
@@ -96,8 +95,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "slots", slots);
     auto checkpoint = Checkpoint::open_shared(path);
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
-    std::unique_ptr<detail::PrimaryContext> context;
-    if (options.device.is_cuda()) context = std::make_unique<detail::PrimaryContext>(options.device.index);
+    prepare_device(options.device);
     std::FILE* report = hash ? stderr : stdout;
     nlohmann::json runs = nlohmann::json::array();
     for (unsigned r = 0; r < repeat; ++r) {
