@@ -50,6 +50,8 @@ class Checkpoint {
   // file or index, std::invalid_argument for a path holding a NUL or naming neither a regular
   // file nor a directory. All name the file.
   static Checkpoint open(const std::filesystem::path& path);
+  // The same, shared: what load() takes, and what keeps the description alive under its tensors.
+  static std::shared_ptr<const Checkpoint> open_shared(const std::filesystem::path& path);
 
   const std::filesystem::path& path() const noexcept { return _path; }
   const std::vector<CheckpointFile>& files() const noexcept { return _files; }
