@@ -50,13 +50,15 @@ class InterpreterExit {
     return *gate;
   }
 
-  // Before taking the GIL: false once the interpreter is exiting.
+  // Before taking the GIL: false once the interpreter is exiting, except on the main thread
+  // (the one that finalizes: Python never ends it, and an atexit handler may load).
   bool enter() {
     std::lock_guard lock(_mutex);
-    if (_exiting) return false;
+    if (_exiting && PyThread_get_thread_ident() != _main_thread) return false;
     ++_inside;
     return true;
   }
+  void set_main_thread(unsigned long ident) { _main_thread = ident; }
   void leave() {
     std::lock_guard lock(_mutex);
     if (--_inside == 0) _idle.notify_all();
@@ -78,6 +80,7 @@ class InterpreterExit {
   std::condition_variable _idle;
   bool _exiting = false;
   unsigned _inside = 0;
+  unsigned long _main_thread = 0;
 };
 
 // Runs `body` with the GIL released. Where the interpreter began to exit meanwhile, the thread
@@ -212,6 +215,8 @@ NB_MODULE(_ferry, m) {
   using namespace ferry;
   m.doc() = "ferry's engine: checkpoints opened, planned and loaded into GPU or host memory";
   nb::register_exception_translator(translate_system_error);
+  InterpreterExit::get().set_main_thread(
+      nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
   nb::module_::import_("atexit").attr("register")(
       nb::cpp_function([] { InterpreterExit::get().close(); }));
 

@@ -73,6 +73,25 @@ def test_interpreter_exit_during_a_load_with_progress_does_not_abort(tmp_path):
         assert "terminate" not in r.stderr and "FATAL" not in r.stderr, r.stderr
 
 
+LOAD_IN_LATE_ATEXIT = """
+import atexit, sys
+path = sys.argv[1]
+def late():  # registered before ferry's own handler, so it runs after it
+    import ferry.torch
+    print(sorted(ferry.torch.load(path, progress=lambda d, t: None)[0]))
+atexit.register(late)
+import ferry.torch
+"""
+
+
+def test_the_main_thread_may_still_load_after_the_exit_handler(tmp_path):
+    path = write_safetensors(tmp_path / "m.safetensors", {"w": ("uint8", [1 << 16])})
+    r = subprocess.run([sys.executable, "-c", LOAD_IN_LATE_ATEXIT, str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['w']"
+
+
 # --- item 6: a NUL in a path never opens a shorter path -----------------------------------------
 
 def test_nul_in_a_path_is_a_value_error(tmp_path):
