@@ -108,7 +108,7 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
 // tuning file. Progress goes to stderr, so that --json output stays one document.
 void tune(const std::string& path, bool json) {
   FERRY_EXPECT(!path.empty(), std::invalid_argument, "doctor --tune needs a checkpoint PATH");
-  auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
+  auto checkpoint = Checkpoint::open_shared(path);
   const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
   std::FILE* out = json ? stderr : stdout;
   std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",

@@ -84,7 +84,7 @@ void add_load(CLI::App& app) {
   cmd->add_option("--repeat", repeat, "load this many times and report each")
       ->check(CLI::PositiveNumber);
   cmd->callback([] {
-    auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
+    auto checkpoint = Checkpoint::open_shared(path);
     LoadOptions options;
     options.device = resolve_device(device);
     options.io = parse_io_mode(io);

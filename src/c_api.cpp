@@ -73,7 +73,7 @@ ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
     require(path, "path");
     require(out, "out");
     auto handle = std::make_unique<ferry_checkpoint>();
-    handle->checkpoint = std::make_shared<const ferry::Checkpoint>(ferry::Checkpoint::open(path));
+    handle->checkpoint = ferry::Checkpoint::open_shared(path);
     for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(f.path.string());
     *out = handle.release();
   });

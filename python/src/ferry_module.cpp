@@ -120,7 +120,7 @@ NB_MODULE(_ferry, m) {
           "open",
           [](const std::string& path) {
             nb::gil_scoped_release release;
-            return std::make_shared<const Checkpoint>(Checkpoint::open(path));
+            return Checkpoint::open_shared(path);
           },
           "path"_a, "Opens and validates a .safetensors file, a shard directory or an index.")
       .def_prop_ro("path", [](const Checkpoint& c) { return c.path().string(); })
