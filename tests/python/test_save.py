@@ -321,3 +321,18 @@ def test_cuda_tensors_stream_to_the_same_bytes(tmp_path):
         assert stats["staging_pinned"]
     back = ferry.torch.load_file(tmp_path / "g.safetensors", device="cuda:0")
     assert all(torch.equal(back[k], v) for k, v in on_gpu.items())
+
+
+def test_save_benchmark_smoke_run(tmp_path):
+    """bench/save_bench.py runs end to end (on the CPU, tiny tensors); timing is not checked."""
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench" / "save_bench.py"
+    out = tmp_path / "runs.json"
+    done = subprocess.run([sys.executable, str(bench), "--device", "cpu", "--dir", str(tmp_path), "--shape",
+                           "qwen3_0_6b", "--scale", "0.0005", "--runs", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(out.read_text())
+    assert {r["saver"] for r in runs} == {"raw", "ferry", "safetensors"}
+    sizes = {r["saver"]: r["file_bytes"] for r in runs}
+    assert sizes["ferry"] == sizes["safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["runs.json"]
