@@ -148,7 +148,11 @@ def _assign(model, name: str, tensor: torch.Tensor) -> None:
 
 
 def _build(model_class, config, dtype):
+    """_from_config picks the attention implementation as from_pretrained does (sdpa where torch
+    has it); the dtype reaches it as torch's default, the one spelling every version reads."""
     with _default_dtype(dtype), _parameters_on_meta():
+        if hasattr(model_class, "_from_config"):
+            return model_class._from_config(config)
         return model_class(config)
 
 
