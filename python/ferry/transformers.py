@@ -215,8 +215,7 @@ def _through_transformers(cls_or_auto, path, checkpoint, dev, dtype, config, con
 
     loaded = _ferry.load(checkpoint, dev)
     state = _tensors(loaded, tensor_table(checkpoint))
-    model = cls_or_auto.from_pretrained(path, config=config, state_dict=state, torch_dtype=dtype,
-                                        low_cpu_mem_usage=True)
+    model = cls_or_auto.from_pretrained(path, config=config, state_dict=state, torch_dtype=dtype)
     model.to(dev)
     model.eval()
     model._ferry_loaded_by = "transformers(state_dict from ferry)"
