@@ -1,5 +1,5 @@
 """Type stubs for ferry's extension module."""
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -30,12 +30,12 @@ class Loaded:
         no DLPack type every framework reads) for every loaded tensor."""
     def stats(self) -> dict: ...
 
+# Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,
+# staging_bytes: int | str ("256MiB"), chunk_bytes: int | str, threads: int, slots: int.
 def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[str]] = None,
-         io: str = "auto", staging_bytes: int = 0, chunk_bytes: int = 0, threads: int = 0,
-         progress: Optional[Callable[[int, int], None]] = None) -> Loaded: ...
+         progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> Loaded: ...
 def load_into(checkpoint: Checkpoint, destinations: Sequence[Tuple[str, int, int]], device: str = "cpu",
-              io: str = "auto", staging_bytes: int = 0, chunk_bytes: int = 0, threads: int = 0,
-              progress: Optional[Callable[[int, int], None]] = None) -> dict: ...
+              progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> dict: ...
 def cuda_available() -> bool: ...
 def release_staging_memory() -> None: ...
 # (name, safetensors dtype, shape, address, bytes, device) per tensor; metadata as (key, value) pairs

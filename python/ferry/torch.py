@@ -28,8 +28,8 @@ def _tensors(loaded: "_ferry.Loaded", table) -> Dict[str, torch.Tensor]:
 
 def load(path: PathLike, device: Any = "cpu", names: Optional[Iterable[str]] = None,
          progress: Optional[Callable[[int, int], None]] = None, **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
-    """Loads a checkpoint; returns (tensors, statistics). `engine` takes io, staging_bytes,
-    chunk_bytes and threads."""
+    """Loads a checkpoint; returns (tensors, statistics). `engine` takes io, backend,
+    allow_compat, staging_bytes, chunk_bytes, threads and slots (as `ferry load` does)."""
     checkpoint = _ferry.Checkpoint.open(os.fspath(path))
     loaded = _ferry.load(checkpoint, normalize_device(device), list(names) if names is not None else None,
                          progress=progress, **engine)
