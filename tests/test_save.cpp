@@ -276,6 +276,25 @@ TEST(SaveSafetensors, FullDiskFailsCleanly) {
   EXPECT_TRUE(directory_entries(mount_point).empty());
 }
 
+// tmpfs refused O_DIRECT before Linux 6.6; either way the bytes are right and the path is said.
+TEST(SaveSafetensors, DirectOnTmpfsWritesTheSameBytesAndSaysWhichPathRan) {
+  if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  const auto path = std::filesystem::path("/dev/shm") /
+                    ("ferry-test-save-" + std::to_string(::getpid()) + ".safetensors");
+  struct Remove {
+    std::filesystem::path p;
+    ~Remove() { std::filesystem::remove(p); }
+  } remove{path};
+  const auto tensors = mixed_tensors();
+  const auto stats = save_safetensors(path, tensors.tensors, std::nullopt);
+  EXPECT_EQ(read_all(path), serialized(tensors.tensors, std::nullopt));
+  if (stats.io_path == "buffered") {
+    EXPECT_NE(stats.io_reason.find("refused"), std::string::npos) << stats.io_reason;
+  } else {
+    EXPECT_EQ(stats.io_path, "direct");
+  }
+}
+
 TEST(SaveSafetensors, EmptyAndZeroDimTensorsOnly) {
   TempDir dir;
   HostTensors t;

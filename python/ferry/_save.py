@@ -168,6 +168,9 @@ def _torch_entries(tensors) -> Tuple[list, list]:
 
 
 def torch_write_file(tensors, filename: PathLike, metadata: Optional[Dict[str, str]] = None, **engine) -> dict:
+    """save_file, returning the write's statistics (io_path and why, staging, copy/wait/write
+    seconds). `engine`: direct (O_DIRECT where allowed, default True), staging_bytes (128 MiB),
+    piece_bytes (16 MiB per write), writer_threads (4)."""
     _check_torch(tensors)
     pairs = _check_names_and_metadata(tensors.keys(), metadata)
     entries, keep = _torch_entries(tensors)
@@ -215,6 +218,7 @@ def _numpy_entries(tensors) -> Tuple[list, list]:
 
 
 def numpy_write_file(tensor_dict, filename: PathLike, metadata: Optional[Dict[str, str]] = None, **engine) -> dict:
+    """numpy's save_file with statistics; `engine` as for torch_write_file."""
     pairs = _check_names_and_metadata(tensor_dict.keys(), metadata)
     entries, keep = _numpy_entries(tensor_dict)
     stats = _ferry.save_file(os.fspath(filename), entries, pairs, **engine)
