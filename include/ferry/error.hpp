@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cerrno>
+#include <memory>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -28,6 +30,17 @@ class CudaError : public std::runtime_error {
 class Cancelled : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Memory ran out for what a file asked for: unlike std::bad_alloc, it names the file.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message)
+      : _message(std::make_shared<const std::string>(std::move(message))) {}
+  const char* what() const noexcept override { return _message->c_str(); }
+
+ private:
+  std::shared_ptr<const std::string> _message;  // shared: copying an exception must not throw
 };
 
 namespace detail {
@@ -62,8 +75,13 @@ template <class... Parts>
 // Throws FormatError naming the offending file; for parsers of untrusted input.
 #define FERRY_FORMAT_EXPECT(cond, ...) FERRY_EXPECT(cond, ::ferry::FormatError, __VA_ARGS__)
 
-// Throws std::system_error from errno for a failed system call.
-#define FERRY_SYSCALL_FAIL(...) ::ferry::detail::fail_errno(errno, __VA_ARGS__)
+// Throws std::system_error from errno for a failed system call. errno is read before the
+// message is built: building it may allocate, and allocation may change errno.
+#define FERRY_SYSCALL_FAIL(...)                           \
+  do {                                                    \
+    const int ferry_saved_errno_ = errno;                 \
+    ::ferry::detail::fail_errno(ferry_saved_errno_, __VA_ARGS__); \
+  } while (0)
 
 // An internal invariant; a failure is a bug in ferry, so the message carries file:line.
 #define FERRY_ASSERT(cond) \

@@ -6,9 +6,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from . import _ferry
+from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 from ._dtypes import normalize_device, tensor_table, torch_dtype, torch_shape
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
@@ -27,8 +28,8 @@ def _tensors(loaded: "_ferry.Loaded", table) -> Dict[str, torch.Tensor]:
 
 def load(path: PathLike, device: Any = "cpu", names: Optional[Iterable[str]] = None,
          progress: Optional[Callable[[int, int], None]] = None, **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
-    """Loads a checkpoint; returns (tensors, statistics). `engine` takes io, staging_bytes,
-    chunk_bytes and threads."""
+    """Loads a checkpoint; returns (tensors, statistics). `engine` takes io, backend,
+    allow_compat, staging_bytes, chunk_bytes, threads and slots (as `ferry load` does)."""
     checkpoint = _ferry.Checkpoint.open(os.fspath(path))
     loaded = _ferry.load(checkpoint, normalize_device(device), list(names) if names is not None else None,
                          progress=progress, **engine)
@@ -57,7 +58,7 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
                     group_bytes: int = 1 << 30, **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, tensor) while the load proceeds: the next group of tensors (about
     group_bytes) loads in the background, with the GIL released, while this one is consumed."""
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     dev = normalize_device(device)
     work = []
