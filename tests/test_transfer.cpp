@@ -220,11 +220,11 @@ TEST(Transfer, CancelStopsBeforeTheNextChunk) {
   TransferOptions options;
   options.threads = 1;
   Ticket* self = nullptr;
+  std::atomic<bool> ready{false};
   Ticket t;
   {
     // The progress callback needs the ticket; submit with one worker, which waits for nothing
     // before its first chunk, so the pointer is set through a latch.
-    std::atomic<bool> ready{false};
     options.progress = [&](std::uint64_t done, std::uint64_t) {
       while (!ready) std::this_thread::yield();
       if (done >= 3 * 4096) self->cancel();

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -33,6 +34,9 @@ struct TicketState {
 
   std::vector<ExtentRecord> records;
   std::atomic<bool> cancel{false};
+  // options.progress, moved out: wait() drops it in the waiting thread once the work is done,
+  // so a callback owning foreign objects (a Python callable) is never destroyed on a worker.
+  mutable std::function<void(std::uint64_t, std::uint64_t)> progress;
   std::atomic<std::uint64_t> progress_done{0};
   std::uint64_t progress_total = 0;
 

@@ -20,6 +20,8 @@ TicketState::TicketState(std::shared_ptr<const FileSet> files_, Direction direct
       extents(std::move(extents_)),
       options(std::move(options_)),
       records(extents.size()) {
+  progress = std::move(options.progress);
+  options.progress = nullptr;
   for (const auto& x : extents)
     for (const auto& s : x.spans) progress_total += s.size;
 }
@@ -37,10 +39,8 @@ void TicketState::fail(std::size_t e, std::exception_ptr error) {
 void TicketState::landed(std::size_t e, std::uint64_t bytes) {
   records[e].bytes.fetch_add(bytes);
   records[e].pieces_left.fetch_sub(1);
-  if (options.progress) {
-    std::lock_guard lock(mutex);  // one call at a time, the count only growing
-    options.progress(progress_done += bytes, progress_total);
-  }
+  std::lock_guard lock(mutex);  // one call at a time, the count only growing
+  if (progress) progress(progress_done += bytes, progress_total);
 }
 
 void TicketState::job_queued(std::vector<std::unique_ptr<Event>> ends) {
@@ -63,6 +63,7 @@ void TicketState::job_finished() {
 void TicketState::wait() const {
   std::unique_lock lock(mutex);
   changed.wait(lock, [&] { return jobs_running == 0; });
+  progress = nullptr;  // released here, by the caller, not by whichever worker ends last
 }
 
 Ticket start(const TransferBackend& backend, std::shared_ptr<TicketState> state) {
