@@ -1,5 +1,6 @@
 // The KV block store through its public API: round trips, reopen, eviction, bad input.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -374,19 +375,87 @@ TEST(KvStore, FullDiskFailsThePutAndCommitsNothingPartial) {
   }
 }
 
-TEST(KvStore, ReadOnlyRootIsAClearError) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+// A tmpfs of a given size mounted for one test (root only; skipped where mount is refused).
+class SmallFileSystem {
+ public:
+  SmallFileSystem(const std::filesystem::path& at, const std::string& options) : _at(at) {
+    std::filesystem::create_directories(at);
+    _mounted = ::geteuid() == 0 && ::mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
+  }
+  ~SmallFileSystem() {
+    if (_mounted) ::umount2(_at.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return _mounted; }
+  bool remount_read_only() {
+    return ::mount("tmpfs", _at.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0;
+  }
+
+ private:
+  std::filesystem::path _at;
+  bool _mounted = false;
+};
+
+TEST(KvStore, ReadOnlyRootIsAClearErrorAndReadersStillWork) {
   TempDir dir;
   const auto root = dir.path() / "root";
-  std::filesystem::create_directory(root);
-  ::chmod(root.c_str(), 0500);
+  SmallFileSystem fs(root, "size=4m");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  {
+    auto store = KVStore::open(root, kv_namespace(), 16 * 4096, 4096);
+    ASSERT_TRUE(put_one(store, 1, kv_bytes(1, 4096)).ok());
+  }
+  ASSERT_TRUE(fs.remount_read_only());
   try {
-    KVStore::open(root, kv_namespace(), 1 * kMiB, 4096);
-    FAIL() << "a writer opened in a read-only root";
+    KVStore::open(root, kv_namespace(), 16 * 4096, 4096);
+    FAIL() << "a writer opened on a read-only file system";
   } catch (const std::system_error& e) {
     EXPECT_NE(std::string(e.what()).find(root.string()), std::string::npos) << e.what();
+    EXPECT_EQ(e.code().value(), EROFS) << e.what();
   }
-  ::chmod(root.c_str(), 0700);
+  KVStoreOptions reader;
+  reader.read_only = true;
+  auto view = KVStore::open(root, kv_namespace(), 16 * 4096, 4096, reader);
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(get_one(view, 1, out).ok());
+  EXPECT_EQ(out, kv_bytes(1, 4096));
+}
+
+TEST(KvStore, FullFileSystemIsAClearErrorAndCommitsNothingPartial) {
+  TempDir dir;
+  const auto root = dir.path() / "root";
+  SmallFileSystem fs(root, "size=256k");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  try {  // slabs that do not fit: refused at open, by preallocation
+    KVStore::open(root, kv_namespace("big"), 1024 * 1024, 4096);
+    FAIL() << "a store larger than its file system opened";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOSPC) << e.what();
+    EXPECT_NE(std::string(e.what()).find("slab-"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(root / KVStore::directory_name(kv_namespace("big")));
+  KVKey failed = 0;
+  {
+    // The slabs fit; the journal grows until the file system is full.
+    auto store = KVStore::open(root, kv_namespace(), 40 * 4096, 4096);
+    for (KVKey k = 1; k < 10000 && failed == 0; ++k) {
+      const KVResult r = put_one(store, k, kv_bytes(k, 4096));
+      if (!r.ok()) {
+        EXPECT_EQ(r.status, KVStatus::io_error);
+        EXPECT_NE(r.message.find("journal"), std::string::npos) << r.message;
+        failed = k;
+      }
+    }
+  }
+  ASSERT_NE(failed, 0u) << "the file system never filled";
+  auto store = KVStore::open(root, kv_namespace(), 40 * 4096, 4096);
+  EXPECT_FALSE(store.contains(std::vector<KVKey>{failed})[0]);
+  EXPECT_TRUE(store.contains(std::vector<KVKey>{failed - 1})[0]);
+  for (KVKey k : store.keys()) {
+    std::vector<std::byte> out(4096);
+    const KVResult r = get_one(store, k, out);
+    if (r.ok()) EXPECT_EQ(out, kv_bytes(k, 4096));
+    else EXPECT_EQ(r.status, KVStatus::missing);  // the slot the failed put had overwritten
+  }
 }
 
 }  // namespace

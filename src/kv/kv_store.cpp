@@ -314,7 +314,9 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
     std::error_code error;
     fs::create_directories(root, error);
     if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
-    if (::mkdir(impl->dir.c_str(), 0700) != 0 && errno != EEXIST)
+    if (::mkdir(impl->dir.c_str(), 0700) == 0)
+      fsync_directory(root);  // the new directory's name is durable before files go in it
+    else if (errno != EEXIST)
       FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
     const fs::path lock_path = impl->dir / "writer.lock";
     impl->lock_fd = detail::FileDescriptor(
