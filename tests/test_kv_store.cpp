@@ -314,6 +314,26 @@ TEST(KvStore, TwoNamespacesOnOneRootNeverShareABlock) {
   EXPECT_NE(text.find("model-a"), std::string::npos);
 }
 
+TEST(KvStore, ListFindsEveryStoreAndItOpensAgain) {
+  TempDir dir;
+  KVStoreOptions three_slabs;
+  three_slabs.slab_count = 3;
+  {
+    auto a = KVStore::open(dir.path(), kv_namespace("a"), 10 * 4096, 4096, three_slabs);
+    auto b = KVStore::open(dir.path(), kv_namespace("b"), 20 * 8192, 8192);
+    ASSERT_TRUE(put_one(a, 1, kv_bytes(1, 4096)).ok());
+  }
+  const auto stores = KVStore::list(dir.path());
+  ASSERT_EQ(stores.size(), 2u);
+  for (const KVStoreInfo& info : stores) {
+    // Default options (4 slabs): an existing store keeps the 3 it was made with.
+    auto store = KVStore::open(dir.path(), info.ns, info.capacity_bytes, info.block_bytes);
+    EXPECT_EQ(store.stats().directory, info.directory);
+    EXPECT_EQ(store.stats().blocks, info.ns.model == "a" ? 1u : 0u);
+  }
+  EXPECT_THROW(KVStore::list(dir.path() / "none"), std::system_error);
+}
+
 TEST(KvStore, PeriodicCheckpointsTruncateTheJournal) {
   TempDir dir;
   KVStoreOptions options;

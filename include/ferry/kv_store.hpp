@@ -42,7 +42,8 @@ struct KVNamespace {
 
 struct KVStoreOptions {
   bool read_only = false;              // a reader: no lock, no writes, follows the writer
-  unsigned slab_count = 4;             // slab files the slots are spread over
+  unsigned slab_count = 4;             // slab files the slots are spread over (at creation;
+                                       // an existing store keeps its own)
   std::uint64_t checkpoint_every = 65536;  // journal records between checkpoints
   bool checkpoint_on_close = true;     // a writer's destructor checkpoints (off: the journal
                                        // alone carries the commits, as after a crash)
@@ -94,6 +95,14 @@ struct KVStats {
   bool read_only = false;
 };
 
+// A store found under a root (from its manifest), enough to open it again.
+struct KVStoreInfo {
+  std::filesystem::path directory;
+  KVNamespace ns;
+  std::uint64_t block_bytes = 0;
+  std::uint64_t capacity_bytes = 0;  // slots x slot size
+};
+
 class KVStore {
  public:
   // Opens (a writer creates) the namespace's directory under `root`. capacity_bytes / slot
@@ -127,6 +136,8 @@ class KVStore {
 
   // A namespace's directory name under the root: "ns-" and 16 hex digits of its hash.
   static std::string directory_name(const KVNamespace& ns);
+  // Every store under `root`, read from the manifests (a bad manifest is an error naming it).
+  static std::vector<KVStoreInfo> list(const std::filesystem::path& root);
 
  private:
   struct Impl;

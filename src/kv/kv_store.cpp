@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <mutex>
@@ -122,15 +123,46 @@ struct KVStore::Impl {
   void refresh();
 };
 
+namespace {
+
+nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>& bytes) {
+  nlohmann::json found;
+  try {
+    found = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                  reinterpret_cast<const char*>(bytes.data() + bytes.size()));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": not JSON: " + e.what());
+  }
+  FERRY_FORMAT_EXPECT(found.is_object() && found.value("format", "") == "ferry-kv-store" &&
+                          found.value("version", 0) == kManifestVersion,
+                      path.string(), ": not a version ", kManifestVersion,
+                      " ferry KV store manifest");
+  try {
+    for (const char* field : {"block_bytes", "slot_bytes", "slot_count", "slab_count",
+                              "slots_per_slab"})
+      FERRY_FORMAT_EXPECT(found.at(field).is_number_unsigned(), path.string(), ": ", field,
+                          " is not a count");
+    const auto& ns = found.at("namespace");
+    (void)ns.at("model").get<std::string>(), (void)ns.at("dtype").get<std::string>();
+    (void)ns.at("block_layout").get<std::string>(), (void)ns.at("tp_rank").get<int>();
+    (void)ns.at("world_size").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": " + e.what());
+  }
+  return found;
+}
+
+}  // namespace
+
 void KVStore::Impl::check_manifest(bool writable) {
-  const nlohmann::json wanted = {{"format", "ferry-kv-store"},
-                                 {"version", kManifestVersion},
-                                 {"namespace", namespace_json(ns)},
-                                 {"block_bytes", block_bytes},
-                                 {"slot_bytes", slot_bytes},
-                                 {"slot_count", slot_count},
-                                 {"slab_count", slab_count},
-                                 {"slots_per_slab", slots_per_slab}};
+  nlohmann::json wanted = {{"format", "ferry-kv-store"},
+                           {"version", kManifestVersion},
+                           {"namespace", namespace_json(ns)},
+                           {"block_bytes", block_bytes},
+                           {"slot_bytes", slot_bytes},
+                           {"slot_count", slot_count},
+                           {"slab_count", slab_count},
+                           {"slots_per_slab", slots_per_slab}};
   const fs::path path = dir / "manifest.json";
   auto bytes = read_if_exists(path);
   if (!bytes) {
@@ -140,23 +172,49 @@ void KVStore::Impl::check_manifest(bool writable) {
     write_atomically(path, std::as_bytes(std::span(text)));
     return;
   }
-  nlohmann::json found;
-  try {
-    found = nlohmann::json::parse(reinterpret_cast<const char*>(bytes->data()),
-                                  reinterpret_cast<const char*>(bytes->data() + bytes->size()));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path.string() + ": not JSON: " + e.what());
-  }
-  FERRY_FORMAT_EXPECT(found.is_object() && found.value("format", "") == "ferry-kv-store" &&
-                          found.value("version", 0) == kManifestVersion,
-                      path.string(), ": not a version ", kManifestVersion,
-                      " ferry KV store manifest");
+  const nlohmann::json found = read_manifest(path, *bytes);
   FERRY_EXPECT(found["namespace"] == wanted["namespace"], std::invalid_argument, path.string(),
                ": belongs to namespace ", found["namespace"].dump(), ", not ",
                wanted["namespace"].dump());
+  // The slab split is the creator's choice; block size and capacity must be what was asked.
+  const auto found_slabs = found["slab_count"].get<std::uint64_t>();
+  const auto found_per_slab = found["slots_per_slab"].get<std::uint64_t>();
+  FERRY_FORMAT_EXPECT(found_slabs >= 1 && found_slabs <= 256 &&
+                          found_per_slab == (slot_count + found_slabs - 1) / found_slabs,
+                      path.string(), ": slab_count ", found_slabs, " and slots_per_slab ",
+                      found_per_slab, " do not fit ", slot_count, " slots");
+  wanted["slab_count"] = found_slabs;
+  wanted["slots_per_slab"] = found_per_slab;
   FERRY_EXPECT(found == wanted, std::invalid_argument, path.string(), ": the store was created as ",
                found.dump(), "; opened as ", wanted.dump(),
                " (block size and capacity are fixed at creation)");
+  slab_count = static_cast<unsigned>(found_slabs);
+  slots_per_slab = found_per_slab;
+}
+
+std::vector<KVStoreInfo> KVStore::list(const fs::path& root) {
+  std::vector<KVStoreInfo> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const fs::path path = entry.path() / "manifest.json";
+    if (entry.path().filename().string().rfind("ns-", 0) != 0) continue;
+    auto bytes = read_if_exists(path);
+    if (!bytes) continue;  // a store being created
+    const nlohmann::json m = read_manifest(path, *bytes);
+    KVStoreInfo info;
+    info.directory = entry.path();
+    const auto& ns = m["namespace"];
+    info.ns = {ns["model"].get<std::string>(), ns["dtype"].get<std::string>(),
+               ns["block_layout"].get<std::string>(), ns["tp_rank"].get<int>(),
+               ns["world_size"].get<int>()};
+    info.block_bytes = m["block_bytes"].get<std::uint64_t>();
+    info.capacity_bytes = m["slot_count"].get<std::uint64_t>() * m["slot_bytes"].get<std::uint64_t>();
+    out.push_back(std::move(info));
+  }
+  if (error) detail::fail_errno(error.value(), root.string(), ": cannot list the KV root");
+  std::sort(out.begin(), out.end(),
+            [](const KVStoreInfo& a, const KVStoreInfo& b) { return a.directory < b.directory; });
+  return out;
 }
 
 void KVStore::Impl::apply(const Record& r) {
