@@ -169,3 +169,23 @@ def test_unusable_tuning_file_means_the_defaults(run_ferry, good, tmp_path, monk
     doctor = run_ferry("doctor", "--json", timeout=60)
     assert doctor.returncode == 0, doctor.stderr
     assert json.loads(doctor.stdout)["engine"]["settings_source"] == source
+
+
+# --- item 11: a GGUF header's memory stays in proportion to it -----------------------------------
+
+def test_a_large_gguf_metadata_array_does_not_cost_several_times_its_size(ferry_bin, tmp_path):
+    # 64 MiB of UINT8 metadata: kept as 64 MiB, never turned into JSON for a load (as JSON it
+    # took 256 MiB and more while growing).
+    size = 64 << 20
+    key = b"big"
+    header = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key +
+              struct.pack("<IIQ", 9, 0, size) + os.urandom(size))
+    path = tmp_path / "metadata.gguf"
+    path.write_bytes(header + bytes(-len(header) % 32))
+
+    def cap_memory():  # ferry itself needs < 30 MB here; the header is 64 MiB
+        resource.setrlimit(resource.RLIMIT_AS, (400 << 20, 400 << 20))
+
+    r = run_bytes(ferry_bin, "load", str(path), "--device", "cpu", "--staging-mib", "1",
+                  "--threads", "1", preexec_fn=cap_memory)
+    assert r.returncode == 0, r.stderr
