@@ -5,6 +5,7 @@ from typing import Dict, Union
 import numpy
 
 from . import _ferry
+from ._save import numpy_save as save, numpy_save_file as save_file, numpy_write_file as write_file  # noqa: F401
 from ._dtypes import numpy_dtype, numpy_view, tensor_table
 
 

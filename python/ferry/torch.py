@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from . import _ferry
+from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 from ._dtypes import normalize_device, tensor_table, torch_dtype, torch_shape
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]

@@ -30,6 +30,8 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace ferry {
+void bind_save(nb::module_& m);  // save_bindings.cpp
+
 namespace {
 
 using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig>;
@@ -346,4 +348,5 @@ NB_MODULE(_ferry, m) {
   m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
+  bind_save(m);
 }
