@@ -14,6 +14,8 @@ transformers = pytest.importorskip(
 
 import ferry.transformers  # noqa: E402
 
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+
 DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512)
@@ -40,7 +42,17 @@ def saved(request, tmp_path_factory):
 
 
 def _theirs(path, device, dtype):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype).to(device).eval()
+    kwarg = "dtype" if V5 else "torch_dtype"  # transformers 5 renamed it
+    return transformers.AutoModelForCausalLM.from_pretrained(path, **{kwarg: dtype}).to(device).eval()
+
+
+def _expected_route(arch):
+    """Llama and Qwen2 are filled by ferry in every version, as is Mixtral in transformers 4. In
+    transformers 5 a Mixtral checkpoint's per-expert tensors are fused while loading: ferry reads
+    them and transformers' own conversion mapping fuses them into the model."""
+    if arch == "mixtral" and V5:
+        return ferry.transformers.CONVERTED
+    return ferry.transformers.FERRY
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -51,8 +63,8 @@ def test_parameters_and_logits_equal_transformers(saved, device):
                                               torch_dtype=torch.bfloat16)
     assert type(ours) is type(theirs)
     assert not ours.training
-    if arch != "mixtral":  # transformers 5 converts per-expert checkpoints: that route may run
-        assert ferry.transformers.loaded_by(ours) == "ferry"
+    assert ferry.transformers.loaded_by(ours) == _expected_route(arch)
+    assert ours._ferry_stats is not None  # ferry read the checkpoint on either route
     ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
     assert ours_state.keys() == theirs_state.keys()
     for name, tensor in theirs_state.items():
@@ -72,7 +84,10 @@ def test_concrete_class_default_dtype_and_a_cast(saved):
     ours = ferry.transformers.from_pretrained(cls, path)  # dtype: the checkpoint's (config.torch_dtype)
     assert type(ours) is cls
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    assert ferry.transformers.loaded_by(ours) == _expected_route(arch)
     as_float = ferry.transformers.from_pretrained(cls, path, torch_dtype=torch.float32)
+    assert {p.dtype for p in as_float.parameters()} == {torch.float32}
+    assert ferry.transformers.loaded_by(as_float) == _expected_route(arch)
     theirs = _theirs(path, "cpu", torch.float32)
     tokens = torch.randint(0, theirs.config.vocab_size, (1, 16))
     with torch.no_grad():
