@@ -15,6 +15,7 @@ and hands them to transformers' own from_pretrained as its `state_dict`, which a
 conversions; `loaded_by(model)` says which route ran.
 """
 import contextlib
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -169,7 +170,13 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     path = os.fspath(path)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(path, **config_kwargs)
+    else:
+        config = copy.deepcopy(config)  # the caller's stays as it was
     dtype = _resolve_dtype(torch_dtype, config)
+    # Versions that build in the config's dtype read it from here (from_pretrained sets it too).
+    config.torch_dtype = dtype
+    if "dtype" in vars(config):
+        config.dtype = dtype
     dev = normalize_device(device)
     checkpoint = _ferry.Checkpoint.open(_checkpoint_path(path))
     table = tensor_table(checkpoint)
