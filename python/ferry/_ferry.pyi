@@ -1,11 +1,13 @@
 """Type stubs for ferry's extension module."""
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
 class Checkpoint:
     @staticmethod
-    def open(path: str) -> "Checkpoint": ...
+    def open(path: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]) -> "Checkpoint":
+        """str, bytes or os.PathLike (as os.fsencode gives it); a NUL inside is a ValueError."""
     @property
     def path(self) -> str: ...
     @property
@@ -27,7 +29,7 @@ class Loaded:
         """A DLPack capsule: a uint8 view of the tensor's bytes that keeps the memory alive."""
     def views(self) -> List[Tuple[str, Optional[object]]]:
         """(name, DLPack capsule with the tensor's dtype and shape, or None where the dtype has
-        no DLPack type every framework reads) for every loaded tensor."""
+        no DLPack type every framework reads or the rank is over 128) for every loaded tensor."""
     def stats(self) -> dict: ...
 
 # Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,

@@ -9,7 +9,7 @@ from . import _ferry
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 from ._dtypes import normalize_device, tensor_table, torch_dtype, torch_shape
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
@@ -58,7 +58,7 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
                     group_bytes: int = 1 << 30, **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, tensor) while the load proceeds: the next group of tensors (about
     group_bytes) loads in the background, with the GIL released, while this one is consumed."""
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     dev = normalize_device(device)
     work = []
