@@ -15,6 +15,7 @@ and hands them to transformers' own from_pretrained as its `state_dict`, which a
 conversions; `loaded_by(model)` says which route ran.
 """
 import contextlib
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -169,7 +170,13 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     path = os.fspath(path)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(path, **config_kwargs)
+    else:
+        config = copy.deepcopy(config)  # the caller's stays as it was
     dtype = _resolve_dtype(torch_dtype, config)
+    # Versions that build in the config's dtype read it from here (from_pretrained sets it too).
+    config.torch_dtype = dtype
+    if "dtype" in vars(config):
+        config.dtype = dtype
     dev = normalize_device(device)
     checkpoint = _ferry.Checkpoint.open(_checkpoint_path(path))
     table = tensor_table(checkpoint)
@@ -215,11 +222,21 @@ def _through_transformers(cls_or_auto, path, checkpoint, dev, dtype, config, con
 
     loaded = _ferry.load(checkpoint, dev)
     state = _tensors(loaded, tensor_table(checkpoint))
-    model = cls_or_auto.from_pretrained(path, config=config, state_dict=state, torch_dtype=dtype)
+    try:
+        model = cls_or_auto.from_pretrained(path, config=config, state_dict=state, torch_dtype=dtype)
+        route, stats = "transformers(state_dict from ferry)", loaded.stats()
+    except (TypeError, ValueError, KeyError, RuntimeError) as error:
+        # A transformers version that takes no state_dict here: its own loader, said loudly.
+        import warnings
+
+        warnings.warn(f"{path}: transformers refused ferry's tensors ({error}); loading with transformers alone")
+        del state, loaded
+        model = cls_or_auto.from_pretrained(path, config=config, torch_dtype=dtype)
+        route, stats = f"transformers (ferry's tensors refused: {error})", None
     model.to(dev)
     model.eval()
-    model._ferry_loaded_by = "transformers(state_dict from ferry)"
-    model._ferry_stats = loaded.stats()
+    model._ferry_loaded_by = route
+    model._ferry_stats = stats
     return model
 
 
@@ -236,5 +253,6 @@ def _generation_config(model, path: str) -> None:
 
 def loaded_by(model) -> Optional[str]:
     """"ferry" when ferry's tensors became the parameters directly; "transformers(state_dict from
-    ferry)" when transformers converted names first; None for a model ferry did not load."""
+    ferry)" when transformers converted names first; "transformers (...)" when transformers
+    refused the tensors and loaded alone; None for a model ferry did not load."""
     return getattr(model, "_ferry_loaded_by", None)
