@@ -16,6 +16,7 @@ one way transformers 5 accepts a state_dict), so transformers' own conversion ma
 casts ferry's tensors; `loaded_by(model)` says which route ran (FERRY or CONVERTED).
 """
 import contextlib
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -186,7 +187,12 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     path = os.fspath(path)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(path, **config_kwargs)
+    else:
+        config = copy.deepcopy(config)  # the caller's stays as it was
     dtype = _resolve_dtype(torch_dtype, config)
+    # Versions that build in the config's dtype read it from here (from_pretrained sets it too);
+    # transformers 5 names it dtype (torch_dtype is a deprecated alias there).
+    setattr(config, "dtype" if _transformers_major() >= 5 else "torch_dtype", dtype)
     dev = normalize_device(device)
     checkpoint = _ferry.Checkpoint.open(_checkpoint_path(path))
     table = tensor_table(checkpoint)

@@ -117,3 +117,25 @@ def test_from_pretrained_benchmark_smoke_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "parameters equal bit for bit" in done.stdout
     assert {r["loader"] for r in json.loads(out.read_text())} == {"ferry", "transformers"}
+
+
+def test_names_that_need_transformers_renames_go_through_its_loader(tmp_path):
+    """A checkpoint with legacy names (LayerNorm.gamma/beta): ferry reads it and transformers
+    renames, so the model still equals transformers' own load."""
+    import ferry.torch
+
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=128)
+    torch.manual_seed(2)
+    model = transformers.BertForMaskedLM(config)
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in model.state_dict().items() if k != "cls.predictions.decoder.weight"}  # tied
+    state = {k: v.clone().contiguous() for k, v in state.items()}
+    ferry.torch.save_file(state, tmp_path / "model.safetensors", {"format": "pt"})
+    config.save_pretrained(tmp_path)
+    ours = ferry.transformers.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path, torch_dtype=torch.float32)
+    assert ferry.transformers.loaded_by(ours).startswith("transformers")
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, 128, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(ours(tokens).logits, theirs(tokens).logits)
