@@ -134,7 +134,8 @@ def test_names_that_need_transformers_renames_go_through_its_loader(tmp_path):
     ferry.torch.save_file(state, tmp_path / "model.safetensors", {"format": "pt"})
     config.save_pretrained(tmp_path)
     ours = ferry.transformers.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path, torch_dtype=torch.float32)
-    assert ferry.transformers.loaded_by(ours).startswith("transformers")
+    assert ferry.transformers.loaded_by(ours) == ferry.transformers.CONVERTED  # never transformers alone
+    assert ours._ferry_stats is not None
     theirs = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
     tokens = torch.randint(0, 128, (2, 10))
     with torch.no_grad():
