@@ -10,5 +10,6 @@ void add_inspect(CLI::App& app);
 void add_load(CLI::App& app);
 void add_doctor(CLI::App& app);
 void add_demo(CLI::App& app);
+void add_kv(CLI::App& app);
 
 }  // namespace ferry::cli

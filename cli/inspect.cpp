@@ -22,7 +22,7 @@ nlohmann::json file_json(const CheckpointFile& f) {
   if (f.format == CheckpointFormat::Gguf) {
     out["gguf_version"] = f.gguf_version;
     out["alignment"] = f.gguf_alignment;
-    out["gguf_metadata"] = nlohmann::json::parse(f.metadata_json);
+    out["gguf_metadata"] = nlohmann::json::parse(f.metadata_json());
   }
   return out;
 }
@@ -67,7 +67,7 @@ void print_gguf_metadata(const CheckpointFile& f) {
   std::printf("  gguf: version %u, alignment %llu, tensor data at byte %llu\n", f.gguf_version,
               static_cast<unsigned long long>(f.gguf_alignment),
               static_cast<unsigned long long>(f.data_start));
-  const auto metadata = nlohmann::ordered_json::parse(f.metadata_json);  // file order
+  const auto metadata = nlohmann::ordered_json::parse(f.metadata_json());  // file order
   for (const auto& [key, item] : metadata.items()) {
     const std::string type = item["type"].get<std::string>();
     std::string value;

@@ -605,7 +605,7 @@ TEST_F(GgufCheckpointTest, OneFile) {
   EXPECT_EQ(f.gguf_alignment, 32u);
   EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"general.architecture", "llama"},
                                                             {"t.count", "3"}}));
-  EXPECT_EQ(nlohmann::json::parse(f.metadata_json)["t.count"]["type"], "UINT32");
+  EXPECT_EQ(nlohmann::json::parse(f.metadata_json())["t.count"]["type"], "UINT32");
   ASSERT_EQ(c.tensors().size(), 3u);
   EXPECT_EQ(c.find("t.1")->shape, (std::vector<std::uint64_t>{3, 144}));
   EXPECT_EQ(c.find("t.1")->ggml_type, kQ4_K);
@@ -681,7 +681,7 @@ TEST_F(GgufCheckpointTest, SafetensorsFilesAreUnchanged) {
   EXPECT_EQ(c.format(), CheckpointFormat::Safetensors);
   EXPECT_EQ(c.tensors()[0].ggml_type, -1);
   EXPECT_TRUE(c.tensors()[0].ggml_dims.empty());
-  EXPECT_TRUE(c.files()[0].metadata_json.empty());
+  EXPECT_TRUE(c.files()[0].metadata_json().empty());
   EXPECT_EQ(c.files()[0].data_start, c.tensors()[0].offset);
 }
 

@@ -330,6 +330,30 @@ TEST_F(GgufTest, NulInsideATensorName) {
   expect_error(f, {"tensor \"a\\0...\"", "NUL"});
 }
 
+// Counts that fit the bytes but would cost ~10x the header in records are refused first.
+TEST_F(GgufTest, KeyValueCountOverTheLimit) {
+  auto f = one_tensor({4}, kF32, 16);
+  f.kv_count = kGgufMaxKeyValues + 1;
+  f.data.append((kGgufMaxKeyValues + 1) * 16, '\0');
+  expect_error(f, {"key-value count " + std::to_string(kGgufMaxKeyValues + 1),
+                   "more than ferry reads"});
+}
+
+TEST_F(GgufTest, MoreStringsInArraysThanTheLimit) {
+  auto f = one_tensor({4}, kF32, 16);
+  const std::uint64_t half = (1u << 21) + 1;  // two arrays, 2^22 + 2 strings in all
+  f.kvs.push_back(kv("a", VT::Array, array_payload(VT::String, half, std::string(half * 8, '\0'))));
+  f.kvs.push_back(kv("b", VT::Array, array_payload(VT::String, half, std::string(half * 8, '\0'))));
+  expect_error(f, {"key \"b\"", "more than 4194304 strings"});
+}
+
+TEST_F(GgufTest, TensorCountOverTheLimit) {
+  auto f = one_tensor({4}, kF32, 16);
+  f.tensor_count = kGgufMaxTensors + 1;
+  f.data.append((kGgufMaxTensors + 1) * 32, '\0');
+  expect_error(f, {"tensor count " + std::to_string(kGgufMaxTensors + 1), "more than ferry reads"});
+}
+
 TEST_F(GgufTest, BadMagic) {
   auto f = one_tensor({4}, kF32, 16);
   f.magic = "GGUG";

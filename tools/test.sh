@@ -25,15 +25,17 @@ cmake --build build-tsan --target test_transfer test_engine
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_transfer
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
 
-echo "== fuzzing the safetensors, GGUF and index readers (60 s each; tools/fuzz_long.sh: longer)"
+echo "== fuzzing the safetensors, GGUF and index readers (60 s each), the KV journal reader (30 s; tools/fuzz_long.sh: longer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf fuzz_index
-for target in safetensors gguf index; do
+cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf fuzz_index fuzz_kv_journal
+for target in safetensors gguf index kv_journal; do
   corpus=$(mktemp -d)
   seeds=fuzz/corpus
   [ $target != safetensors ] && seeds=fuzz/corpus_$target
+  seconds=60
+  [ $target = kv_journal ] && seconds=30
   cp "$seeds"/* "$corpus"/
-  build-fuzz/fuzz/fuzz_$target -max_total_time=60 -print_final_stats=1 \
+  build-fuzz/fuzz/fuzz_$target -max_total_time=$seconds -print_final_stats=1 \
     -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -3
   rm -rf "$corpus"
 done

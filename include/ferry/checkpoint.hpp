@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ferry/file_set.hpp"
+#include "ferry/gguf_metadata.hpp"
 #include "ferry/tensor_info.hpp"
 
 namespace ferry {
@@ -45,7 +46,10 @@ struct CheckpointFile {
   // gguf_metadata_json writes.
   std::uint32_t gguf_version = 0;
   std::uint64_t gguf_alignment = 0;
-  std::string metadata_json;
+  std::vector<GgufKeyValue> gguf_metadata;  // in file order
+  // gguf_metadata as JSON, built on demand: arrays take several times their file size as
+  // JSON text, which a load never needs. Empty for safetensors.
+  std::string metadata_json() const;
 };
 
 class Checkpoint {

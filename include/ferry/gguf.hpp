@@ -38,6 +38,12 @@ inline constexpr int kGgufMaxArrayDepth = 8;
 // Everything before the data section must fit in this. Real headers, tokenizer included, take a
 // few MB to a few tens of MB; the bound keeps a lying length from filling memory.
 inline constexpr std::uint64_t kGgufMaxHeaderBytes = 256ull << 20;
+// Counts past these are refused before anything is reserved for them: each key-value pair and
+// each tensor costs ~100-250 bytes of memory for as few as 14 and 24 bytes of file, so a header
+// of tiny records would cost 10x its size. Real files hold tens of keys (a tokenizer's
+// vocabulary is one array) and thousands of tensors.
+inline constexpr std::uint64_t kGgufMaxKeyValues = 1u << 16;
+inline constexpr std::uint64_t kGgufMaxTensors = 1u << 20;
 
 struct GgufHeader {
   std::uint32_t version = 0;

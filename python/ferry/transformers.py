@@ -11,10 +11,12 @@ comes back in eval mode.
 
 Where the checkpoint's names do not match the model's (transformers 5 fuses MoE experts that
 checkpoints store one by one, and converts them while loading), ferry still reads the tensors
-and hands them to transformers' own from_pretrained as its `state_dict`, which applies its
-conversions; `loaded_by(model)` says which route ran.
+and hands them to transformers' own from_pretrained as its `state_dict` (with no model path, the
+one way transformers 5 accepts a state_dict), so transformers' own conversion mapping fuses and
+casts ferry's tensors; `loaded_by(model)` says which route ran (FERRY or CONVERTED).
 """
 import contextlib
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -24,6 +26,20 @@ from . import _ferry
 from ._dtypes import normalize_device, tensor_table, torch_dtype as _torch_dtype
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+FERRY = "ferry"  # ferry's tensors became the parameters
+CONVERTED = "transformers(state_dict from ferry)"  # transformers converted ferry's tensors
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def _dtype_kwarg(dtype) -> Dict[str, Any]:
+    """transformers 5 names the dtype argument `dtype` (`torch_dtype` is deprecated there)."""
+    return {"dtype" if _transformers_major() >= 5 else "torch_dtype": dtype}
 
 
 @contextlib.contextmanager
@@ -73,7 +89,8 @@ def _model_class(cls_or_auto, config):
 def _resolve_dtype(dtype, config):
     """None or "auto": the checkpoint's dtype as its config states it, else float32."""
     if dtype is None or dtype == "auto":
-        dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.float32
+        # transformers 5 keeps it as config.dtype (torch_dtype is a deprecated alias there)
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     return dtype
@@ -149,10 +166,11 @@ def _assign(model, name: str, tensor: torch.Tensor) -> None:
 
 def _build(model_class, config, dtype):
     """_from_config picks the attention implementation as from_pretrained does (sdpa where torch
-    has it); the dtype reaches it as torch's default, the one spelling every version reads."""
+    has it). The dtype is passed to it (transformers 5 builds in config.dtype unless told) and
+    made torch's default (for a class without _from_config)."""
     with _default_dtype(dtype), _parameters_on_meta():
         if hasattr(model_class, "_from_config"):
-            return model_class._from_config(config)
+            return model_class._from_config(config, **_dtype_kwarg(dtype))
         return model_class(config)
 
 
@@ -169,7 +187,12 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     path = os.fspath(path)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(path, **config_kwargs)
+    else:
+        config = copy.deepcopy(config)  # the caller's stays as it was
     dtype = _resolve_dtype(torch_dtype, config)
+    # Versions that build in the config's dtype read it from here (from_pretrained sets it too);
+    # transformers 5 names it dtype (torch_dtype is a deprecated alias there).
+    setattr(config, "dtype" if _transformers_major() >= 5 else "torch_dtype", dtype)
     dev = normalize_device(device)
     checkpoint = _ferry.Checkpoint.open(_checkpoint_path(path))
     table = tensor_table(checkpoint)
@@ -181,7 +204,8 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     # Tied parameters count as present when any alias is in the checkpoint.
     missing = sorted(n for n in aliases if not any(a in covered for a in aliases[n]))
     if missing and set(table) - set(mapping):
-        return _through_transformers(cls_or_auto, path, checkpoint, dev, dtype, config, config_kwargs)
+        return _through_transformers(_model_class(cls_or_auto, config), path, checkpoint, dev, dtype,
+                                     config, strict)
     if missing and strict:
         raise RuntimeError(f"{path}: no tensor in the checkpoint for {', '.join(missing[:8])}"
                            + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
@@ -204,21 +228,34 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     model.to(dev)  # the buffers the model computed; the loaded parameters are there already
     _generation_config(model, path)
     model.eval()
-    model._ferry_loaded_by = "ferry"
+    model._ferry_loaded_by = FERRY
     model._ferry_stats = loaded.stats()
     return model
 
 
-def _through_transformers(cls_or_auto, path, checkpoint, dev, dtype, config, config_kwargs):
-    """Names that need transformers' conversions: ferry reads, transformers converts."""
+def _through_transformers(model_class, path, checkpoint, dev, dtype, config, strict):
+    """Names that need transformers' conversions: ferry reads every tensor, transformers converts
+    them (its conversion mapping: renames, fused MoE experts, casts) and fills the model. No
+    model path goes with the state_dict: transformers 5 refuses both, and without one it reads
+    no file itself."""
     from .torch import _tensors
 
     loaded = _ferry.load(checkpoint, dev)
     state = _tensors(loaded, tensor_table(checkpoint))
-    model = cls_or_auto.from_pretrained(path, config=config, state_dict=state, torch_dtype=dtype)
+    model, info = model_class.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
+                                              **_dtype_kwarg(dtype))
+    del state
+    aliases = _tied_names(model)
+    missing = set(info.get("missing_keys", ()))
+    # A tied parameter is filled when any of its names was loaded.
+    unfilled = sorted(n for n in missing if all(a in missing for a in aliases.get(n, [n])))
+    if unfilled and strict:
+        raise RuntimeError(f"{path}: no tensor in the checkpoint for {', '.join(unfilled[:8])}"
+                           + (f" and {len(unfilled) - 8} more" if len(unfilled) > 8 else ""))
     model.to(dev)
+    _generation_config(model, path)
     model.eval()
-    model._ferry_loaded_by = "transformers(state_dict from ferry)"
+    model._ferry_loaded_by = CONVERTED
     model._ferry_stats = loaded.stats()
     return model
 
@@ -235,6 +272,8 @@ def _generation_config(model, path: str) -> None:
 
 
 def loaded_by(model) -> Optional[str]:
-    """"ferry" when ferry's tensors became the parameters directly; "transformers(state_dict from
-    ferry)" when transformers converted names first; None for a model ferry did not load."""
+    """FERRY ("ferry") when ferry's tensors became the parameters directly; CONVERTED
+    ("transformers(state_dict from ferry)") when ferry read every tensor and transformers' own
+    conversions (transformers 5's fused MoE experts) filled the model from them; None for a model
+    ferry did not load."""
     return getattr(model, "_ferry_loaded_by", None)

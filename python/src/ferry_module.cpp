@@ -285,7 +285,7 @@ NB_MODULE(_ferry, m) {
            [](const Checkpoint& c, std::size_t file) {
              FERRY_EXPECT(file < c.files().size(), std::out_of_range, "file index ", file,
                           " is out of range");
-             return c.files()[file].metadata_json;
+             return c.files()[file].metadata_json();
            },
            "file"_a = 0, "GGUF metadata, typed, as JSON text (empty for safetensors).")
       .def("ggml_tensors",

@@ -84,20 +84,24 @@ CheckpointFormat detect_format(const fs::path& file) {
 }
 
 // GGUF metadata for a CheckpointFile: scalars as text, everything as typed JSON.
-void describe_gguf(CheckpointFile& entry, const GgufHeader& header) {
+void describe_gguf(CheckpointFile& entry, GgufHeader& header) {
   entry.gguf_version = header.version;
   entry.gguf_alignment = header.alignment;
   entry.data_start = header.data_start;
-  entry.metadata_json = gguf_metadata_json(header.metadata);
   for (const auto& kv : header.metadata)
     if (kv.value.type != GgufValueType::Array)
       entry.metadata.emplace(kv.key, gguf_value_text(kv.value));
+  entry.gguf_metadata = std::move(header.metadata);
 }
 
 }  // namespace
 
 std::shared_ptr<const Checkpoint> Checkpoint::open_shared(const std::filesystem::path& path) {
   return std::make_shared<const Checkpoint>(open(path));
+}
+
+std::string CheckpointFile::metadata_json() const {
+  return format == CheckpointFormat::Gguf ? gguf_metadata_json(gguf_metadata) : std::string();
 }
 
 Checkpoint Checkpoint::open(const fs::path& path) {
@@ -204,6 +208,7 @@ void Checkpoint::add_file_unguarded(const fs::path& file) {
   if (ec || parsed_size != entry.size)
     detail::fail_errno(ESTALE, file.string(), ": the file changed while it was being opened");
   const auto file_index = static_cast<std::uint32_t>(_files.size());
+  _tensors.reserve(_tensors.size() + tensors.size());  // no doubling of a huge list
   _files.push_back(std::move(entry));
   for (auto& t : tensors) {
     t.file_index = file_index;

@@ -26,6 +26,11 @@ constexpr std::uint64_t kArrayHeadBytes = 4 + 8;  // element type, count
 // 12 bytes of file; this bounds that growth. ggml itself reads no nested arrays at all.
 constexpr std::uint64_t kMaxNestedValues = 1u << 20;
 
+// Strings in arrays cost 32 bytes each (a std::string) for as few as 8 bytes of file. Real
+// tokenizers hold some 100,000s (tokens and merges); this bounds what a header of empty strings
+// could cost.
+constexpr std::uint64_t kMaxArrayStrings = 1u << 22;
+
 std::uint64_t load_le(std::span<const std::byte> bytes) {
   std::uint64_t value = 0;
   for (std::size_t i = bytes.size(); i-- > 0;)
@@ -82,6 +87,13 @@ class HeaderReader {
                         _limit - _pos, " remain before ", end_text());
   }
 
+  // Counts strings in arrays against kMaxArrayStrings.
+  void count_strings(std::uint64_t count, std::string_view context) {
+    FERRY_FORMAT_EXPECT(count <= _strings_left, _label, ": ", context,
+                        "arrays hold more than ", kMaxArrayStrings, " strings in all");
+    _strings_left -= count;
+  }
+
   // Counts values decoded one object each against kMaxNestedValues.
   void count_nested(std::uint64_t count, std::string_view context) {
     FERRY_FORMAT_EXPECT(count <= _nested_left, _label, ": ", context,
@@ -101,6 +113,7 @@ class HeaderReader {
   std::uint64_t _limit;
   std::uint64_t _pos = 0;
   std::uint64_t _nested_left = kMaxNestedValues;
+  std::uint64_t _strings_left = kMaxArrayStrings;
   std::string_view _label;
   Fetch _fetch;
 };
@@ -136,6 +149,7 @@ GgufArray read_array(HeaderReader& r, int depth, const std::string& context) {
     array.fixed.assign(bytes.begin(), bytes.end());
   } else if (array.element_type == GgufValueType::String) {
     r.expect_fits(array.size, kStringLengthBytes, context, "array length");
+    r.count_strings(array.size, context);
     array.strings.reserve(array.size);
     for (std::uint64_t i = 0; i < array.size; ++i)
       array.strings.push_back(r.string(context, "string in array"));
@@ -307,30 +321,36 @@ GgufHeader parse(HeaderReader& r) {
   const std::uint64_t kv_count = r.uint(8, "", "key-value count");
   r.expect_fits(kv_count, kMinKeyValueBytes, "", "key-value count");
   r.expect_fits(tensor_count, kMinTensorInfoBytes, "", "tensor count");
+  FERRY_FORMAT_EXPECT(kv_count <= kGgufMaxKeyValues, label, ": key-value count ", kv_count,
+                      " is more than ferry reads (", kGgufMaxKeyValues, ")");
+  FERRY_FORMAT_EXPECT(tensor_count <= kGgufMaxTensors, label, ": tensor count ", tensor_count,
+                      " is more than ferry reads (", kGgufMaxTensors, ")");
 
-  std::unordered_set<std::string> keys;
+  // Views of the keys in header.metadata, which is reserved and so never moves them.
+  std::unordered_set<std::string_view> keys;
+  keys.reserve(kv_count);
   header.metadata.reserve(kv_count);
   for (std::uint64_t i = 0; i < kv_count; ++i) {
-    GgufKeyValue kv;
+    GgufKeyValue& kv = header.metadata.emplace_back();
     kv.key = r.string(detail::concat("key-value pair ", i, " of ", kv_count, ": "), "key");
     const std::string context = "key \"" + kv.key + "\": ";
     FERRY_FORMAT_EXPECT(!kv.key.empty(), label, ": key-value pair ", i, " has an empty key");
     FERRY_FORMAT_EXPECT(keys.insert(kv.key).second, label, ": ", context, "appears twice");
     const GgufValueType type = read_value_type(r, context, "value type");
     kv.value = read_value(r, type, 0, context);
-    header.metadata.push_back(std::move(kv));
   }
   header.alignment = read_alignment(header.metadata, label);
 
   // Checked again now that the metadata has used its share of the bytes.
   r.expect_fits(tensor_count, kMinTensorInfoBytes, "", "tensor count");
-  std::unordered_set<std::string> names;
+  // Views of the names in header.tensors, which is reserved and so never moves them.
+  std::unordered_set<std::string_view> names;
+  names.reserve(tensor_count);
   header.tensors.reserve(tensor_count);
   for (std::uint64_t i = 0; i < tensor_count; ++i) {
-    TensorInfo info = read_tensor_info(r, i, tensor_count, header.alignment);
-    FERRY_FORMAT_EXPECT(names.insert(info.name).second, label, ": tensor \"", info.name,
-                        "\" appears twice");
-    header.tensors.push_back(std::move(info));
+    header.tensors.push_back(read_tensor_info(r, i, tensor_count, header.alignment));
+    const std::string& name = header.tensors.back().name;
+    FERRY_FORMAT_EXPECT(names.insert(name).second, label, ": tensor \"", name, "\" appears twice");
   }
 
   // r.pos() <= kGgufMaxHeaderBytes and alignment < 2^32: no overflow.

@@ -336,3 +336,32 @@ def test_save_benchmark_smoke_run(tmp_path):
     sizes = {r["saver"]: r["file_bytes"] for r in runs}
     assert sizes["ferry"] == sizes["safetensors"]
     assert sorted(os.listdir(tmp_path)) == ["runs.json"]
+
+
+HOST_GROWTH_CHILD = textwrap.dedent("""
+    import sys, torch, ferry.torch
+
+    def status(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+    tensors = {f"w{i}": torch.randn(64 << 20, device="cuda:0").to(torch.bfloat16) for i in range(8)}  # 1 GiB
+    torch.cuda.synchronize()
+    ferry.torch.write_file({"warm": torch.zeros(4, device="cuda:0")}, sys.argv[1])  # CUDA and pinning start
+    open("/proc/self/clear_refs", "w").write("5\\n")
+    before = status("VmRSS")
+    stats = ferry.torch.write_file(tensors, sys.argv[1])
+    print(status("VmHWM") - before, stats["staging_bytes"])
+""")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_cuda_save_host_memory_stays_at_the_staging_size(tmp_path):
+    path = tmp_path / "big.safetensors"
+    done = subprocess.run([sys.executable, "-c", HOST_GROWTH_CHILD, str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    growth, staging = map(int, done.stdout.split())
+    assert path.stat().st_size > 1 << 30
+    assert growth <= staging + (100 << 20), f"host memory grew {growth >> 20} MiB for {staging >> 20} MiB staging"

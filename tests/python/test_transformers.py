@@ -14,6 +14,8 @@ transformers = pytest.importorskip(
 
 import ferry.transformers  # noqa: E402
 
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+
 DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512)
@@ -40,7 +42,17 @@ def saved(request, tmp_path_factory):
 
 
 def _theirs(path, device, dtype):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype).to(device).eval()
+    kwarg = "dtype" if V5 else "torch_dtype"  # transformers 5 renamed it
+    return transformers.AutoModelForCausalLM.from_pretrained(path, **{kwarg: dtype}).to(device).eval()
+
+
+def _expected_route(arch):
+    """Llama and Qwen2 are filled by ferry in every version, as is Mixtral in transformers 4. In
+    transformers 5 a Mixtral checkpoint's per-expert tensors are fused while loading: ferry reads
+    them and transformers' own conversion mapping fuses them into the model."""
+    if arch == "mixtral" and V5:
+        return ferry.transformers.CONVERTED
+    return ferry.transformers.FERRY
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -51,8 +63,8 @@ def test_parameters_and_logits_equal_transformers(saved, device):
                                               torch_dtype=torch.bfloat16)
     assert type(ours) is type(theirs)
     assert not ours.training
-    if arch != "mixtral":  # transformers 5 converts per-expert checkpoints: that route may run
-        assert ferry.transformers.loaded_by(ours) == "ferry"
+    assert ferry.transformers.loaded_by(ours) == _expected_route(arch)
+    assert ours._ferry_stats is not None  # ferry read the checkpoint on either route
     ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
     assert ours_state.keys() == theirs_state.keys()
     for name, tensor in theirs_state.items():
@@ -72,7 +84,10 @@ def test_concrete_class_default_dtype_and_a_cast(saved):
     ours = ferry.transformers.from_pretrained(cls, path)  # dtype: the checkpoint's (config.torch_dtype)
     assert type(ours) is cls
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    assert ferry.transformers.loaded_by(ours) == _expected_route(arch)
     as_float = ferry.transformers.from_pretrained(cls, path, torch_dtype=torch.float32)
+    assert {p.dtype for p in as_float.parameters()} == {torch.float32}
+    assert ferry.transformers.loaded_by(as_float) == _expected_route(arch)
     theirs = _theirs(path, "cpu", torch.float32)
     tokens = torch.randint(0, theirs.config.vocab_size, (1, 16))
     with torch.no_grad():
@@ -102,3 +117,26 @@ def test_from_pretrained_benchmark_smoke_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "parameters equal bit for bit" in done.stdout
     assert {r["loader"] for r in json.loads(out.read_text())} == {"ferry", "transformers"}
+
+
+def test_names_that_need_transformers_renames_go_through_its_loader(tmp_path):
+    """A checkpoint with legacy names (LayerNorm.gamma/beta): ferry reads it and transformers
+    renames, so the model still equals transformers' own load."""
+    import ferry.torch
+
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=128)
+    torch.manual_seed(2)
+    model = transformers.BertForMaskedLM(config)
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in model.state_dict().items() if k != "cls.predictions.decoder.weight"}  # tied
+    state = {k: v.clone().contiguous() for k, v in state.items()}
+    ferry.torch.save_file(state, tmp_path / "model.safetensors", {"format": "pt"})
+    config.save_pretrained(tmp_path)
+    ours = ferry.transformers.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path, torch_dtype=torch.float32)
+    assert ferry.transformers.loaded_by(ours) == ferry.transformers.CONVERTED  # never transformers alone
+    assert ours._ferry_stats is not None
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    tokens = torch.randint(0, 128, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(ours(tokens).logits, theirs(tokens).logits)

@@ -1,0 +1,148 @@
+// A crash-safe store of fixed-size attention KV blocks on local storage (prefix caching).
+//
+// One namespace (model, dtype, block layout, tensor-parallel rank, world size) is one directory
+// under the root, so two ranks or two models never share a block. Blocks live in a few
+// preallocated slab files of 4 KiB-aligned slots; an append-only journal plus a periodic
+// checkpoint make the index survive restarts. Publish order: a block's bytes are written and
+// made durable before the journal record that makes it visible. Every block carries an
+// XXH3-64 checksum, checked on every get: a mismatch drops the block and reports a miss.
+//
+// Keys are 64-bit (vLLM's block hashes are integers); byte-string keys are hashed with
+// kv_key(). A key names content: putting a key that is present keeps the stored block.
+//
+// Sharing: one writer process per namespace (an flock on writer.lock) and any number of reader
+// processes (options.read_only), which pick up the writer's commits from the journal before
+// each call; readers never see an uncommitted block. All methods are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/device.hpp"
+
+namespace ferry {
+
+using KVKey = std::uint64_t;
+
+// The key of a byte-string block id: its XXH3-64 hash.
+KVKey kv_key(std::span<const std::byte> bytes);
+
+struct KVNamespace {
+  std::string model;
+  std::string dtype;
+  std::string block_layout;  // e.g. "layers=32,kv=2,block=16,heads=8,head_dim=128"
+  int tp_rank = 0;
+  int world_size = 1;
+};
+
+struct KVStoreOptions {
+  bool read_only = false;              // a reader: no lock, no writes, follows the writer
+  unsigned slab_count = 4;             // slab files the slots are spread over (at creation;
+                                       // an existing store keeps its own)
+  std::uint64_t checkpoint_every = 65536;  // journal records between checkpoints
+  bool checkpoint_on_close = true;     // a writer's destructor checkpoints (off: the journal
+                                       // alone carries the commits, as after a crash)
+};
+
+// One memory span of a block. A block is one span or a list of per-layer pieces, gathered
+// into one write (and scattered from one read) in the order given. Host memory only in this
+// version: cuda:N pieces are refused per key (they come with the transfer core).
+struct KVPiece {
+  void* data = nullptr;
+  std::uint64_t size = 0;
+  Device device = Device::cpu();
+};
+using KVBlock = std::span<const KVPiece>;
+
+enum class KVStatus {
+  ok,
+  already_present,  // put: the key was stored before; its block is kept
+  missing,          // get/remove: not stored (or dropped as corrupt)
+  bad_size,         // the pieces' total does not fit the block size / stored length
+  no_space,         // put: every slot is busy with in-flight reads or writes
+  io_error,         // the system refused a read, write or sync (message says which file)
+  unsupported,      // memory this version cannot reach (GPU pieces)
+  read_only,        // a write through a reader
+};
+const char* to_string(KVStatus status);
+
+struct KVResult {
+  KVStatus status = KVStatus::ok;
+  std::string message;  // empty for ok; otherwise says what and where
+  bool ok() const noexcept { return status == KVStatus::ok; }
+};
+
+struct KVStats {
+  std::filesystem::path directory;  // this namespace's directory
+  std::uint64_t block_bytes = 0;
+  std::uint64_t slot_bytes = 0;     // block_bytes rounded up to 4 KiB
+  std::uint64_t capacity_blocks = 0;
+  std::uint64_t blocks = 0;         // committed blocks in the index
+  std::uint64_t puts = 0, gets = 0, hits = 0, misses = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t corrupt_dropped = 0;      // blocks dropped because their checksum failed
+  std::uint64_t journal_records = 0;      // records since the last checkpoint
+  std::uint64_t checkpoints = 0;
+  std::uint64_t journal_tail_dropped = 0; // bytes of torn journal tail ignored at open
+  std::uint64_t index_bytes = 0;          // memory of the in-memory index
+  std::uint64_t last_sequence = 0;
+  bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
+  bool read_only = false;
+};
+
+// A store found under a root (from its manifest), enough to open it again.
+struct KVStoreInfo {
+  std::filesystem::path directory;
+  KVNamespace ns;
+  std::uint64_t block_bytes = 0;
+  std::uint64_t capacity_bytes = 0;  // slots x slot size
+};
+
+class KVStore {
+ public:
+  // Opens (a writer creates) the namespace's directory under `root`. capacity_bytes / slot
+  // size gives the slot count; both are fixed when the store is created and checked after.
+  static KVStore open(const std::filesystem::path& root, const KVNamespace& ns,
+                      std::uint64_t capacity_bytes, std::uint64_t block_bytes,
+                      const KVStoreOptions& options = {});
+
+  KVStore(KVStore&&) noexcept;
+  KVStore& operator=(KVStore&&) noexcept;
+  ~KVStore();  // see checkpoint_on_close (errors are ignored: the journal has it all)
+
+  // One batch each; results are per key, in order (one bad key does not fail the others).
+  std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources);
+  std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
+  std::vector<KVResult> remove(std::span<const KVKey> keys);
+  // How many leading keys are stored (the prefix hit length).
+  std::size_t lookup(std::span<const KVKey> keys);
+  std::vector<bool> contains(std::span<const KVKey> keys);
+  // The stored length of a key's block, 0 when absent.
+  std::uint64_t stored_length(KVKey key);
+
+  // Writes a checkpoint now and starts an empty journal (a writer only).
+  void checkpoint();
+  // A reader: applies the writer's commits since the last call (every call does this first).
+  void refresh();
+  KVStats stats();
+
+  // Every committed key, oldest use first (for `verify` and tests).
+  std::vector<KVKey> keys();
+
+  // A namespace's directory name under the root: "ns-" and 16 hex digits of its hash.
+  static std::string directory_name(const KVNamespace& ns);
+  // Every store under `root`, read from the manifests (a bad manifest is an error naming it).
+  static std::vector<KVStoreInfo> list(const std::filesystem::path& root);
+
+ private:
+  struct Impl;
+  explicit KVStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> _impl;
+};
+
+}  // namespace ferry

@@ -1,0 +1,50 @@
+// The one seam through which the KV store moves block bytes. Everything above it (index,
+// journal, eviction) is storage logic; everything below it is data movement. A batch of N
+// blocks is one call, shaped for the transfer core's submit-a-batch-get-a-ticket model: today
+// HostBlockIo serves host memory with positioned O_DIRECT I/O; the transfer core's staged and
+// cuFile backends will implement the same interface for cuda:N pieces.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "ferry/device.hpp"
+
+namespace ferry::detail::kv {
+
+struct BlockSpan {
+  void* data = nullptr;
+  std::uint64_t size = 0;
+  Device device = Device::cpu();
+};
+
+enum class BlockOutcome { ok, io_error, checksum_mismatch };
+
+// One block: a slot of a slab file and the memory pieces it is gathered from or scattered to.
+struct BlockRequest {
+  int slab = 0;
+  std::uint64_t offset = 0;  // 4 KiB-aligned
+  std::span<const BlockSpan> pieces;
+  // write: filled with the XXH3-64 of the bytes written; read: the checksum they must have.
+  std::uint64_t checksum = 0;
+  BlockOutcome outcome = BlockOutcome::ok;
+  std::string message;  // names the file and the failure where outcome != ok
+};
+
+class BlockIo {
+ public:
+  virtual ~BlockIo() = default;
+  // Each block's pieces are gathered into ONE write of the block (padded with zeros to 4 KiB);
+  // the checksum is taken of the bytes as written. Failures are per block.
+  virtual void write(std::span<BlockRequest> batch) = 0;
+  // Each block is ONE read; its checksum is verified before any byte reaches the pieces, so a
+  // mismatch leaves the destination untouched.
+  virtual void read(std::span<BlockRequest> batch) = 0;
+  // Makes every write to `slab` so far durable (fdatasync). Throws std::system_error.
+  virtual void sync(int slab) = 0;
+  // Whether slab I/O goes around the page cache (O_DIRECT) or, where refused, through it.
+  virtual bool direct() const = 0;
+};
+
+}  // namespace ferry::detail::kv

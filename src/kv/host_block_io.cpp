@@ -1,0 +1,132 @@
+#include "kv/host_block_io.hpp"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <system_error>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail::kv {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+std::unique_ptr<std::byte, FreeDeleter> bounce_buffer(std::uint64_t bytes) {
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::unique_ptr<std::byte, FreeDeleter>(static_cast<std::byte*>(p));
+}
+
+std::uint64_t total(std::span<const BlockSpan> pieces) {
+  std::uint64_t sum = 0;
+  for (const BlockSpan& p : pieces) sum += p.size;
+  return sum;
+}
+
+std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// One positioned transfer of exactly `size` bytes, retrying short transfers and EINTR; an
+// EINVAL on the O_DIRECT descriptor switches the slab to buffered and retries there.
+// Returns 0 or the errno of the failure.
+template <bool kWrite>
+int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
+             std::uint64_t offset) {
+  std::uint64_t done = 0;
+  while (done < size) {
+    const int fd = slabs.fd(slab);
+    const off_t at = static_cast<off_t>(offset + done);
+    const ssize_t n = kWrite ? ::pwrite(fd, buffer + done, size - done, at)
+                             : ::pread(fd, buffer + done, size - done, at);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL && slabs.direct(slab)) {
+        slabs.fall_back_to_buffered(slab);
+        continue;
+      }
+      return errno;
+    }
+    if (n == 0) return kWrite ? ENOSPC : EIO;  // a preallocated slab cannot end early
+    done += static_cast<std::uint64_t>(n);
+  }
+  return 0;
+}
+
+void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, const char* what) {
+  request.outcome = BlockOutcome::io_error;
+  request.message = detail::concat(slabs.name(request.slab), ": ", what, " at offset ",
+                                   request.offset, " failed: ",
+                                   std::generic_category().message(error));
+}
+
+}  // namespace
+
+void HostBlockIo::write(std::span<BlockRequest> batch) {
+  auto buffer = bounce_buffer(_slot_bytes);
+  for (BlockRequest& request : batch) {
+    const std::uint64_t length = total(request.pieces);
+    FERRY_ASSERT(length <= _slot_bytes);
+    std::byte* at = buffer.get();
+    for (const BlockSpan& piece : request.pieces) {
+      FERRY_ASSERT(!piece.device.is_cuda());
+      if (piece.size == 0) continue;
+      std::memcpy(at, piece.data, piece.size);
+      at += piece.size;
+    }
+    const std::uint64_t padded = round_up(length);
+    std::memset(at, 0, padded - length);
+    request.checksum = XXH3_64bits(buffer.get(), length);
+    const int error = transfer<true>(_slabs, request.slab, buffer.get(), padded, request.offset);
+    if (error != 0) fail_request(request, _slabs, error, "write of a block");
+    else request.outcome = BlockOutcome::ok;
+  }
+}
+
+void HostBlockIo::read(std::span<BlockRequest> batch) {
+  auto buffer = bounce_buffer(_slot_bytes);
+  for (BlockRequest& request : batch) {
+    const std::uint64_t length = total(request.pieces);
+    FERRY_ASSERT(length <= _slot_bytes);
+    const int error =
+        transfer<false>(_slabs, request.slab, buffer.get(), round_up(length), request.offset);
+    if (error != 0) {
+      fail_request(request, _slabs, error, "read of a block");
+      continue;
+    }
+    if (XXH3_64bits(buffer.get(), length) != request.checksum) {
+      request.outcome = BlockOutcome::checksum_mismatch;
+      request.message = detail::concat(_slabs.name(request.slab), ": block at offset ",
+                                       request.offset, " fails its checksum; dropped");
+      continue;
+    }
+    const std::byte* from = buffer.get();
+    for (const BlockSpan& piece : request.pieces) {
+      FERRY_ASSERT(!piece.device.is_cuda());
+      if (piece.size == 0) continue;
+      std::memcpy(piece.data, from, piece.size);
+      from += piece.size;
+    }
+    request.outcome = BlockOutcome::ok;
+  }
+}
+
+void HostBlockIo::sync(int slab) {
+  if (::fdatasync(_slabs.buffered_fd(slab)) != 0)
+    FERRY_SYSCALL_FAIL(_slabs.name(slab), ": fdatasync");
+}
+
+bool HostBlockIo::direct() const {
+  for (unsigned i = 0; i < _slabs.count(); ++i)
+    if (!_slabs.direct(static_cast<int>(i))) return false;
+  return true;
+}
+
+}  // namespace ferry::detail::kv

@@ -1,0 +1,721 @@
+// KVStore: the index, the journal and checkpoint, eviction and sharing. Bytes move only through
+// BlockIo (kv/block_io.hpp). Lock order: _commit (journal, checkpoint, refresh) before _mutex
+// (index, counters); no I/O on slabs is done under either.
+#include "ferry/kv_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_set>
+
+#include "ferry/error.hpp"
+#include "io/file_descriptor.hpp"
+#include "kv/durable_file.hpp"
+#include "kv/host_block_io.hpp"
+#include "kv/kv_format.hpp"
+#include "kv/kv_index.hpp"
+#include "kv/slab_files.hpp"
+
+namespace ferry {
+
+using namespace detail::kv;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+constexpr int kManifestVersion = 1;
+
+nlohmann::json namespace_json(const KVNamespace& ns) {
+  return {{"model", ns.model},       {"dtype", ns.dtype},       {"block_layout", ns.block_layout},
+          {"tp_rank", ns.tp_rank},   {"world_size", ns.world_size}};
+}
+
+KVResult result(KVStatus status, std::string message = {}) { return {status, std::move(message)}; }
+
+std::uint64_t total_size(KVBlock block) {
+  std::uint64_t sum = 0;
+  for (const KVPiece& p : block) sum += p.size;
+  return sum;
+}
+
+// Why a block's pieces cannot be used, or an empty string.
+std::string check_pieces(KVBlock block) {
+  for (const KVPiece& p : block) {
+    if (p.device.is_cuda())
+      return "GPU memory (" + p.device.to_string() +
+             ") is not supported yet: it comes with the transfer core";
+    if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
+                                                 " bytes has no memory (null pointer)";
+  }
+  return {};
+}
+
+std::string hex16(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+}  // namespace
+
+KVKey kv_key(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+const char* to_string(KVStatus status) {
+  switch (status) {
+    case KVStatus::ok: return "ok";
+    case KVStatus::already_present: return "already present";
+    case KVStatus::missing: return "missing";
+    case KVStatus::bad_size: return "bad size";
+    case KVStatus::no_space: return "no space";
+    case KVStatus::io_error: return "I/O error";
+    case KVStatus::unsupported: return "unsupported";
+    case KVStatus::read_only: return "read only";
+  }
+  return "unknown";
+}
+
+std::string KVStore::directory_name(const KVNamespace& ns) {
+  const std::string canonical = namespace_json(ns).dump();  // keys sorted: a stable text
+  return "ns-" + hex16(XXH3_64bits(canonical.data(), canonical.size()));
+}
+
+struct KVStore::Impl {
+  KVNamespace ns;
+  KVStoreOptions options;
+  fs::path dir, journal_path, checkpoint_path;
+  std::uint64_t block_bytes = 0, slot_bytes = 0, slot_count = 0, slots_per_slab = 0;
+  unsigned slab_count = 0;
+  Limits limits;
+
+  detail::FileDescriptor lock_fd;
+  std::unique_ptr<SlabFiles> slabs;
+  std::unique_ptr<BlockIo> io;
+
+  std::mutex commit;  // the journal, checkpoints, a reader's refresh
+  AppendFile journal;
+  std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
+  ino_t journal_inode = 0;           // a reader: the journal file it follows
+  std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
+
+  std::mutex mutex;  // the index, pending keys and counters
+  std::unique_ptr<KvIndex> index;
+  std::unordered_set<KVKey> pending;
+  KVStats counters;
+
+  int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
+  std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
+
+  void check_manifest(bool writable);
+  void load_state(bool writable);
+  void apply(const Record& r);
+  void append_records(const std::vector<Record>& records);
+  void checkpoint_locked();
+  void refresh();
+};
+
+namespace {
+
+nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>& bytes) {
+  nlohmann::json found;
+  try {
+    found = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                  reinterpret_cast<const char*>(bytes.data() + bytes.size()));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": not JSON: " + e.what());
+  }
+  FERRY_FORMAT_EXPECT(found.is_object() && found.value("format", "") == "ferry-kv-store" &&
+                          found.value("version", 0) == kManifestVersion,
+                      path.string(), ": not a version ", kManifestVersion,
+                      " ferry KV store manifest");
+  try {
+    for (const char* field : {"block_bytes", "slot_bytes", "slot_count", "slab_count",
+                              "slots_per_slab"})
+      FERRY_FORMAT_EXPECT(found.at(field).is_number_unsigned(), path.string(), ": ", field,
+                          " is not a count");
+    const auto& ns = found.at("namespace");
+    (void)ns.at("model").get<std::string>(), (void)ns.at("dtype").get<std::string>();
+    (void)ns.at("block_layout").get<std::string>(), (void)ns.at("tp_rank").get<int>();
+    (void)ns.at("world_size").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": " + e.what());
+  }
+  return found;
+}
+
+}  // namespace
+
+void KVStore::Impl::check_manifest(bool writable) {
+  nlohmann::json wanted = {{"format", "ferry-kv-store"},
+                           {"version", kManifestVersion},
+                           {"namespace", namespace_json(ns)},
+                           {"block_bytes", block_bytes},
+                           {"slot_bytes", slot_bytes},
+                           {"slot_count", slot_count},
+                           {"slab_count", slab_count},
+                           {"slots_per_slab", slots_per_slab}};
+  const fs::path path = dir / "manifest.json";
+  auto bytes = read_if_exists(path);
+  if (!bytes) {
+    FERRY_EXPECT(writable, std::invalid_argument, path.string(),
+                 ": no KV store here (a writer creates it)");
+    const std::string text = wanted.dump(2) + "\n";
+    write_atomically(path, std::as_bytes(std::span(text)));
+    return;
+  }
+  const nlohmann::json found = read_manifest(path, *bytes);
+  FERRY_EXPECT(found["namespace"] == wanted["namespace"], std::invalid_argument, path.string(),
+               ": belongs to namespace ", found["namespace"].dump(), ", not ",
+               wanted["namespace"].dump());
+  // The slab split is the creator's choice; block size and capacity must be what was asked.
+  const auto found_slabs = found["slab_count"].get<std::uint64_t>();
+  const auto found_per_slab = found["slots_per_slab"].get<std::uint64_t>();
+  FERRY_FORMAT_EXPECT(found_slabs >= 1 && found_slabs <= 256 &&
+                          found_per_slab == (slot_count + found_slabs - 1) / found_slabs,
+                      path.string(), ": slab_count ", found_slabs, " and slots_per_slab ",
+                      found_per_slab, " do not fit ", slot_count, " slots");
+  wanted["slab_count"] = found_slabs;
+  wanted["slots_per_slab"] = found_per_slab;
+  FERRY_EXPECT(found == wanted, std::invalid_argument, path.string(), ": the store was created as ",
+               found.dump(), "; opened as ", wanted.dump(),
+               " (block size and capacity are fixed at creation)");
+  slab_count = static_cast<unsigned>(found_slabs);
+  slots_per_slab = found_per_slab;
+}
+
+std::vector<KVStoreInfo> KVStore::list(const fs::path& root) {
+  std::vector<KVStoreInfo> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const fs::path path = entry.path() / "manifest.json";
+    if (entry.path().filename().string().rfind("ns-", 0) != 0) continue;
+    auto bytes = read_if_exists(path);
+    if (!bytes) continue;  // a store being created
+    const nlohmann::json m = read_manifest(path, *bytes);
+    KVStoreInfo info;
+    info.directory = entry.path();
+    const auto& ns = m["namespace"];
+    info.ns = {ns["model"].get<std::string>(), ns["dtype"].get<std::string>(),
+               ns["block_layout"].get<std::string>(), ns["tp_rank"].get<int>(),
+               ns["world_size"].get<int>()};
+    info.block_bytes = m["block_bytes"].get<std::uint64_t>();
+    info.capacity_bytes = m["slot_count"].get<std::uint64_t>() * m["slot_bytes"].get<std::uint64_t>();
+    out.push_back(std::move(info));
+  }
+  if (error) detail::fail_errno(error.value(), root.string(), ": cannot list the KV root");
+  std::sort(out.begin(), out.end(),
+            [](const KVStoreInfo& a, const KVStoreInfo& b) { return a.directory < b.directory; });
+  return out;
+}
+
+void KVStore::Impl::apply(const Record& r) {
+  if (r.kind == RecordKind::put)
+    index->publish(r.slot, r.key, static_cast<std::uint32_t>(r.length), r.checksum);
+  else
+    index->erase(r.key);
+  last_sequence = r.sequence;
+}
+
+void KVStore::Impl::load_state(bool writable) {
+  const std::string journal_name = journal_path.string();
+  // A reader may race with the writer's checkpoint (a new checkpoint, then a new journal):
+  // a journal newer than the checkpoint read means the checkpoint changed in between.
+  for (int attempt = 0;; ++attempt) {
+    IndexSnapshot base;
+    if (auto bytes = read_if_exists(checkpoint_path))
+      base = decode_checkpoint(*bytes, limits, checkpoint_path.string());
+    detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd && errno != ENOENT) FERRY_SYSCALL_FAIL(journal_name, ": cannot open");
+    std::vector<std::byte> bytes;
+    struct stat st {};
+    if (fd) {
+      if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_name);
+      bytes.resize(static_cast<std::size_t>(st.st_size));
+      bytes.resize(detail::read_up_to(fd, bytes.data(), bytes.size(), 0, journal_path));
+    }
+    std::optional<std::uint64_t> journal_epoch;
+    if (fd) journal_epoch = decode_journal_header(bytes, journal_name);
+    if (journal_epoch && *journal_epoch > base.epoch) {
+      FERRY_FORMAT_EXPECT(!writable && attempt < 20, journal_name, ": journal epoch ",
+                          *journal_epoch, " is newer than the checkpoint's (", base.epoch,
+                          "): the checkpoint is missing or old");
+      continue;
+    }
+    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
+    for (const Record& r : base.entries) index->publish(r.slot, r.key, r.length, r.checksum);
+    epoch = base.epoch;
+    last_sequence = base.last_sequence;
+    records_since_checkpoint = 0;
+    std::uint64_t valid_end = kJournalHeaderSize;
+    if (journal_epoch && *journal_epoch == base.epoch) {
+      JournalScan scan =
+          scan_records(bytes, kJournalHeaderSize, base.last_sequence, limits, journal_name);
+      for (const Record& r : scan.records) apply(r);
+      records_since_checkpoint = scan.records.size();
+      valid_end = scan.valid_end;
+      counters.journal_tail_dropped = scan.torn_bytes;
+      journal_inode = st.st_ino;
+      journal_offset = valid_end;
+    }
+    if (writable) {
+      if (!journal_epoch || *journal_epoch != base.epoch) {
+        // No journal, or one older than the checkpoint (a crash between the two renames):
+        // start the checkpoint's own.
+        write_atomically(journal_path, encode_journal_header(epoch));
+        valid_end = kJournalHeaderSize;
+      }
+      journal = AppendFile(journal_path, valid_end);  // cuts a torn tail
+    }
+    return;
+  }
+}
+
+void KVStore::Impl::append_records(const std::vector<Record>& records) {
+  std::vector<std::byte> bytes(records.size() * kRecordSize);
+  for (std::size_t i = 0; i < records.size(); ++i)
+    encode_record(records[i], bytes.data() + i * kRecordSize);
+  journal.append(bytes);
+  records_since_checkpoint += records.size();
+}
+
+void KVStore::Impl::checkpoint_locked() {
+  IndexSnapshot snapshot;
+  {
+    std::lock_guard lock(mutex);
+    snapshot.epoch = epoch + 1;
+    snapshot.last_sequence = last_sequence;
+    for (std::uint32_t s : index->lru_order()) {
+      const SlotEntry& e = index->slot(s);
+      snapshot.entries.push_back({RecordKind::put, 0, e.key, s, e.length, e.checksum});
+    }
+  }
+  // Checkpoint first, then the new journal: a crash in between leaves a journal older than
+  // the checkpoint, which open recognises by its epoch and replaces.
+  write_atomically(checkpoint_path, encode_checkpoint(snapshot, limits));
+  write_atomically(journal_path, encode_journal_header(snapshot.epoch));
+  journal = AppendFile(journal_path, kJournalHeaderSize);
+  epoch = snapshot.epoch;
+  records_since_checkpoint = 0;
+  std::lock_guard lock(mutex);
+  ++counters.checkpoints;
+}
+
+void KVStore::Impl::refresh() {
+  std::lock_guard commit_lock(commit);
+  detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return;  // between the writer's creation steps
+    FERRY_SYSCALL_FAIL(journal_path.string(), ": cannot open");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_path.string());
+  if (st.st_ino != journal_inode) {  // the writer checkpointed: start again from its snapshot
+    std::lock_guard lock(mutex);
+    load_state(false);
+    return;
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size <= journal_offset) return;
+  std::vector<std::byte> bytes(size);
+  const std::size_t got = detail::read_up_to(fd, bytes.data() + journal_offset,
+                                             size - journal_offset, journal_offset, journal_path);
+  bytes.resize(journal_offset + got);
+  // A tail that does not decode may be an append in progress: stop there, take it next time.
+  JournalScan scan =
+      scan_records(bytes, journal_offset, last_sequence, limits, journal_path.string());
+  std::lock_guard lock(mutex);
+  for (const Record& r : scan.records) apply(r);
+  journal_offset = scan.valid_end;
+}
+
+KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t capacity_bytes,
+                      std::uint64_t block_bytes, const KVStoreOptions& options) {
+  FERRY_EXPECT(block_bytes > 0 && block_bytes <= (std::uint64_t{1} << 31), std::invalid_argument,
+               "KV store at ", root.string(), ": block size ", block_bytes,
+               " must be 1 byte to 2 GiB");
+  FERRY_EXPECT(ns.world_size >= 1 && ns.tp_rank >= 0 && ns.tp_rank < ns.world_size,
+               std::invalid_argument, "KV store at ", root.string(), ": tensor-parallel rank ",
+               ns.tp_rank, " of world size ", ns.world_size);
+  FERRY_EXPECT(options.slab_count >= 1 && options.slab_count <= 256, std::invalid_argument,
+               "KV store at ", root.string(), ": slab count ", options.slab_count,
+               " must be 1 to 256");
+  FERRY_EXPECT(options.checkpoint_every >= 1, std::invalid_argument, "KV store at ",
+               root.string(), ": checkpoint_every must be at least 1");
+  auto impl = std::make_unique<Impl>();
+  impl->ns = ns;
+  impl->options = options;
+  impl->block_bytes = block_bytes;
+  impl->slot_bytes = (block_bytes + kAlign - 1) / kAlign * kAlign;
+  impl->slot_count = capacity_bytes / impl->slot_bytes;
+  FERRY_EXPECT(impl->slot_count >= 1 && impl->slot_count < kNoSlot, std::invalid_argument,
+               "KV store at ", root.string(), ": capacity ", capacity_bytes, " bytes holds ",
+               impl->slot_count, " blocks of ", impl->slot_bytes, " (need 1 to 2^32-2)");
+  impl->slab_count =
+      static_cast<unsigned>(std::min<std::uint64_t>(options.slab_count, impl->slot_count));
+  impl->slots_per_slab = (impl->slot_count + impl->slab_count - 1) / impl->slab_count;
+  impl->limits = {impl->slot_count, block_bytes};
+  impl->dir = root / directory_name(ns);
+  impl->journal_path = impl->dir / "journal";
+  impl->checkpoint_path = impl->dir / "checkpoint";
+  const bool writable = !options.read_only;
+
+  if (writable) {
+    std::error_code error;
+    fs::create_directories(root, error);
+    if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
+    if (::mkdir(impl->dir.c_str(), 0700) == 0)
+      fsync_directory(root);  // the new directory's name is durable before files go in it
+    else if (errno != EEXIST)
+      FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
+    const fs::path lock_path = impl->dir / "writer.lock";
+    impl->lock_fd = detail::FileDescriptor(
+        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
+    if (::flock(impl->lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        FERRY_SYSCALL_FAIL(lock_path.string(),
+                           ": another process writes this namespace (open read_only to share)");
+      FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
+    }
+  } else {
+    struct stat st {};
+    if (::stat(impl->dir.c_str(), &st) != 0)
+      FERRY_SYSCALL_FAIL(impl->dir.string(), ": no KV store for this namespace (a writer creates it)");
+  }
+  impl->check_manifest(writable);
+  impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,
+                                            impl->slots_per_slab * impl->slot_bytes, writable);
+  impl->io = std::make_unique<HostBlockIo>(*impl->slabs, impl->slot_bytes);
+  impl->load_state(writable);
+  return KVStore(std::move(impl));
+}
+
+KVStore::KVStore(std::unique_ptr<Impl> impl) : _impl(std::move(impl)) {}
+KVStore::KVStore(KVStore&&) noexcept = default;
+KVStore& KVStore::operator=(KVStore&&) noexcept = default;
+
+KVStore::~KVStore() {
+  if (!_impl || _impl->options.read_only || !_impl->options.checkpoint_on_close) return;
+  try {
+    std::lock_guard commit_lock(_impl->commit);
+    if (_impl->records_since_checkpoint > 0) _impl->checkpoint_locked();
+  } catch (...) {
+    // The journal already holds every commit; the next open replays it.
+  }
+}
+
+std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources) {
+  Impl& s = *_impl;
+  FERRY_EXPECT(keys.size() == sources.size(), std::invalid_argument, "KV put: ", keys.size(),
+               " keys but ", sources.size(), " sources");
+  std::vector<KVResult> results(keys.size());
+  if (s.options.read_only) {
+    for (auto& r : results) r = result(KVStatus::read_only, "KV put: this store is a reader");
+    return results;
+  }
+  struct Work {
+    std::size_t index;
+    std::uint32_t slot;
+  };
+  std::vector<Work> work;
+  {
+    std::lock_guard lock(s.mutex);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::uint64_t size = total_size(sources[i]);
+      if (std::string why = check_pieces(sources[i]); !why.empty()) {
+        results[i] = result(KVStatus::unsupported, "KV put of key " + std::to_string(keys[i]) +
+                                                        ": " + why);
+        continue;
+      }
+      if (size == 0 || size > s.block_bytes) {
+        results[i] = result(KVStatus::bad_size, "KV put of key " + std::to_string(keys[i]) +
+                                                    ": " + std::to_string(size) +
+                                                    " bytes; blocks are 1 to " +
+                                                    std::to_string(s.block_bytes));
+        continue;
+      }
+      if (const std::uint32_t found = s.index->find(keys[i]); found != kNoSlot) {
+        s.index->touch(found);
+        results[i] = result(KVStatus::already_present);
+        continue;
+      }
+      if (!s.pending.insert(keys[i]).second) {  // in this batch or another thread's
+        results[i] = result(KVStatus::already_present);
+        continue;
+      }
+      std::optional<std::uint64_t> evicted;
+      const std::uint32_t slot = s.index->take_slot(evicted);
+      if (slot == kNoSlot) {
+        s.pending.erase(keys[i]);
+        results[i] = result(KVStatus::no_space,
+                            "KV put: every slot is busy with reads or writes in flight");
+        continue;
+      }
+      if (evicted) ++s.counters.evictions;
+      work.push_back({i, slot});
+    }
+  }
+  if (work.empty()) return results;
+
+  // Data first: write every block, then make each touched slab durable.
+  std::vector<std::vector<BlockSpan>> spans(work.size());
+  std::vector<BlockRequest> requests(work.size());
+  for (std::size_t w = 0; w < work.size(); ++w) {
+    for (const KVPiece& p : sources[work[w].index]) spans[w].push_back({p.data, p.size, p.device});
+    requests[w].slab = s.slab_of(work[w].slot);
+    requests[w].offset = s.offset_of(work[w].slot);
+    requests[w].pieces = spans[w];
+  }
+  s.io->write(requests);
+  std::set<int> touched;
+  for (const BlockRequest& r : requests)
+    if (r.outcome == BlockOutcome::ok) touched.insert(r.slab);
+  for (int slab : touched) {
+    try {
+      s.io->sync(slab);
+    } catch (const std::exception& e) {
+      for (BlockRequest& r : requests)
+        if (r.slab == slab && r.outcome == BlockOutcome::ok) {
+          r.outcome = BlockOutcome::io_error;
+          r.message = e.what();
+        }
+    }
+  }
+
+  // Then the records that make them visible, durable before the index shows them.
+  std::lock_guard commit_lock(s.commit);
+  std::vector<Record> records;
+  for (std::size_t w = 0; w < work.size(); ++w)
+    if (requests[w].outcome == BlockOutcome::ok)
+      records.push_back({RecordKind::put, s.last_sequence + records.size() + 1,
+                         keys[work[w].index], work[w].slot, total_size(sources[work[w].index]),
+                         requests[w].checksum});
+  std::string journal_error;
+  if (!records.empty()) {
+    try {
+      s.append_records(records);
+      s.last_sequence = records.back().sequence;
+    } catch (const std::exception& e) {
+      journal_error = e.what();
+    }
+  }
+  {
+    std::lock_guard lock(s.mutex);
+    for (std::size_t w = 0; w < work.size(); ++w) {
+      const std::size_t i = work[w].index;
+      s.pending.erase(keys[i]);
+      if (requests[w].outcome == BlockOutcome::ok && journal_error.empty()) {
+        s.index->publish(work[w].slot, keys[i], static_cast<std::uint32_t>(total_size(sources[i])),
+                         requests[w].checksum);
+        ++s.counters.puts;
+        results[i] = result(KVStatus::ok);
+      } else {
+        s.index->release_writing(work[w].slot);
+        results[i] = result(KVStatus::io_error, requests[w].outcome == BlockOutcome::ok
+                                                    ? journal_error
+                                                    : requests[w].message);
+      }
+    }
+  }
+  if (s.records_since_checkpoint >= s.options.checkpoint_every) {
+    try {
+      s.checkpoint_locked();
+    } catch (...) {
+      // The journal keeps every commit; the next checkpoint tries again.
+    }
+  }
+  return results;
+}
+
+std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
+                                   std::span<const KVBlock> destinations) {
+  Impl& s = *_impl;
+  FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ",
+               keys.size(), " keys but ", destinations.size(), " destinations");
+  if (s.options.read_only) s.refresh();
+  std::vector<KVResult> results(keys.size());
+  struct Work {
+    std::size_t index;
+    std::uint32_t slot;
+  };
+  std::vector<Work> work;
+  std::vector<BlockRequest> requests;
+  {
+    std::lock_guard lock(s.mutex);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      ++s.counters.gets;
+      if (std::string why = check_pieces(destinations[i]); !why.empty()) {
+        results[i] = result(KVStatus::unsupported,
+                            "KV get of key " + std::to_string(keys[i]) + ": " + why);
+        continue;
+      }
+      const std::uint32_t slot = s.index->find(keys[i]);
+      if (slot == kNoSlot) {
+        ++s.counters.misses;
+        results[i] = result(KVStatus::missing);
+        continue;
+      }
+      const SlotEntry& e = s.index->slot(slot);
+      const std::uint64_t size = total_size(destinations[i]);
+      if (size != e.length) {
+        results[i] = result(KVStatus::bad_size, "KV get of key " + std::to_string(keys[i]) +
+                                                    ": destination of " + std::to_string(size) +
+                                                    " bytes for a block of " +
+                                                    std::to_string(e.length));
+        continue;
+      }
+      if (!s.options.read_only) s.index->pin(slot);  // no eviction while it is read
+      s.index->touch(slot);
+      BlockRequest request;
+      request.slab = s.slab_of(slot);
+      request.offset = s.offset_of(slot);
+      request.checksum = e.checksum;
+      requests.push_back(std::move(request));
+      work.push_back({i, slot});
+    }
+  }
+  std::vector<std::vector<BlockSpan>> spans(work.size());
+  for (std::size_t w = 0; w < work.size(); ++w) {
+    for (const KVPiece& p : destinations[work[w].index])
+      spans[w].push_back({p.data, p.size, p.device});
+    requests[w].pieces = spans[w];
+  }
+  if (!requests.empty()) s.io->read(requests);
+  std::lock_guard lock(s.mutex);
+  for (std::size_t w = 0; w < work.size(); ++w) {
+    const std::size_t i = work[w].index;
+    const std::uint32_t slot = work[w].slot;
+    if (!s.options.read_only) s.index->unpin(slot);
+    switch (requests[w].outcome) {
+      case BlockOutcome::ok:
+        ++s.counters.hits;
+        results[i] = result(KVStatus::ok);
+        break;
+      case BlockOutcome::checksum_mismatch: {
+        // Drop it (unless the slot already holds something else) and report a miss.
+        const SlotEntry& e = s.index->slot(slot);
+        if (e.state == SlotState::live && e.key == keys[i] && e.checksum == requests[w].checksum)
+          s.index->erase(keys[i]);
+        ++s.counters.corrupt_dropped;
+        ++s.counters.misses;
+        results[i] = result(KVStatus::missing, requests[w].message);
+        break;
+      }
+      case BlockOutcome::io_error:
+        results[i] = result(KVStatus::io_error, requests[w].message);
+        break;
+    }
+  }
+  return results;
+}
+
+std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
+  Impl& s = *_impl;
+  std::vector<KVResult> results(keys.size());
+  if (s.options.read_only) {
+    for (auto& r : results) r = result(KVStatus::read_only, "KV remove: this store is a reader");
+    return results;
+  }
+  std::lock_guard commit_lock(s.commit);
+  std::vector<Record> records;
+  {
+    std::lock_guard lock(s.mutex);
+    std::unordered_set<KVKey> seen;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (s.index->find(keys[i]) == kNoSlot || !seen.insert(keys[i]).second) {
+        results[i] = result(KVStatus::missing);
+        continue;
+      }
+      records.push_back({RecordKind::remove, s.last_sequence + records.size() + 1, keys[i],
+                         s.index->find(keys[i]), 0, 0});
+    }
+  }
+  if (records.empty()) return results;
+  try {
+    s.append_records(records);
+  } catch (const std::exception& e) {
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (results[i].ok()) results[i] = result(KVStatus::io_error, e.what());
+    return results;
+  }
+  s.last_sequence = records.back().sequence;
+  std::lock_guard lock(s.mutex);
+  for (const Record& r : records) s.index->erase(r.key);
+  return results;
+}
+
+std::size_t KVStore::lookup(std::span<const KVKey> keys) {
+  Impl& s = *_impl;
+  if (s.options.read_only) s.refresh();
+  std::lock_guard lock(s.mutex);
+  std::size_t n = 0;
+  while (n < keys.size() && s.index->find(keys[n]) != kNoSlot) ++n;
+  return n;
+}
+
+std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
+  Impl& s = *_impl;
+  if (s.options.read_only) s.refresh();
+  std::lock_guard lock(s.mutex);
+  std::vector<bool> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) out[i] = s.index->find(keys[i]) != kNoSlot;
+  return out;
+}
+
+std::uint64_t KVStore::stored_length(KVKey key) {
+  Impl& s = *_impl;
+  if (s.options.read_only) s.refresh();
+  std::lock_guard lock(s.mutex);
+  const std::uint32_t slot = s.index->find(key);
+  return slot == kNoSlot ? 0 : s.index->slot(slot).length;
+}
+
+void KVStore::checkpoint() {
+  FERRY_EXPECT(!_impl->options.read_only, std::invalid_argument, _impl->dir.string(),
+               ": a reader cannot checkpoint");
+  std::lock_guard commit_lock(_impl->commit);
+  _impl->checkpoint_locked();
+}
+
+void KVStore::refresh() {
+  if (_impl->options.read_only) _impl->refresh();
+}
+
+KVStats KVStore::stats() {
+  Impl& s = *_impl;
+  if (s.options.read_only) s.refresh();
+  std::lock_guard commit_lock(s.commit);
+  std::lock_guard lock(s.mutex);
+  KVStats out = s.counters;
+  out.directory = s.dir;
+  out.block_bytes = s.block_bytes;
+  out.slot_bytes = s.slot_bytes;
+  out.capacity_blocks = s.slot_count;
+  out.blocks = s.index->size();
+  out.journal_records = s.records_since_checkpoint;
+  out.index_bytes = s.index->memory_bytes();
+  out.last_sequence = s.last_sequence;
+  out.direct_io = s.io->direct();
+  out.read_only = s.options.read_only;
+  return out;
+}
+
+std::vector<KVKey> KVStore::keys() {
+  Impl& s = *_impl;
+  if (s.options.read_only) s.refresh();
+  std::lock_guard lock(s.mutex);
+  std::vector<KVKey> out;
+  for (std::uint32_t slot : s.index->lru_order()) out.push_back(s.index->slot(slot).key);
+  return out;
+}
+
+}  // namespace ferry

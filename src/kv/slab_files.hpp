@@ -1,0 +1,43 @@
+// The KV store's slab files: `slab-N.dat` in the namespace directory, preallocated to their
+// full size at creation (posix_fallocate), so a put never needs new space. Each is opened once
+// buffered and once with O_DIRECT where the file system allows it (direct() says which is used).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/file_descriptor.hpp"
+
+namespace ferry::detail::kv {
+
+class SlabFiles {
+ public:
+  // A writer creates missing slabs (mode 0600) and extends short ones (a crash during the
+  // preallocation); a reader only opens them.
+  SlabFiles(const std::filesystem::path& directory, unsigned count, std::uint64_t slab_bytes,
+            bool writable);
+
+  unsigned count() const { return static_cast<unsigned>(_files.size()); }
+  // The descriptor I/O should use now: O_DIRECT unless refused.
+  int fd(int slab) const;
+  int buffered_fd(int slab) const { return _files[slab]->buffered.get(); }
+  const std::string& name(int slab) const { return _files[slab]->name; }
+  bool direct(int slab) const { return _files[slab]->use_direct.load(); }
+  // The file system refused O_DIRECT at I/O time (EINVAL): use the buffered descriptor from
+  // now on. Both stay open, so I/O in flight on the other is unaffected.
+  void fall_back_to_buffered(int slab) { _files[slab]->use_direct = false; }
+
+ private:
+  struct File {
+    FileDescriptor buffered, direct;
+    std::string name;
+    std::atomic<bool> use_direct{false};
+  };
+  std::vector<std::unique_ptr<File>> _files;
+};
+
+}  // namespace ferry::detail::kv

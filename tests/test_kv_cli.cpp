@@ -1,0 +1,61 @@
+// `ferry kv stats` and `ferry kv verify` on stores made here (the CLI as a user runs it).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "kv_test_support.hpp"
+
+namespace ferry::test {
+namespace {
+
+// Runs the CLI; returns its exit status and output (stdout and stderr).
+std::pair<int, std::string> run_cli(const std::string& arguments) {
+  const std::string command = std::string(FERRY_CLI) + " " + arguments + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(KvCli, StatsAndVerifyReportEveryStoreAndCatchACorruptBlock) {
+  TempDir dir;
+  KVStoreOptions one_slab;
+  one_slab.slab_count = 1;
+  {
+    auto a = KVStore::open(dir.path(), kv_namespace("model-a"), 8 * 4096, 4096, one_slab);
+    auto b = KVStore::open(dir.path(), kv_namespace("model-b"), 8 * 4096, 4096);
+    for (KVKey k = 1; k <= 3; ++k) ASSERT_TRUE(put_one(a, k, kv_bytes(k, 4096)).ok());
+    ASSERT_TRUE(put_one(b, 9, kv_bytes(9, 100)).ok());
+  }
+  auto [status, out] = run_cli("kv stats " + dir.path().string());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("model=model-a"), std::string::npos) << out;
+  EXPECT_NE(out.find("blocks: 3 of 8"), std::string::npos) << out;
+  EXPECT_NE(out.find("blocks: 1 of 8"), std::string::npos) << out;
+  std::tie(status, out) = run_cli("kv verify " + dir.path().string());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("verified 4 blocks, 0 bad"), std::string::npos) << out;
+
+  const auto slab = dir.path() / KVStore::directory_name(kv_namespace("model-a")) / "slab-0.dat";
+  {
+    std::fstream f(slab, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 10);  // the second block
+    f.put('\x7f');
+  }
+  std::tie(status, out) = run_cli("kv verify " + dir.path().string());
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("slab-0.dat"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 bad"), std::string::npos) << out;
+
+  std::tie(status, out) = run_cli("kv stats " + (dir.path() / "nothing").string());
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("cannot list the KV root"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ferry::test

@@ -1,0 +1,482 @@
+// The KV block store through its public API: round trips, reopen, eviction, bad input.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "ferry/error.hpp"
+#include "kv_test_support.hpp"
+
+namespace ferry::test {
+namespace {
+
+constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
+
+std::vector<KVKey> iota_keys(std::size_t n, KVKey first = 1) {
+  std::vector<KVKey> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = first + i;
+  return keys;
+}
+
+// Puts each key's kv_bytes in one batch, gets them back in one batch, compares bit for bit.
+void round_trip(KVStore& store, const std::vector<KVKey>& keys, std::size_t size) {
+  std::vector<std::vector<std::byte>> in, out;
+  std::vector<KVPiece> in_pieces, out_pieces;
+  for (KVKey k : keys) {
+    in.push_back(kv_bytes(k, size));
+    out.emplace_back(size, std::byte{0xAA});
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    in_pieces.push_back({in[i].data(), size});
+    out_pieces.push_back({out[i].data(), size});
+  }
+  std::vector<KVBlock> sources, destinations;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    sources.emplace_back(&in_pieces[i], 1);
+    destinations.emplace_back(&out_pieces[i], 1);
+  }
+  for (const KVResult& r : store.put(keys, sources)) ASSERT_TRUE(r.ok()) << r.message;
+  for (const KVResult& r : store.get(keys, destinations)) ASSERT_TRUE(r.ok()) << r.message;
+  for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_EQ(in[i], out[i]) << "key " << keys[i];
+}
+
+TEST(KvStore, RoundTripsBlockSizesBitExact) {
+  std::vector<std::uint64_t> sizes = {4 * kKiB, 4 * kKiB + 100, 64 * kKiB, 1 * kMiB, 16 * kMiB};
+  if (std::getenv("FERRY_KV_BIG")) sizes.push_back(64 * kMiB);
+  for (std::uint64_t size : sizes) {
+    TempDir dir;
+    auto store = KVStore::open(dir.path(), kv_namespace(), 3 * ((size + 4095) / 4096 * 4096), size);
+    round_trip(store, iota_keys(3), size);
+    EXPECT_EQ(store.stats().blocks, 3u);
+  }
+}
+
+TEST(KvStore, RoundTripsBatchesOfOneToThousands) {
+  for (std::size_t batch : {1u, 7u, 1024u}) {
+    TempDir dir;
+    auto store = KVStore::open(dir.path(), kv_namespace(), 1100 * 4 * kKiB, 4 * kKiB);
+    round_trip(store, iota_keys(batch, 1000), 4 * kKiB);
+  }
+}
+
+TEST(KvStore, PerLayerPiecesAreGatheredAndScattered) {
+  TempDir dir;
+  // 8 layers x (K, V) of odd sizes: one block of 16 pieces.
+  std::vector<std::size_t> piece_sizes;
+  for (int layer = 0; layer < 8; ++layer) piece_sizes.push_back(1000 + 37 * layer),
+                                          piece_sizes.push_back(999 + 41 * layer);
+  std::size_t block = 0;
+  for (auto s : piece_sizes) block += s;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 16 * 32 * kKiB, block);
+  const KVKey key = 42;
+  const auto whole = kv_bytes(key, block);
+  // Pieces in separate allocations, as paged KV lives.
+  std::vector<std::vector<std::byte>> layers;
+  std::vector<KVPiece> pieces;
+  std::size_t at = 0;
+  for (auto s : piece_sizes) {
+    layers.emplace_back(whole.begin() + at, whole.begin() + at + s);
+    at += s;
+  }
+  for (auto& l : layers) pieces.push_back({l.data(), l.size()});
+  KVBlock source(pieces);
+  ASSERT_TRUE(store.put(std::span(&key, 1), std::span(&source, 1))[0].ok());
+  // Contiguous get equals the gathered pieces.
+  std::vector<std::byte> out(block);
+  ASSERT_TRUE(get_one(store, key, out).ok());
+  EXPECT_EQ(out, whole);
+  // Scattered get into fresh pieces equals each layer.
+  std::vector<std::vector<std::byte>> back;
+  std::vector<KVPiece> back_pieces;
+  for (auto s : piece_sizes) back.emplace_back(s, std::byte{0});
+  for (auto& b : back) back_pieces.push_back({b.data(), b.size()});
+  KVBlock destination(back_pieces);
+  ASSERT_TRUE(store.get(std::span(&key, 1), std::span(&destination, 1))[0].ok());
+  EXPECT_EQ(back, layers);
+}
+
+TEST(KvStore, ReopenKeepsBlocksWithAndWithoutCheckpoint) {
+  for (bool checkpoint : {false, true}) {
+    TempDir dir;
+    KVStoreOptions options;
+    options.checkpoint_on_close = checkpoint;
+    const auto keys = iota_keys(20);
+    {
+      auto store = KVStore::open(dir.path(), kv_namespace(), 32 * 8 * kKiB, 8 * kKiB, options);
+      for (KVKey k : keys) ASSERT_TRUE(put_one(store, k, kv_bytes(k, 5000 + k)).ok());
+      ASSERT_EQ(store.remove(std::span(&keys[3], 1))[0].status, KVStatus::ok);
+    }
+    auto store = KVStore::open(dir.path(), kv_namespace(), 32 * 8 * kKiB, 8 * kKiB, options);
+    EXPECT_EQ(store.stats().blocks, 19u);
+    EXPECT_EQ(store.stats().checkpoints, 0u);
+    for (KVKey k : keys) {
+      std::vector<std::byte> out(5000 + k);
+      const KVResult r = get_one(store, k, out);
+      if (k == keys[3]) {
+        EXPECT_EQ(r.status, KVStatus::missing);
+      } else {
+        ASSERT_TRUE(r.ok()) << r.message;
+        EXPECT_EQ(out, kv_bytes(k, 5000 + k));
+      }
+    }
+  }
+}
+
+TEST(KvStore, LookupCountsTheLeadingHits) {
+  TempDir dir;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 64 * 4 * kKiB, 4 * kKiB);
+  for (KVKey k : iota_keys(10)) ASSERT_TRUE(put_one(store, k, kv_bytes(k, 4096)).ok());
+  std::vector<KVKey> prefix = iota_keys(15);
+  EXPECT_EQ(store.lookup(prefix), 10u);
+  prefix[4] = 999;
+  EXPECT_EQ(store.lookup(prefix), 4u);
+  EXPECT_EQ(store.lookup({}), 0u);
+  const auto present = store.contains(prefix);
+  EXPECT_TRUE(present[0]);
+  EXPECT_FALSE(present[4]);
+  EXPECT_EQ(store.stored_length(1), 4096u);
+  EXPECT_EQ(store.stored_length(999), 0u);
+  EXPECT_EQ(put_one(store, 1, kv_bytes(1, 4096)).status, KVStatus::already_present);
+}
+
+TEST(KvStore, EvictsTheLeastRecentlyUsed) {
+  TempDir dir;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 8 * 4 * kKiB, 4 * kKiB);
+  for (KVKey k : iota_keys(8)) ASSERT_TRUE(put_one(store, k, kv_bytes(k, 4096)).ok());
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(get_one(store, 1, out).ok());  // 1 is now the most recent; 2 the oldest
+  ASSERT_TRUE(put_one(store, 100, kv_bytes(100, 4096)).ok());
+  EXPECT_TRUE(store.contains(std::vector<KVKey>{1})[0]);
+  EXPECT_FALSE(store.contains(std::vector<KVKey>{2})[0]);
+  EXPECT_EQ(store.stats().evictions, 1u);
+  ASSERT_TRUE(get_one(store, 100, out).ok());
+  EXPECT_EQ(out, kv_bytes(100, 4096));
+}
+
+TEST(KvStore, EvictionWhileReadsAreInFlightNeverGivesWrongBytes) {
+  TempDir dir;
+  constexpr std::size_t kBlock = 64 * kKiB;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock);
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> hits{0};
+  std::vector<std::thread> readers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 3; ++t)
+    readers.emplace_back([&, t] {
+      std::vector<std::byte> out(kBlock);
+      for (KVKey k = t; !stop; k = (k + 7) % 400) {
+        const KVResult r = get_one(store, k, out);
+        if (r.ok()) {
+          ++hits;
+          if (out != kv_bytes(k, kBlock)) ++wrong;
+        }
+      }
+    });
+  for (KVKey k = 0; k < 400; ++k) ASSERT_TRUE(put_one(store, k, kv_bytes(k, kBlock)).ok());
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GE(store.stats().evictions, 400u - 16u);
+  EXPECT_EQ(store.stats().corrupt_dropped, 0u);  // pins kept read slots from being reused
+}
+
+TEST(KvStore, CorruptSlabByteIsCaughtAndDropped) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.slab_count = 1;
+  const KVNamespace ns = kv_namespace();
+  {
+    auto store = KVStore::open(dir.path(), ns, 4 * 4 * kKiB, 4 * kKiB, options);
+    ASSERT_TRUE(put_one(store, 7, kv_bytes(7, 4096)).ok());  // slot 0 of slab 0
+    ASSERT_TRUE(put_one(store, 8, kv_bytes(8, 4096)).ok());
+  }
+  const auto slab = dir.path() / KVStore::directory_name(ns) / "slab-0.dat";
+  {
+    std::fstream f(slab, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1234);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(1234);
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  auto store = KVStore::open(dir.path(), ns, 4 * 4 * kKiB, 4 * kKiB, options);
+  std::vector<std::byte> out(4096, std::byte{0x5A});
+  const KVResult r = get_one(store, 7, out);
+  EXPECT_EQ(r.status, KVStatus::missing);
+  EXPECT_NE(r.message.find("slab-0.dat"), std::string::npos) << r.message;
+  EXPECT_EQ(out, std::vector<std::byte>(4096, std::byte{0x5A}));  // no bad bytes delivered
+  EXPECT_FALSE(store.contains(std::vector<KVKey>{7})[0]);
+  EXPECT_EQ(store.stats().corrupt_dropped, 1u);
+  ASSERT_TRUE(get_one(store, 8, out).ok());
+  EXPECT_EQ(out, kv_bytes(8, 4096));
+}
+
+TEST(KvStore, BadInputGetsClearPerKeyErrors) {
+  TempDir dir;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 8 * 4 * kKiB, 4 * kKiB);
+  std::vector<std::byte> big(4097), good = kv_bytes(1, 4096);
+  std::vector<KVPiece> pieces = {{big.data(), big.size()},
+                                 {good.data(), good.size()},
+                                 {good.data(), 0},
+                                 {good.data(), 4096, Device::cuda(0)}};
+  std::vector<KVBlock> blocks;
+  for (auto& p : pieces) blocks.emplace_back(&p, 1);
+  const std::vector<KVKey> keys = {10, 11, 12, 13};
+  const auto results = store.put(keys, blocks);
+  EXPECT_EQ(results[0].status, KVStatus::bad_size);
+  EXPECT_NE(results[0].message.find("4097"), std::string::npos);
+  EXPECT_TRUE(results[1].ok());  // one bad key does not fail the others
+  EXPECT_EQ(results[2].status, KVStatus::bad_size);
+  EXPECT_EQ(results[3].status, KVStatus::unsupported);
+  EXPECT_NE(results[3].message.find("cuda:0"), std::string::npos);
+  // Get: unknown key, wrong destination size.
+  std::vector<std::byte> small(100);
+  EXPECT_EQ(get_one(store, 999, good).status, KVStatus::missing);
+  EXPECT_EQ(get_one(store, 11, small).status, KVStatus::bad_size);
+  EXPECT_EQ(store.remove(std::vector<KVKey>{999})[0].status, KVStatus::missing);
+  EXPECT_THROW(store.put(keys, std::span(blocks).first(2)), std::invalid_argument);
+  EXPECT_EQ(store.stats().blocks, 1u);
+}
+
+TEST(KvStore, OpenRefusesBadArgumentsAndMismatchedStores) {
+  TempDir dir;
+  EXPECT_THROW(KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 0), std::invalid_argument);
+  EXPECT_THROW(KVStore::open(dir.path(), kv_namespace(), 100, 4096), std::invalid_argument);
+  KVNamespace bad_rank = kv_namespace();
+  bad_rank.tp_rank = 2;
+  EXPECT_THROW(KVStore::open(dir.path(), bad_rank, 1 * kMiB, 4096), std::invalid_argument);
+  { auto store = KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096); }
+  try {
+    KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 8192);
+    FAIL() << "a different block size was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json"), std::string::npos) << e.what();
+  }
+  // A reader of a namespace nobody created.
+  KVStoreOptions reader;
+  reader.read_only = true;
+  EXPECT_THROW(KVStore::open(dir.path(), kv_namespace("other"), 1 * kMiB, 4096, reader),
+               std::system_error);
+}
+
+TEST(KvStore, OneWriterPerNamespaceAndPrivateFiles) {
+  TempDir dir;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096);
+  try {
+    KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096);
+    FAIL() << "two writers on one namespace";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("writer.lock"), std::string::npos) << e.what();
+  }
+  ASSERT_TRUE(put_one(store, 1, kv_bytes(1, 4096)).ok());
+  store.checkpoint();
+  for (const auto& entry : std::filesystem::directory_iterator(store.stats().directory)) {
+    struct stat st {};
+    ASSERT_EQ(::stat(entry.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << entry.path();
+  }
+  // A reader through the same process sees the writer's commits and cannot write.
+  KVStoreOptions reader;
+  reader.read_only = true;
+  auto view = KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096, reader);
+  EXPECT_EQ(view.lookup(std::vector<KVKey>{1}), 1u);
+  EXPECT_EQ(put_one(view, 2, kv_bytes(2, 4096)).status, KVStatus::read_only);
+  ASSERT_TRUE(put_one(store, 2, kv_bytes(2, 4096)).ok());
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(get_one(view, 2, out).ok());
+  EXPECT_EQ(out, kv_bytes(2, 4096));
+}
+
+TEST(KvStore, TwoNamespacesOnOneRootNeverShareABlock) {
+  TempDir dir;
+  auto a = KVStore::open(dir.path(), kv_namespace("model-a", 0), 1 * kMiB, 4096);
+  auto b = KVStore::open(dir.path(), kv_namespace("model-a", 1), 1 * kMiB, 4096);
+  EXPECT_NE(a.stats().directory, b.stats().directory);
+  ASSERT_TRUE(put_one(a, 5, kv_bytes(5, 4096)).ok());
+  EXPECT_EQ(b.lookup(std::vector<KVKey>{5}), 0u);
+  ASSERT_TRUE(put_one(b, 5, kv_bytes(6, 4096)).ok());
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(get_one(a, 5, out).ok());
+  EXPECT_EQ(out, kv_bytes(5, 4096));
+  ASSERT_TRUE(get_one(b, 5, out).ok());
+  EXPECT_EQ(out, kv_bytes(6, 4096));
+  // The manifest names the namespace in words.
+  std::ifstream manifest(a.stats().directory / "manifest.json");
+  std::string text((std::istreambuf_iterator<char>(manifest)), {});
+  EXPECT_NE(text.find("model-a"), std::string::npos);
+}
+
+TEST(KvStore, ListFindsEveryStoreAndItOpensAgain) {
+  TempDir dir;
+  KVStoreOptions three_slabs;
+  three_slabs.slab_count = 3;
+  {
+    auto a = KVStore::open(dir.path(), kv_namespace("a"), 10 * 4096, 4096, three_slabs);
+    auto b = KVStore::open(dir.path(), kv_namespace("b"), 20 * 8192, 8192);
+    ASSERT_TRUE(put_one(a, 1, kv_bytes(1, 4096)).ok());
+  }
+  const auto stores = KVStore::list(dir.path());
+  ASSERT_EQ(stores.size(), 2u);
+  for (const KVStoreInfo& info : stores) {
+    // Default options (4 slabs): an existing store keeps the 3 it was made with.
+    auto store = KVStore::open(dir.path(), info.ns, info.capacity_bytes, info.block_bytes);
+    EXPECT_EQ(store.stats().directory, info.directory);
+    EXPECT_EQ(store.stats().blocks, info.ns.model == "a" ? 1u : 0u);
+  }
+  EXPECT_THROW(KVStore::list(dir.path() / "none"), std::system_error);
+}
+
+TEST(KvStore, PeriodicCheckpointsTruncateTheJournal) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.checkpoint_every = 10;
+  options.checkpoint_on_close = false;
+  {
+    auto store = KVStore::open(dir.path(), kv_namespace(), 64 * 4 * kKiB, 4096, options);
+    for (KVKey k : iota_keys(25)) ASSERT_TRUE(put_one(store, k, kv_bytes(k, 4096)).ok());
+    const KVStats stats = store.stats();
+    EXPECT_EQ(stats.checkpoints, 2u);
+    EXPECT_EQ(stats.journal_records, 5u);
+    EXPECT_EQ(std::filesystem::file_size(stats.directory / "journal"), 32u + 5 * 56);
+  }
+  auto store = KVStore::open(dir.path(), kv_namespace(), 64 * 4 * kKiB, 4096, options);
+  EXPECT_EQ(store.stats().blocks, 25u);
+  EXPECT_EQ(store.keys(), iota_keys(25));  // the LRU order survives
+}
+
+// A child with a file-size limit just above the journal's size: the journal append fails
+// (EFBIG), the put reports it, and nothing half-written becomes visible. (RLIMIT_FSIZE limits
+// write offsets in every file, so the slabs here are one slot each and the journal is made
+// larger than them first.)
+TEST(KvStore, FullDiskFailsThePutAndCommitsNothingPartial) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.checkpoint_on_close = false;
+  const auto open = [&] { return KVStore::open(dir.path(), kv_namespace(), 4 * 4096, 4096, options); };
+  {
+    auto store = open();
+    for (KVKey k : iota_keys(100)) ASSERT_TRUE(put_one(store, k, kv_bytes(k, 4096)).ok());
+  }
+  const std::uint64_t journal_bytes = 32 + 100 * 56;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    auto store = open();
+    const rlimit limit{journal_bytes + 2 * 56 + 20, journal_bytes + 2 * 56 + 20};
+    ::setrlimit(RLIMIT_FSIZE, &limit);  // room for two more records and a bit
+    std::vector<KVStatus> status;
+    for (KVKey k : iota_keys(3, 101)) status.push_back(put_one(store, k, kv_bytes(k, 4096)).status);
+    std::_Exit(status == std::vector<KVStatus>{KVStatus::ok, KVStatus::ok, KVStatus::io_error}
+                   ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  auto store = open();
+  EXPECT_EQ(store.stats().journal_tail_dropped, 0u);  // the failed append was cut back
+  EXPECT_FALSE(store.contains(std::vector<KVKey>{103})[0]);
+  EXPECT_TRUE(store.contains(std::vector<KVKey>{101})[0]);
+  EXPECT_TRUE(store.contains(std::vector<KVKey>{102})[0]);
+  for (KVKey k : store.keys()) {
+    std::vector<std::byte> out(4096);
+    const KVResult r = get_one(store, k, out);
+    if (r.ok()) EXPECT_EQ(out, kv_bytes(k, 4096));
+    else EXPECT_EQ(r.status, KVStatus::missing);  // the slot the failed put had overwritten
+  }
+}
+
+// A tmpfs of a given size mounted for one test (root only; skipped where mount is refused).
+class SmallFileSystem {
+ public:
+  SmallFileSystem(const std::filesystem::path& at, const std::string& options) : _at(at) {
+    std::filesystem::create_directories(at);
+    _mounted = ::geteuid() == 0 && ::mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
+  }
+  ~SmallFileSystem() {
+    if (_mounted) ::umount2(_at.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return _mounted; }
+  bool remount_read_only() {
+    return ::mount("tmpfs", _at.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0;
+  }
+
+ private:
+  std::filesystem::path _at;
+  bool _mounted = false;
+};
+
+TEST(KvStore, ReadOnlyRootIsAClearErrorAndReadersStillWork) {
+  TempDir dir;
+  const auto root = dir.path() / "root";
+  SmallFileSystem fs(root, "size=4m");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  {
+    auto store = KVStore::open(root, kv_namespace(), 16 * 4096, 4096);
+    ASSERT_TRUE(put_one(store, 1, kv_bytes(1, 4096)).ok());
+  }
+  ASSERT_TRUE(fs.remount_read_only());
+  try {
+    KVStore::open(root, kv_namespace(), 16 * 4096, 4096);
+    FAIL() << "a writer opened on a read-only file system";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find(root.string()), std::string::npos) << e.what();
+    EXPECT_EQ(e.code().value(), EROFS) << e.what();
+  }
+  KVStoreOptions reader;
+  reader.read_only = true;
+  auto view = KVStore::open(root, kv_namespace(), 16 * 4096, 4096, reader);
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(get_one(view, 1, out).ok());
+  EXPECT_EQ(out, kv_bytes(1, 4096));
+}
+
+TEST(KvStore, FullFileSystemIsAClearErrorAndCommitsNothingPartial) {
+  TempDir dir;
+  const auto root = dir.path() / "root";
+  SmallFileSystem fs(root, "size=256k");
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  try {  // slabs that do not fit: refused at open, by preallocation
+    KVStore::open(root, kv_namespace("big"), 1024 * 1024, 4096);
+    FAIL() << "a store larger than its file system opened";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOSPC) << e.what();
+    EXPECT_NE(std::string(e.what()).find("slab-"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(root / KVStore::directory_name(kv_namespace("big")));
+  KVKey failed = 0;
+  {
+    // The slabs fit; the journal grows until the file system is full.
+    auto store = KVStore::open(root, kv_namespace(), 40 * 4096, 4096);
+    for (KVKey k = 1; k < 10000 && failed == 0; ++k) {
+      const KVResult r = put_one(store, k, kv_bytes(k, 4096));
+      if (!r.ok()) {
+        EXPECT_EQ(r.status, KVStatus::io_error);
+        EXPECT_NE(r.message.find("journal"), std::string::npos) << r.message;
+        failed = k;
+      }
+    }
+  }
+  ASSERT_NE(failed, 0u) << "the file system never filled";
+  auto store = KVStore::open(root, kv_namespace(), 40 * 4096, 4096);
+  EXPECT_FALSE(store.contains(std::vector<KVKey>{failed})[0]);
+  EXPECT_TRUE(store.contains(std::vector<KVKey>{failed - 1})[0]);
+  for (KVKey k : store.keys()) {
+    std::vector<std::byte> out(4096);
+    const KVResult r = get_one(store, k, out);
+    if (r.ok()) EXPECT_EQ(out, kv_bytes(k, 4096));
+    else EXPECT_EQ(r.status, KVStatus::missing);  // the slot the failed put had overwritten
+  }
+}
+
+}  // namespace
+}  // namespace ferry::test
