@@ -1,42 +1,100 @@
 #include "format/strict_json.hpp"
 
-#include <set>
 #include <string>
 #include <vector>
 
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
+namespace {
+
+using Json = nlohmann::json;
+
+// Builds the DOM from nlohmann's SAX events, refusing repeated keys and deep nesting as it goes.
+// (nlohmann's own callback parser rescans the enclosing object each time an object ends, which
+// made a header of n tensors cost O(n^2): 80,000 tensors ran for minutes.)
+class StrictDomBuilder {
+ public:
+  StrictDomBuilder(Json& root, std::string_view label, int max_depth)
+      : _root(root), _label(label), _max_depth(max_depth) {}
+
+  bool null() { return add(nullptr); }
+  bool boolean(bool value) { return add(value); }
+  bool number_integer(Json::number_integer_t value) { return add(value); }
+  bool number_unsigned(Json::number_unsigned_t value) { return add(value); }
+  bool number_float(Json::number_float_t value, const std::string&) { return add(value); }
+  bool string(Json::string_t& value) { return add(std::move(value)); }
+  bool binary(Json::binary_t& value) { return add(Json::binary(std::move(value))); }
+
+  bool start_object(std::size_t) {
+    open(Json::object());
+    return true;
+  }
+  bool key(Json::string_t& key) {
+    // Every earlier key of this object already holds its value (placed when it began).
+    FERRY_FORMAT_EXPECT(!_open.back()->contains(key), _label, ": key \"", key,
+                        "\" appears twice in one object");
+    _pending_key = std::move(key);
+    return true;
+  }
+  bool end_object() {
+    _open.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) {
+    open(Json::array());
+    return true;
+  }
+  bool end_array() {
+    _open.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
+    fail<FormatError>(_label, ": not valid JSON: ", e.what());
+  }
+
+ private:
+  // Places `value` in the innermost open container (or at the root); returns where it lives.
+  // Values of objects (std::map) never move; an array only grows while it is innermost, when
+  // no pointer into it is held.
+  Json* place(Json&& value) {
+    if (_open.empty()) {
+      _root = std::move(value);
+      return &_root;
+    }
+    Json& parent = *_open.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    auto& object = parent.get_ref<Json::object_t&>();
+    return &object.emplace(std::move(_pending_key), std::move(value)).first->second;
+  }
+  template <class T>
+  bool add(T&& value) {
+    place(Json(std::forward<T>(value)));
+    return true;
+  }
+  void open(Json&& container) {
+    FERRY_FORMAT_EXPECT(static_cast<int>(_open.size()) < _max_depth, _label,
+                        ": JSON nests deeper than ", _max_depth, " levels");
+    _open.push_back(place(std::move(container)));
+  }
+
+  Json& _root;
+  std::string_view _label;
+  int _max_depth;
+  std::vector<Json*> _open;  // containers not yet closed, innermost last
+  std::string _pending_key;
+};
+
+}  // namespace
 
 nlohmann::json parse_strict_json(std::string_view text, std::string_view label, int max_depth) {
-  using Json = nlohmann::json;
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    FERRY_FORMAT_EXPECT(depth <= max_depth, label, ": JSON nests deeper than ", max_depth,
-                        " levels");
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        auto key = parsed.get<std::string>();
-        FERRY_FORMAT_EXPECT(keys.back().insert(key).second, label, ": key \"", key,
-                            "\" appears twice in one object");
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), on_event);
-  } catch (const Json::exception& e) {
-    fail<FormatError>(label, ": not valid JSON: ", e.what());
-  }
+  Json root;
+  StrictDomBuilder builder(root, label, max_depth);
+  Json::sax_parse(text.begin(), text.end(), &builder);
+  return root;
 }
 
 std::string describe_json(const nlohmann::json& value) {
