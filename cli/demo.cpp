@@ -103,7 +103,7 @@ void add_demo(CLI::App& app) {
       expected[spec.name] = bytes_digest(bytes);
     });
 
-    auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+    auto checkpoint = Checkpoint::open_shared(file);
     LoadOptions options;
     options.device = resolve_device(device);
     auto progress = std::make_shared<Progress>("loading");

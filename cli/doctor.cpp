@@ -7,16 +7,11 @@
 #include <thread>
 
 #include "commands.hpp"
-#include "cufile/gds_mode.hpp"
-#include "transfer/staged_engine.hpp"
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/machine.hpp"
 #include "ferry/tuning.hpp"
-#include "io/file_descriptor.hpp"
-#include "io/source_file.hpp"
-#include "machine_probe.hpp"
 #include "report.hpp"
-#include "shim/cuda_driver.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -38,16 +33,16 @@ std::vector<fs::path> files_under(const fs::path& path) {
 }
 
 Json cuda_section() {
-  const auto& d = shim::CudaDriver::get();
-  Json cuda = {{"usable", d.usable}};
-  if (!d.usable) {
-    cuda["why_not"] = d.why_unusable;
+  const CudaFacts facts = cuda_facts();
+  Json cuda = {{"usable", facts.usable}};
+  if (!facts.usable) {
+    cuda["why_not"] = facts.why_unusable;
     return cuda;
   }
-  cuda["driver_version"] = std::to_string(d.driver_version / 1000) + "." +
-                           std::to_string(d.driver_version % 1000 / 10);
+  cuda["driver_version"] = std::to_string(facts.driver_version / 1000) + "." +
+                           std::to_string(facts.driver_version % 1000 / 10);
   Json gpus = Json::array();
-  for (const auto& g : list_gpus())
+  for (const auto& g : facts.gpus)
     gpus.push_back({{"index", g.index}, {"name", g.name}, {"memory_bytes", g.memory_bytes},
                     {"pci_bus", g.pci_bus}});
   cuda["gpus"] = gpus;
@@ -58,25 +53,20 @@ Json cuda_section() {
 }
 
 Json cufile_section(const std::string& path) {
-  const detail::CuFileFacts& f = detail::probe_cufile();
-  const detail::CuFileVerdict driver = detail::driver_verdict(f);
-  const char* mode = driver.mode == detail::CuFileMode::Gds      ? "gds"
-                     : driver.mode == detail::CuFileMode::Compat ? "compat"
-                                                                 : "unavailable";
+  const CufileFacts f = cufile_facts(path);
   Json out = {{"library_loaded", f.library_loaded}, {"driver_opened", f.driver_opened},
               {"nvidia_fs_loaded", f.nvidia_fs_loaded}, {"compat_allowed", f.compat_allowed},
-              {"compat_forced", f.compat_forced}, {"version", f.version}, {"mode", mode},
-              {"reason", driver.reason}};
-  if (!path.empty() && driver.mode != detail::CuFileMode::Unavailable) {
-    const auto v = detail::file_verdict(f, detail::filesystem_name(path));
-    out["path_mode"] = v.mode == detail::CuFileMode::Gds ? "gds" : "compat";
-    out["path_reason"] = v.reason;
+              {"compat_forced", f.compat_forced}, {"version", f.version}, {"mode", f.mode},
+              {"reason", f.reason}};
+  if (!f.path_mode.empty()) {
+    out["path_mode"] = f.path_mode;
+    out["path_reason"] = f.path_reason;
   }
   return out;
 }
 
 Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
-  Json out = {{"path", path.string()}, {"filesystem", detail::filesystem_name(path.string())}};
+  Json out = {{"path", path.string()}, {"filesystem", filesystem_name(path)}};
   auto files = files_under(path);
   if (files.empty()) {
     out["note"] = "no files to read under this path";
@@ -85,9 +75,8 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
   std::uint64_t bytes = 0;
   double cached = 0;
   for (const auto& f : files) {
-    auto fd = detail::open_for_reading(f);
-    const auto size = detail::file_size(fd, f);
-    cached += detail::page_cache_fraction(fd, size) * static_cast<double>(size);
+    const auto size = fs::file_size(f);
+    cached += page_cache_fraction(f) * static_cast<double>(size);
     bytes += size;
   }
   out["files"] = files.size();
@@ -108,7 +97,7 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
 // tuning file. Progress goes to stderr, so that --json output stays one document.
 void tune(const std::string& path, bool json) {
   FERRY_EXPECT(!path.empty(), std::invalid_argument, "doctor --tune needs a checkpoint PATH");
-  auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
+  auto checkpoint = Checkpoint::open_shared(path);
   const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
   std::FILE* out = json ? stderr : stdout;
   std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",
@@ -206,15 +195,15 @@ void add_doctor(CLI::App& app) {
     report["cuda"] = cuda_section();
     report["cufile"] = cufile_section(path);
     if (tune_engine) tune(path, json);
-    const auto engine = detail::choose_settings(LoadOptions{});
-    report["engine"] = {{"reader_threads", engine.threads},
+    const auto engine = default_engine_settings();
+    report["engine"] = {{"reader_threads", engine.reader_threads},
                         {"chunk_bytes", engine.chunk_bytes},
                         {"slots_per_thread", engine.slots_per_thread},
                         {"settings_source", engine.source},
                         {"staging_bytes", kDefaultStagingBytes}};
     if (!path.empty())
       report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
-                                    engine.threads);
+                                    engine.reader_threads);
     if (json)
       std::cout << report.dump(2) << "\n";
     else

@@ -5,16 +5,15 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "cuda/cuda_resources.hpp"
 #include "host_memory.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/machine.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
 #include "report.hpp"
-#include "shim/cuda_driver.hpp"
 
 namespace ferry::cli {
 
@@ -22,7 +21,7 @@ Device resolve_device(const std::string& text) {
   if (text != "auto") return Device::parse(text);
   if (cuda_available()) return Device::cuda(0);
   std::fprintf(stderr, "ferry: no usable GPU (%s): loading into host memory\n",
-               shim::CudaDriver::get().why_unusable.c_str());
+               cuda_facts().why_unusable.c_str());
   return Device::cpu();
 }
 
@@ -53,10 +52,12 @@ void add_load(CLI::App& app) {
   static bool hash = false;
   static bool json = false;
   static std::vector<std::string> names;
-  static double staging_mib = static_cast<double>(kDefaultStagingBytes >> 20);
-  static double chunk_mib = 0;
-  static unsigned threads = 0;
-  static unsigned slots = 0;
+  // Engine settings stay text here: set_load_option, the one mapping every front end uses,
+  // parses and checks them.
+  static std::string staging_mib = std::to_string(kDefaultStagingBytes >> 20);
+  static std::string chunk_mib = "0";
+  static std::string threads = "0";
+  static std::string slots = "0";
   static unsigned repeat = 1;
   cmd->add_option("path", path, "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
@@ -75,29 +76,26 @@ void add_load(CLI::App& app) {
   cmd->add_flag("--allow-compat", allow_compat,
                 "let --backend cufile run in cuFile's compatibility mode");
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)");
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
   cmd->add_option("--repeat", repeat, "load this many times and report each")
       ->check(CLI::PositiveNumber);
   cmd->callback([] {
-    auto checkpoint = std::make_shared<const Checkpoint>(Checkpoint::open(path));
     LoadOptions options;
     options.device = resolve_device(device);
-    options.io = parse_io_mode(io);
-    options.backend = parse_backend(backend);
-    options.allow_compat = allow_compat;
     options.names = names;
-    options.staging_bytes = static_cast<std::uint64_t>(staging_mib * (1 << 20));
-    options.chunk_bytes = static_cast<std::uint64_t>(chunk_mib * (1 << 20));
-    options.reader_threads = threads;
-    options.slots_per_thread = slots;
+    set_load_option(options, "io", io);
+    set_load_option(options, "backend", backend);
+    set_load_option(options, "allow_compat", allow_compat ? "true" : "false");
+    set_load_option(options, "staging_bytes", staging_mib + "MiB");
+    set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
+    set_load_option(options, "threads", threads);
+    set_load_option(options, "slots", slots);
+    auto checkpoint = Checkpoint::open_shared(path);
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
-    std::unique_ptr<detail::PrimaryContext> context;
-    if (options.device.is_cuda()) context = std::make_unique<detail::PrimaryContext>(options.device.index);
+    prepare_device(options.device);
     std::FILE* report = hash ? stderr : stdout;
     nlohmann::json runs = nlohmann::json::array();
     for (unsigned r = 0; r < repeat; ++r) {

@@ -1,5 +1,8 @@
 // The C ABI over the C++ API: every entry point catches everything and maps it to a status.
+#include <cstddef>
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <new>
 #include <string>
 #include <vector>
@@ -8,6 +11,7 @@
 #include "ferry/error.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/ferry.h"
+#include "ferry/load_options.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 
@@ -60,6 +64,22 @@ void require(const void* pointer, const char* what) {
   FERRY_EXPECT(pointer != nullptr, std::invalid_argument, what, " must not be NULL");
 }
 
+// A growable struct's struct_size must be one this library can honour: set, and no larger than
+// the struct it knows (a host built against a newer ferry.h would otherwise lose settings).
+template <class Struct>
+void require_size(const Struct& s, const char* what) {
+  FERRY_EXPECT(s.struct_size != 0, std::invalid_argument, what,
+               "->struct_size is 0: set it to sizeof (the *_init functions do)");
+  FERRY_EXPECT(s.struct_size <= sizeof(Struct), std::invalid_argument, what, "->struct_size ",
+               s.struct_size, " is larger than this library's ", sizeof(Struct),
+               " (built against a newer ferry.h?)");
+}
+
+// Whether `field` lies inside the caller's struct_size.
+#define FERRY_HAS_FIELD(s, field)                                                \
+  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= \
+   (s).struct_size)
+
 }  // namespace
 
 extern "C" {
@@ -73,7 +93,7 @@ ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
     require(path, "path");
     require(out, "out");
     auto handle = std::make_unique<ferry_checkpoint>();
-    handle->checkpoint = std::make_shared<const ferry::Checkpoint>(ferry::Checkpoint::open(path));
+    handle->checkpoint = ferry::Checkpoint::open_shared(path);
     for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(f.path.string());
     *out = handle.release();
   });
@@ -109,7 +129,11 @@ ferry_status ferry_checkpoint_tensor_info(const ferry_checkpoint* checkpoint, si
 }
 
 void ferry_load_options_init(ferry_load_options* options) {
-  if (options) *options = ferry_load_options{"cpu", nullptr, 0, FERRY_IO_MODE_AUTO, 0, 0, 0};
+  if (!options) return;
+  *options = ferry_load_options{};
+  options->struct_size = sizeof(ferry_load_options);
+  options->device = "cpu";
+  options->io_mode = FERRY_IO_MODE_AUTO;
 }
 
 ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
@@ -120,6 +144,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     ferry_load_options defaults;
     ferry_load_options_init(&defaults);
     const ferry_load_options& o = options ? *options : defaults;
+    require_size(o, "options");
     ferry::LoadOptions cpp;
     cpp.device = ferry::Device::parse(o.device ? o.device : "cpu");
     for (size_t i = 0; i < o.name_count; ++i) {
@@ -129,9 +154,16 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     FERRY_EXPECT(o.io_mode >= FERRY_IO_MODE_AUTO && o.io_mode <= FERRY_IO_MODE_BUFFERED,
                  std::invalid_argument, "unknown io_mode ", o.io_mode);
     cpp.io = static_cast<ferry::IoMode>(o.io_mode);
-    if (o.staging_bytes) cpp.staging_bytes = o.staging_bytes;
-    cpp.chunk_bytes = o.chunk_bytes;
-    cpp.reader_threads = o.reader_threads;
+    // Numbers go through the same checks as the CLI's flags and Python's keywords.
+    const auto set = [&](std::string_view key, const std::string& value) {
+      ferry::set_load_option(cpp, key, value);
+    };
+    if (o.staging_bytes) set("staging_bytes", std::to_string(o.staging_bytes));
+    set("chunk_bytes", std::to_string(o.chunk_bytes));
+    set("threads", std::to_string(o.reader_threads));
+    if (FERRY_HAS_FIELD(o, backend) && o.backend) set("backend", o.backend);
+    if (FERRY_HAS_FIELD(o, allow_compat)) set("allow_compat", o.allow_compat ? "true" : "false");
+    if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
     auto handle = std::make_unique<ferry_loaded>(
         ferry_loaded{ferry::load(checkpoint->checkpoint, cpp), {}, {}});
     for (const auto& f : handle->loaded.stats().files) {
@@ -173,10 +205,21 @@ ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* ou
   return guarded([&] {
     require(loaded, "loaded");
     require(out, "out");
+    require_size(*out, "out");
     const ferry::LoadStats& s = loaded->loaded.stats();
-    *out = ferry_load_stats{s.tensor_bytes,     s.bytes_read,   s.seconds,
-                            s.gigabytes_per_second(), s.reader_threads, s.chunk_bytes,
-                            s.staging_bytes,    s.files.size()};
+    ferry_load_stats all{};
+    all.struct_size = out->struct_size;
+    all.tensor_bytes = s.tensor_bytes;
+    all.bytes_read = s.bytes_read;
+    all.seconds = s.seconds;
+    all.gigabytes_per_second = s.gigabytes_per_second();
+    all.reader_threads = s.reader_threads;
+    all.chunk_bytes = s.chunk_bytes;
+    all.staging_bytes = s.staging_bytes;
+    all.file_count = s.files.size();
+    all.slots_per_thread = s.slots_per_thread;
+    all.settings_source = s.settings_source.c_str();
+    std::memcpy(out, &all, out->struct_size);
   });
 }
 

@@ -1,6 +1,7 @@
 // The C ABI, used the way a C host would: handles, statuses, last-error strings.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -65,6 +66,7 @@ TEST_F(CApi, LoadsAllAndReportsStats) {
     EXPECT_EQ(digest, ferry::bytes_digest(bytes));
   }
   ferry_load_stats stats{};
+  stats.struct_size = sizeof stats;
   ASSERT_EQ(ferry_loaded_stats(loaded, &stats), FERRY_STATUS_OK);
   EXPECT_EQ(stats.tensor_bytes, 30u + 28 + 4099);
   EXPECT_EQ(stats.file_count, 1u);
@@ -161,6 +163,71 @@ TEST_F(CApi, CudaWithoutGpuIsACudaError) {
   ferry_loaded* loaded = nullptr;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_CUDA_ERROR);
   EXPECT_NE(std::string(ferry_last_error()).find("CUDA"), std::string::npos);
+}
+
+TEST_F(CApi, EngineSettingsGoThroughTheOneMapping) {
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  options.backend = "posix";
+  options.slots_per_thread = 1;
+  options.reader_threads = 2;
+  options.chunk_bytes = 8192;
+  options.io_mode = FERRY_IO_MODE_BUFFERED;
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_load_stats stats{};
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(ferry_loaded_stats(loaded, &stats), FERRY_STATUS_OK);
+  EXPECT_EQ(stats.slots_per_thread, 1u);
+  EXPECT_LE(stats.reader_threads, 2u);
+  EXPECT_LE(stats.chunk_bytes, 8192u);  // a small load reads in smaller chunks
+  EXPECT_NE(std::string(stats.settings_source).find("caller"), std::string::npos)
+      << stats.settings_source;
+  ferry_loaded_free(loaded);
+
+  options.reader_threads = 100000;
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("at most 256"), std::string::npos);
+  options.reader_threads = 0;
+  options.backend = "gds";
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("gds"), std::string::npos);
+}
+
+// A host built against an older ferry.h passes a smaller struct: ferry reads and writes only what
+// lies inside it. A size of 0 or one larger than this library knows is refused.
+TEST_F(CApi, GrowableStructsHonourTheirSize) {
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  EXPECT_EQ(options.struct_size, sizeof options);
+  options.backend = "not read: outside the old struct";
+  options.struct_size = offsetof(ferry_load_options, backend);
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+
+  struct {
+    ferry_load_stats stats;
+    unsigned char canary[sizeof(ferry_load_stats)];
+  } out;
+  std::memset(&out, 0xAB, sizeof out);
+  out.stats.struct_size = offsetof(ferry_load_stats, slots_per_thread);
+  ASSERT_EQ(ferry_loaded_stats(loaded, &out.stats), FERRY_STATUS_OK);
+  EXPECT_EQ(out.stats.tensor_bytes, 30u + 28 + 4099);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&out.stats);
+  for (std::size_t i = offsetof(ferry_load_stats, slots_per_thread); i < sizeof out; ++i)
+    ASSERT_EQ(bytes[i], 0xAB) << "byte " << i << " lies outside struct_size";
+  out.stats.struct_size = 0;
+  EXPECT_EQ(ferry_loaded_stats(loaded, &out.stats), FERRY_STATUS_INVALID_ARGUMENT);
+  out.stats.struct_size = sizeof(ferry_load_stats) + 8;
+  EXPECT_EQ(ferry_loaded_stats(loaded, &out.stats), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("newer ferry.h"), std::string::npos);
+  ferry_loaded_free(loaded);
+
+  options.struct_size = 0;
+  EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("struct_size"), std::string::npos);
 }
 
 }  // namespace

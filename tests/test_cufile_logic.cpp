@@ -4,11 +4,14 @@
 
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <map>
 
 #include "cufile/aligned_split.hpp"
 #include "cufile/gds_mode.hpp"
 #include "cufile/handle_cache.hpp"
+#include "cufile/transfer_result.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -175,6 +178,34 @@ TEST(GdsMode, ForcedCompatAndUnavailableDriversSaySo) {
   refused.driver_opened = false;
   refused.problem = "cuFileDriverOpen failed: cuFile error 5001";
   EXPECT_EQ(file_verdict(refused, "ext4").mode, CuFileMode::Unavailable);
+}
+
+// Each way a cuFile transfer can end maps to ferry's type for it, with the file in the message.
+TEST(CufileTransferResult, EachOutcomeIsTyped) {
+  const std::filesystem::path file = "/data/shard.bin";
+  EXPECT_NO_THROW(check_cufile_transfer(4096, 4096, file, "cuFileRead", 0, false));
+  errno = ENOSPC;
+  try {
+    check_cufile_transfer(-1, 4096, file, "cuFileWrite", 8192, true);
+    ADD_FAILURE() << "no error for -1";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_space_on_device);
+    EXPECT_NE(std::string(e.what()).find("/data/shard.bin"), std::string::npos);
+  }
+  try {
+    check_cufile_transfer(-5001, 4096, file, "cuFileRead", 0, false);
+    ADD_FAILURE() << "no error for a cuFile code";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuFile error 5001"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/data/shard.bin"), std::string::npos);
+  }
+  EXPECT_THROW(check_cufile_transfer(100, 4096, file, "cuFileRead", 0, false), FormatError);
+  try {
+    check_cufile_transfer(100, 4096, file, "cuFileWrite", 0, true);
+    ADD_FAILURE() << "no error for a short write";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), std::errc::no_space_on_device);
+  }
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ TEST_P(EngineMatrix, LandsEveryByteExactlyAsThePlainPath) {
   const auto file = dir / "m.safetensors";
   auto written = test::write_random_checkpoint(file, odd_specs(), 11);
   if (c.io == IoMode::Direct && !direct_io_works(file)) GTEST_SKIP() << "no O_DIRECT here";
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  auto ckpt = Checkpoint::open_shared(file);
   LoadOptions options;
   options.io = c.io;
   options.chunk_bytes = c.chunk_bytes;
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Engine, LoadsASubsetOnly) {
   TempDir dir;
   auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 12);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.names = {"w3", "w7", "w0"};
   auto loaded = load(ckpt, options);
@@ -116,7 +116,7 @@ TEST(Engine, MemoryOutlivesTheLoadedCheckpointWhileReferenced) {
   std::shared_ptr<void> memory;
   const void* data = nullptr;
   {
-    auto loaded = load(std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors")),
+    auto loaded = load(Checkpoint::open_shared(dir / "m.safetensors"),
                        LoadOptions{});
     memory = loaded.memory();
     data = loaded.find("w5")->data;
@@ -154,7 +154,7 @@ TEST(Engine, FileThatShrankAfterOpeningIsAnErrorNotGarbage) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
   test::write_random_checkpoint(file, odd_specs(), 16);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  auto ckpt = Checkpoint::open_shared(file);
   std::filesystem::resize_file(file, std::filesystem::file_size(file) - 500);
   for (IoMode io : {IoMode::Buffered, IoMode::Auto}) {
     LoadOptions options;
@@ -172,7 +172,7 @@ TEST(Engine, FileThatShrankAfterOpeningIsAnErrorNotGarbage) {
 TEST(Engine, ReportsProgressUpToTheTotal) {
   TempDir dir;
   test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 17);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.chunk_bytes = 64 << 10;
   std::uint64_t last = 0, total = 0, calls = 0;
@@ -191,7 +191,7 @@ TEST(Engine, ReportsProgressUpToTheTotal) {
 TEST(Engine, RefusesStagingTooSmallForTwoChunks) {
   TempDir dir;
   test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 18);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.chunk_bytes = 1 << 20;
   options.staging_bytes = 1 << 20;
@@ -203,7 +203,7 @@ TEST(Engine, DirectOnAFileSystemThatRefusesItIsAClearErrorAndAutoSaysWhy) {
   const auto file = dir / "m.safetensors";
   test::write_random_checkpoint(file, odd_specs(), 19);
   if (direct_io_works(file)) GTEST_SKIP() << "this file system supports O_DIRECT";
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  auto ckpt = Checkpoint::open_shared(file);
   LoadOptions direct;
   direct.io = IoMode::Direct;
   EXPECT_THROW(load(ckpt, direct), std::invalid_argument);
@@ -264,7 +264,7 @@ TEST(Engine, CudaWithoutAGpuIsACudaError) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is present";
   TempDir dir;
   test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 20);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.device = Device::cuda(0);
   try {

@@ -36,7 +36,7 @@ TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
   auto written = test::write_random_checkpoint(file, mixed_specs(), 41);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(file));
+  auto ckpt = Checkpoint::open_shared(file);
   for (IoMode io : {IoMode::Buffered, IoMode::Direct, IoMode::Auto})
     for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{4096}, std::uint64_t{1 << 20}}) {
       LoadOptions options;
@@ -81,7 +81,7 @@ TEST_F(Gpu, LoadIntoDeviceMemoryTheCallerOwns) {
 TEST_F(Gpu, MissingDeviceIsAClearError) {
   TempDir dir;
   test::write_random_checkpoint(dir / "m.safetensors", mixed_specs(), 43);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.device = Device::cuda(999);
   EXPECT_THROW(load(ckpt, options), CudaError);

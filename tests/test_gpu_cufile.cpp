@@ -36,7 +36,7 @@ TEST_F(GpuCuFile, LoadsAreBitExactWithTheHostPath) {
   for (std::size_t i = 0; i < std::size(sizes); ++i)
     specs.push_back({"c" + std::to_string(i), DType::U8, {sizes[i]}});
   auto written = test::write_random_checkpoint(dir / "m.safetensors", specs, 51);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.device = Device::cuda(0);
   options.backend = Backend::Cufile;
@@ -52,7 +52,7 @@ TEST_F(GpuCuFile, CompatibilityModeMustBeAllowed) {
   if (gds) GTEST_SKIP() << "this machine has true GPUDirect Storage";
   TempDir dir;
   test::write_random_checkpoint(dir / "m.safetensors", {{"x", DType::U8, {100}}}, 52);
-  auto ckpt = std::make_shared<const Checkpoint>(Checkpoint::open(dir / "m.safetensors"));
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
   LoadOptions options;
   options.device = Device::cuda(0);
   options.backend = Backend::Cufile;

@@ -21,7 +21,7 @@ class TuningFile : public ::testing::Test {
   std::filesystem::path file() const { return _dir / "ferry" / "tuning.json"; }
   std::shared_ptr<const Checkpoint> checkpoint(std::uint64_t bytes = 3 << 20) {
     test::write_random_checkpoint(_dir / "m.safetensors", {{"w", DType::U8, {bytes}}}, 5);
-    return std::make_shared<const Checkpoint>(Checkpoint::open(_dir / "m.safetensors"));
+    return Checkpoint::open_shared(_dir / "m.safetensors");
   }
   TempDir _dir;
 };

@@ -3,7 +3,10 @@
 # ones included), checks that every path lands the same bytes as the host path, and runs the
 # benchmark suite (bench/run_bench.py). Full logs go to $OUT; short tables print as it goes.
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
-#   stages: build tests warm tmpfs cold sizes (default: all, about 20 minutes). The device tool
+#   stages: build tests warm tmpfs cold sizes (default: all, about 20 minutes), and compare (not in
+#   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
+#   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
+#   (bench/compare_loads.py). The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -124,8 +127,22 @@ bench() {
     2>&1 | tee -a "$OUT/bench.txt"
 }
 
+# The `ferry` command of the commit in .before/, built the same way, for side-by-side loads.
+compare() {
+  log "before/after loads (bench/compare_loads.py)"
+  rm -rf /tmp/before && mkdir -p /tmp/before && tar -xzf .before/ferry-before.tar.gz -C /tmp/before
+  cmake -S /tmp/before/ferry-before -B /tmp/build-before -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFERRY_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=/tmp/deps/usr -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+    -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build-before.log" 2>&1
+  ninja -C /tmp/build-before ferry_cli >>"$OUT/build-before.log" 2>&1 || { tail -30 "$OUT/build-before.log"; status=1; return; }
+  checkpoints
+  (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
+    --dir "$ckpts" --out "$OUT/compare.json" ${COMPARE_ARGS:-}) 2>&1 | tee -a "$OUT/summary.txt"
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
+want compare && compare
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

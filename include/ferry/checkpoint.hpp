@@ -48,6 +48,8 @@ class Checkpoint {
   // Throws std::system_error for a path that cannot be opened, FormatError for a malformed
   // file or index. Both name the file.
   static Checkpoint open(const std::filesystem::path& path);
+  // The same, shared: what load() takes, and what keeps the description alive under its tensors.
+  static std::shared_ptr<const Checkpoint> open_shared(const std::filesystem::path& path);
 
   const std::filesystem::path& path() const noexcept { return _path; }
   const std::vector<CheckpointFile>& files() const noexcept { return _files; }

@@ -23,4 +23,8 @@ struct Device {
 // True when the CUDA driver is present and reports at least one device.
 bool cuda_available();
 
+// Starts `device` now (its CUDA context), so that the first transfer does not pay for it; kept
+// for the life of the process. Nothing to do for cpu. Throws CudaError where it cannot start.
+void prepare_device(const Device& device);
+
 }  // namespace ferry

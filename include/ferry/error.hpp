@@ -56,8 +56,13 @@ template <class... Parts>
 // Throws FormatError naming the offending file; for parsers of untrusted input.
 #define FERRY_FORMAT_EXPECT(cond, ...) FERRY_EXPECT(cond, ::ferry::FormatError, __VA_ARGS__)
 
-// Throws std::system_error from errno for a failed system call.
-#define FERRY_SYSCALL_FAIL(...) ::ferry::detail::fail_errno(errno, __VA_ARGS__)
+// Throws std::system_error from errno for a failed system call. errno is read before the
+// message is built: building it may allocate, and allocation may change errno.
+#define FERRY_SYSCALL_FAIL(...)                           \
+  do {                                                    \
+    const int ferry_saved_errno_ = errno;                 \
+    ::ferry::detail::fail_errno(ferry_saved_errno_, __VA_ARGS__); \
+  } while (0)
 
 // An internal invariant; a failure is a bug in ferry, so the message carries file:line.
 #define FERRY_ASSERT(cond) \

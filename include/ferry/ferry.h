@@ -55,7 +55,11 @@ typedef struct ferry_tensor_info {
   size_t ggml_rank;
 } ferry_tensor_info;
 
+/* Structs that grow (options and statistics) start with struct_size: the size of the struct as
+ * the caller compiled it. ferry reads and writes only the fields that lie inside it, so a host
+ * built against an older header keeps working when fields are added at the end. */
 typedef struct ferry_load_options {
+  uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
   const char* const* names;  /* tensors to load; NULL or name_count 0 loads all */
   size_t name_count;
@@ -63,6 +67,9 @@ typedef struct ferry_load_options {
   uint64_t staging_bytes; /* 0: the default, 256 MiB */
   uint64_t chunk_bytes;   /* 0: chosen */
   unsigned reader_threads; /* 0: chosen */
+  const char* backend;     /* "auto", "cufile" or "posix"; NULL means "auto" */
+  int32_t allow_compat;    /* nonzero lets backend "cufile" run in cuFile's compatibility mode */
+  unsigned slots_per_thread; /* staging slots each reader cycles through; 0: chosen */
 } ferry_load_options;
 
 typedef struct ferry_file_stats {
@@ -73,6 +80,7 @@ typedef struct ferry_file_stats {
 } ferry_file_stats;
 
 typedef struct ferry_load_stats {
+  uint32_t struct_size; /* the caller sets sizeof(ferry_load_stats) before asking */
   uint64_t tensor_bytes;
   uint64_t bytes_read;
   double seconds;
@@ -81,6 +89,9 @@ typedef struct ferry_load_stats {
   uint64_t chunk_bytes;
   uint64_t staging_bytes;
   size_t file_count;
+  unsigned slots_per_thread;
+  const char* settings_source; /* where threads, read size and slots came from; valid while the
+                                  loaded result lives */
 } ferry_load_stats;
 
 /* The message of the calling thread's last failure; "" if none. Never NULL. */
@@ -99,10 +110,11 @@ FERRY_API size_t ferry_checkpoint_tensor_count(const ferry_checkpoint* checkpoin
 FERRY_API ferry_status ferry_checkpoint_tensor_info(const ferry_checkpoint* checkpoint,
                                                     size_t index, ferry_tensor_info* out);
 
-/* Fills `options` with the defaults (all tensors to "cpu", automatic tuning). */
+/* Fills `options` with the defaults (all tensors to "cpu", automatic tuning) and struct_size. */
 FERRY_API void ferry_load_options_init(ferry_load_options* options);
 /* Loads into one new allocation on options->device (defaults if options is NULL).
- * Returns OK, INVALID_ARGUMENT, NOT_FOUND, IO_ERROR, FORMAT_ERROR, CUDA_ERROR or OUT_OF_MEMORY. */
+ * Returns OK, INVALID_ARGUMENT (also for a struct_size of 0 or larger than this library knows),
+ * NOT_FOUND, IO_ERROR, FORMAT_ERROR, CUDA_ERROR or OUT_OF_MEMORY. */
 FERRY_API ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                              const ferry_load_options* options,
                                              ferry_loaded** out);
@@ -116,7 +128,8 @@ FERRY_API ferry_status ferry_loaded_tensor_data(const ferry_loaded* loaded, cons
  * INVALID_ARGUMENT or CUDA_ERROR. */
 FERRY_API ferry_status ferry_loaded_tensor_digest(const ferry_loaded* loaded, const char* name,
                                                   uint64_t* digest);
-/* Statistics of the load. Returns OK or INVALID_ARGUMENT. */
+/* Statistics of the load, the fields inside out->struct_size (which the caller sets). Returns OK
+ * or INVALID_ARGUMENT (NULL arguments, or struct_size 0). */
 FERRY_API ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* out);
 /* Per-file statistics, index < file_count. Returns OK or INVALID_ARGUMENT. */
 FERRY_API ferry_status ferry_loaded_file_stats(const ferry_loaded* loaded, size_t index,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,5 +47,22 @@ struct LoadOptions {
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
 };
+
+// The one mapping from a setting's name and text to LoadOptions, so that the CLI's flags, the C
+// ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
+// backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
+// number with a unit: "1.5MiB", "4GiB"), threads, slots. Throws std::invalid_argument naming the
+// key and the value for an unknown key, a malformed value or one out of range.
+void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
+
+// The keys set_load_option takes, in the order above.
+std::span<const std::string_view> load_option_keys();
+
+// Upper bounds set_load_option enforces: far above any useful setting, low enough that a typo
+// cannot make ferry spin up billions of threads or ask for exabytes of staging.
+inline constexpr unsigned kMaxReaderThreads = 256;
+inline constexpr unsigned kMaxSlotsPerThread = 64;
+inline constexpr std::uint64_t kMaxChunkBytes = 1ull << 30;
+inline constexpr std::uint64_t kMaxStagingBytes = 1ull << 40;
 
 }  // namespace ferry

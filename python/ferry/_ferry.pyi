@@ -1,5 +1,5 @@
 """Type stubs for ferry's extension module."""
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -35,12 +35,13 @@ class Loaded:
         no DLPack type every framework reads) for every loaded tensor."""
     def stats(self) -> dict: ...
 
+# Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,
+# staging_bytes: int | str ("256MiB"), chunk_bytes: int | str, threads: int, slots: int.
 def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[str]] = None,
-         io: str = "auto", staging_bytes: int = 0, chunk_bytes: int = 0, threads: int = 0,
-         progress: Optional[Callable[[int, int], None]] = None) -> Loaded: ...
+         progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> Loaded: ...
 def load_into(checkpoint: Checkpoint, destinations: Sequence[Tuple[str, int, int]], device: str = "cpu",
-              io: str = "auto", staging_bytes: int = 0, chunk_bytes: int = 0, threads: int = 0,
-              progress: Optional[Callable[[int, int], None]] = None) -> dict: ...
+              progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> dict: ...
+
 class TensorReader:
     """Holds every file of a checkpoint open; reads byte ranges of one tensor into host memory."""
     def __init__(self, checkpoint: Checkpoint) -> None: ...

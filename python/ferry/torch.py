@@ -35,7 +35,8 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
                     progress: Optional[Callable[[int, int], None]] = None,
                     **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
     """Loads a checkpoint (a file, a shard directory or an index); returns (tensors, statistics).
-    `engine` takes io, staging_bytes, chunk_bytes and threads."""
+    `engine` takes io, backend, allow_compat, staging_bytes, chunk_bytes, threads and slots (as
+    `ferry load` does)."""
     checkpoint = open_checkpoint(path)
     target = normalize_device(device)
     loaded = _ferry.load(checkpoint, engine_device(target), list(names) if names is not None else None,

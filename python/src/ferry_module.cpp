@@ -77,17 +77,21 @@ nb::object stats_dict(const LoadStats& s) {
 // Python callables are called with the GIL held, from whichever reader thread finished a chunk.
 using Progress = std::function<void(std::uint64_t, std::uint64_t)>;
 
+// Engine settings arrive as keywords (io, backend, allow_compat, staging_bytes, chunk_bytes,
+// threads, slots) and go through set_load_option, the mapping the CLI and the C ABI use too.
+// None leaves a setting at its default.
 LoadOptions make_options(const std::string& device, std::optional<std::vector<std::string>> names,
-                         const std::string& io, std::uint64_t staging_bytes,
-                         std::uint64_t chunk_bytes, unsigned threads,
-                         std::optional<nb::callable> progress) {
+                         std::optional<nb::callable> progress, const nb::kwargs& engine) {
   LoadOptions o;
   o.device = Device::parse(device);
   if (names) o.names = std::move(*names);
-  o.io = parse_io_mode(io);
-  if (staging_bytes) o.staging_bytes = staging_bytes;
-  o.chunk_bytes = chunk_bytes;
-  o.reader_threads = threads;
+  for (auto [key, value] : engine) {
+    if (value.is_none()) continue;
+    const std::string k = nb::cast<std::string>(key);
+    const std::string v = nb::isinstance<nb::bool_>(value) ? (nb::cast<bool>(value) ? "true" : "false")
+                                                           : nb::cast<std::string>(nb::str(value));
+    set_load_option(o, k, v);
+  }
   if (progress) {
     // The callable is shared so that copies made off the GIL never touch its reference count.
     auto fn = std::make_shared<nb::callable>(std::move(*progress));
@@ -127,7 +131,7 @@ NB_MODULE(_ferry, m) {
           "open",
           [](const std::string& path) {
             nb::gil_scoped_release release;
-            return std::make_shared<const Checkpoint>(Checkpoint::open(path));
+            return Checkpoint::open_shared(path);
           },
           "path"_a, "Opens and validates a .safetensors file, a shard directory or an index.")
       .def_prop_ro("path", [](const Checkpoint& c) { return c.path().string(); })
@@ -232,29 +236,27 @@ NB_MODULE(_ferry, m) {
   m.def(
       "load",
       [](std::shared_ptr<const Checkpoint> checkpoint, const std::string& device,
-         std::optional<std::vector<std::string>> names, const std::string& io,
-         std::uint64_t staging_bytes, std::uint64_t chunk_bytes, unsigned threads,
-         std::optional<nb::callable> progress) {
-        LoadOptions o = make_options(device, std::move(names), io, staging_bytes, chunk_bytes,
-                                     threads, std::move(progress));
+         std::optional<std::vector<std::string>> names, std::optional<nb::callable> progress,
+         nb::kwargs engine) {
+        LoadOptions o = make_options(device, std::move(names), std::move(progress), engine);
         nb::gil_scoped_release release;
         return load(std::move(checkpoint), o);
       },
-      "checkpoint"_a, "device"_a = "cpu", "names"_a = nb::none(), "io"_a = "auto",
-      "staging_bytes"_a = 0, "chunk_bytes"_a = 0, "threads"_a = 0, "progress"_a = nb::none(),
-      "Loads the named tensors (all when names is None) into one new allocation on device.");
+      "checkpoint"_a, "device"_a = "cpu", "names"_a = nb::none(), "progress"_a = nb::none(),
+      "engine"_a,
+      "Loads the named tensors (all when names is None) into one new allocation on device.\n"
+      "Keywords set the engine: io, backend, allow_compat, staging_bytes, chunk_bytes, threads,\n"
+      "slots.");
 
   m.def(
       "load_into",
       [](std::shared_ptr<const Checkpoint> checkpoint,
          const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& destinations,
-         const std::string& device, const std::string& io, std::uint64_t staging_bytes,
-         std::uint64_t chunk_bytes, unsigned threads, std::optional<nb::callable> progress) {
+         const std::string& device, std::optional<nb::callable> progress, nb::kwargs engine) {
         std::vector<TensorDestination> dst;
         for (const auto& [name, address, capacity] : destinations)
           dst.push_back({name, reinterpret_cast<void*>(address), capacity});
-        LoadOptions o = make_options(device, std::nullopt, io, staging_bytes, chunk_bytes,
-                                     threads, std::move(progress));
+        LoadOptions o = make_options(device, std::nullopt, std::move(progress), engine);
         LoadStats stats;
         {
           nb::gil_scoped_release release;
@@ -262,9 +264,9 @@ NB_MODULE(_ferry, m) {
         }
         return stats_dict(stats);
       },
-      "checkpoint"_a, "destinations"_a, "device"_a = "cpu", "io"_a = "auto",
-      "staging_bytes"_a = 0, "chunk_bytes"_a = 0, "threads"_a = 0, "progress"_a = nb::none(),
-      "Loads (name, address, capacity) destinations the caller owns on device.");
+      "checkpoint"_a, "destinations"_a, "device"_a = "cpu", "progress"_a = nb::none(),
+      "engine"_a,
+      "Loads (name, address, capacity) destinations the caller owns on device; keywords as load.");
 
   nb::class_<TensorReader>(m, "TensorReader")
       .def(

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cufile/aligned_split.hpp"
+#include "cufile/transfer_result.hpp"
 #include "ferry/error.hpp"
 #include "shim/cufile.hpp"
 
@@ -63,15 +64,6 @@ void close_registered(const OpenedFile& f) {
   ::close(f.plain_fd);
 }
 
-void check_transfer(ssize_t done, std::uint64_t wanted, const std::filesystem::path& path,
-                    const char* what, std::uint64_t offset) {
-  if (done < 0)
-    detail::fail<std::runtime_error>(path.string(), ": ", what, " of ", wanted, " bytes at offset ",
-                                     offset, " failed (", done, ")");
-  FERRY_FORMAT_EXPECT(static_cast<std::uint64_t>(done) == wanted, path.string(),
-                      ": unexpected end of file at offset ", offset + done);
-}
-
 // The bounce for the edges: each is under 4 KiB, so plain memory and a synchronous copy do.
 struct Edge {
   alignas(4096) std::byte bytes[8192];
@@ -95,13 +87,13 @@ void cufile_read(const HandleCache::Lease& file, const std::filesystem::path& pa
     if (p.direct) {
       void* base = reinterpret_cast<void*>(registered_base ? registered_base : dst);
       const off_t at = static_cast<off_t>(registered_base ? dst - registered_base : 0);
-      check_transfer(lib.cuFileRead(file.file().handle, base, p.size,
+      check_cufile_transfer(lib.cuFileRead(file.file().handle, base, p.size,
                                     static_cast<off_t>(p.file_offset), at),
-                     p.size, path, "cuFileRead", p.file_offset);
+                     p.size, path, "cuFileRead", p.file_offset, false);
     } else {
       const ssize_t n = ::pread(file.file().plain_fd, edge.bytes, p.size,
                                 static_cast<off_t>(p.file_offset));
-      check_transfer(n, p.size, path, "read", p.file_offset);
+      check_cufile_transfer(n, p.size, path, "read", p.file_offset, false);
       FERRY_CU(cuMemcpyHtoDAsync, dst, edge.bytes, p.size, nullptr);
       FERRY_CU(cuStreamSynchronize, nullptr);
     }
@@ -116,16 +108,16 @@ void cufile_write(const HandleCache::Lease& file, const std::filesystem::path& p
   for (const SplitPiece& p : split_aligned(file_offset, size, max_piece)) {
     const std::uintptr_t src = device_address + p.buffer_offset;
     if (p.direct) {
-      check_transfer(lib.cuFileWrite(file.file().handle, reinterpret_cast<const void*>(src), p.size,
+      check_cufile_transfer(lib.cuFileWrite(file.file().handle, reinterpret_cast<const void*>(src), p.size,
                                      static_cast<off_t>(p.file_offset), 0),
-                     p.size, path, "cuFileWrite", p.file_offset);
+                     p.size, path, "cuFileWrite", p.file_offset, true);
     } else {
       FERRY_CU(cuMemcpyDtoH, edge.bytes, src, p.size);
       // Edges go through the plain descriptor: O_DIRECT refuses unaligned writes. Synced so
       // that later O_DIRECT reads of the same page see them.
       const int plain = file.file().plain_fd;
       const ssize_t n = ::pwrite(plain, edge.bytes, p.size, static_cast<off_t>(p.file_offset));
-      check_transfer(n, p.size, path, "write", p.file_offset);
+      check_cufile_transfer(n, p.size, path, "write", p.file_offset, true);
       if (::fdatasync(plain) != 0) FERRY_SYSCALL_FAIL(path.string(), ": fdatasync");
     }
   }

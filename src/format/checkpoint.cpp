@@ -101,6 +101,10 @@ void describe_gguf(CheckpointFile& entry, const GgufHeader& header) {
 
 }  // namespace
 
+std::shared_ptr<const Checkpoint> Checkpoint::open_shared(const std::filesystem::path& path) {
+  return std::make_shared<const Checkpoint>(open(path));
+}
+
 Checkpoint Checkpoint::open(const fs::path& path) {
   Checkpoint ckpt;
   ckpt._path = path;

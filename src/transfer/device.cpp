@@ -1,8 +1,12 @@
 #include "ferry/device.hpp"
 
 #include <charconv>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "ferry/error.hpp"
+#include "cuda/cuda_resources.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace ferry {
@@ -27,5 +31,16 @@ std::string Device::to_string() const {
 }
 
 bool cuda_available() { return shim::CudaDriver::get().usable; }
+
+void prepare_device(const Device& device) {
+  if (!device.is_cuda()) return;
+  // Never destroyed, on purpose: releasing a context from a static destructor could call into a
+  // driver that has already shut down.
+  static auto* mutex = new std::mutex;
+  static auto* started = new std::map<int, std::unique_ptr<detail::PrimaryContext>>;
+  std::lock_guard lock(*mutex);
+  auto& context = (*started)[device.index];
+  if (!context) context = std::make_unique<detail::PrimaryContext>(device.index);
+}
 
 }  // namespace ferry

@@ -161,6 +161,23 @@ def test_argument_errors(run_ferry, good, args):
     assert result.stdout == "" or "Usage" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "flag,value,words",
+    [
+        ("--staging-mib", "nan", "staging_bytes"),
+        ("--staging-mib", "1e30", "staging_bytes"),
+        ("--chunk-mib", "inf", "chunk_bytes"),
+        ("--chunk-mib", "18446744073709551615", "at most"),
+        ("--threads", "4294967295", "at most 256"),
+        ("--threads", "-3", "threads"),
+        ("--slots", "1.5", "whole number"),
+    ],
+)
+def test_engine_settings_out_of_range_are_named(run_ferry, good, flag, value, words):
+    result = run_ferry("load", good, "--device", "cpu", flag, value)
+    expect_clean_error(result, value, words)
+
+
 def test_staging_too_small_for_the_chunk_size(run_ferry, good):
     result = run_ferry("load", good, "--device", "cpu", "--chunk-mib", "4", "--staging-mib", "1")
     expect_clean_error(result, "staging")

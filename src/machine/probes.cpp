@@ -1,4 +1,5 @@
-#include "machine_probe.hpp"
+// The measurements `ferry doctor` takes: copy bandwidth, O_DIRECT, read throughput.
+#include "ferry/machine.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +12,7 @@
 #include "io/source_file.hpp"
 #include "shim/cuda_driver.hpp"
 
-namespace ferry::cli {
+namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -35,27 +36,6 @@ double time_copies(const detail::Stream& stream, shim::cu::DevicePtr dst, const 
 }
 
 }  // namespace
-
-std::vector<GpuInfo> list_gpus() {
-  std::vector<GpuInfo> gpus;
-  const auto& d = shim::CudaDriver::get();
-  if (!d.usable) return gpus;
-  for (int i = 0; i < d.device_count; ++i) {
-    shim::cu::Device dev = 0;
-    FERRY_CU(cuDeviceGet, &dev, i);
-    GpuInfo g;
-    g.index = i;
-    char name[256] = {};
-    FERRY_CU(cuDeviceGetName, name, sizeof name, dev);
-    g.name = name;
-    std::size_t memory = 0;
-    FERRY_CU(cuDeviceTotalMem, &memory, dev);
-    g.memory_bytes = memory;
-    FERRY_CU(cuDeviceGetAttribute, &g.pci_bus, shim::cu::kAttributePciBusId, dev);
-    gpus.push_back(g);
-  }
-  return gpus;
-}
 
 CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeats) {
   auto context = std::make_shared<detail::PrimaryContext>(device);
@@ -123,4 +103,4 @@ double measure_read(const std::vector<std::filesystem::path>& files, IoMode mode
   return s > 0 ? static_cast<double>(planned) / s / 1e9 : 0.0;
 }
 
-}  // namespace ferry::cli
+}  // namespace ferry

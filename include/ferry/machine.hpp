@@ -1,0 +1,79 @@
+// Facts about this machine that decide how transfers run, and the measurements `ferry doctor`
+// takes: GPUs and the driver, cuFile's mode, file systems, page-cache residency, copy and read
+// bandwidth. Nothing here changes a setting; loads decide from the same facts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ferry/load_options.hpp"
+
+namespace ferry {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  std::uint64_t memory_bytes = 0;
+  int pci_bus = -1;
+};
+
+struct CudaFacts {
+  bool usable = false;
+  std::string why_unusable;  // empty when usable
+  int driver_version = 0;    // as the driver reports it: 13000 for 13.0
+  std::vector<GpuInfo> gpus;
+};
+CudaFacts cuda_facts();
+
+// What cuFile would do here: "gds" (true GPUDirect Storage), "compat" (POSIX reads inside
+// cuFile) or "unavailable", and why; for `path`, the verdict on its file system too.
+struct CufileFacts {
+  bool library_loaded = false;
+  bool driver_opened = false;
+  bool nvidia_fs_loaded = false;
+  bool compat_allowed = false;
+  bool compat_forced = false;
+  int version = 0;
+  std::string mode;
+  std::string reason;
+  std::string path_mode;  // empty without a path or where cuFile is unavailable
+  std::string path_reason;
+};
+CufileFacts cufile_facts(const std::filesystem::path& path = {});
+
+// The file system type of the mount holding `path` ("ext4", "tmpfs", ...).
+std::string filesystem_name(const std::filesystem::path& path);
+
+// Fraction of `file`'s pages in the page cache (sampled on large files, as loads do).
+double page_cache_fraction(const std::filesystem::path& file);
+
+// Median GB/s of `repeats` host-to-device copies of `bytes` from pinned and from pageable memory.
+struct CopyBandwidth {
+  double pinned_gbps = 0;
+  double pageable_gbps = 0;
+};
+CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeats);
+
+// Whether an aligned O_DIRECT read of `file` works, and what happened.
+struct DirectProbe {
+  bool works = false;
+  std::string detail;
+};
+DirectProbe probe_direct(const std::filesystem::path& file);
+
+// GB/s of reading up to `max_bytes` of `files` with `threads` threads in 8 MiB reads.
+double measure_read(const std::vector<std::filesystem::path>& files, IoMode mode, unsigned threads,
+                    std::uint64_t max_bytes);
+
+// The engine's settings for a load that leaves them to ferry, and where they come from.
+struct EngineSettingsReport {
+  unsigned reader_threads = 0;
+  std::uint64_t chunk_bytes = 0;
+  unsigned slots_per_thread = 0;
+  std::string source;
+};
+EngineSettingsReport default_engine_settings();
+
+}  // namespace ferry

@@ -1,0 +1,40 @@
+"""Engine settings from Python go through the same mapping as the CLI's flags and the C ABI."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import ferry.torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3, 5)}, str(path))
+    return path
+
+
+def test_every_engine_setting_is_accepted(checkpoint):
+    tensors, stats = ferry.torch.load(checkpoint, backend="posix", allow_compat=False, io="buffered",
+                                      staging_bytes="8MiB", chunk_bytes=8192, threads=2, slots=1)
+    assert torch.equal(tensors["a"], torch.arange(4096, dtype=torch.float32))
+    assert stats["reader_threads"] <= 2 and stats["slots_per_thread"] == 1
+    assert stats["chunk_bytes"] == 8192
+    assert {f["io_path"] for f in stats["files"]} == {"buffered"}
+
+
+def test_cufile_without_gds_is_refused_unless_allowed(checkpoint):
+    with pytest.raises(Exception, match="(?i)cufile|gpu|cuda"):
+        ferry.torch.load(checkpoint, device="cuda:0" if torch.cuda.is_available() else "cpu",
+                         backend="cufile")
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("threads", 10**10, "at most 256"),
+    ("staging_bytes", float("nan"), "staging_bytes"),
+    ("slots", -1, "slots"),
+    ("speed", 3, "unknown load option"),
+    ("backend", "gds", "gds"),
+])
+def test_bad_settings_raise_naming_them(checkpoint, key, value, words):
+    with pytest.raises(ValueError, match=words):
+        ferry.torch.load(checkpoint, **{key: value})

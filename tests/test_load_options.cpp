@@ -1,0 +1,80 @@
+// set_load_option: the one mapping from a setting's name and text to LoadOptions.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ferry/load_options.hpp"
+
+namespace ferry {
+namespace {
+
+std::string error_of(std::string_view key, std::string_view value) {
+  LoadOptions o;
+  try {
+    set_load_option(o, key, value);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LoadOptions, EveryKeySetsItsField) {
+  LoadOptions o;
+  set_load_option(o, "device", "cuda:1");
+  set_load_option(o, "io", "direct");
+  set_load_option(o, "backend", "cufile");
+  set_load_option(o, "allow_compat", "true");
+  set_load_option(o, "staging_bytes", "64MiB");
+  set_load_option(o, "chunk_bytes", "1.5MiB");
+  set_load_option(o, "threads", "12");
+  set_load_option(o, "slots", "3");
+  EXPECT_EQ(o.device, Device::cuda(1));
+  EXPECT_EQ(o.io, IoMode::Direct);
+  EXPECT_EQ(o.backend, Backend::Cufile);
+  EXPECT_TRUE(o.allow_compat);
+  EXPECT_EQ(o.staging_bytes, 64ull << 20);
+  EXPECT_EQ(o.chunk_bytes, 3ull << 19);
+  EXPECT_EQ(o.reader_threads, 12u);
+  EXPECT_EQ(o.slots_per_thread, 3u);
+  EXPECT_EQ(load_option_keys().size(), 8u);
+}
+
+TEST(LoadOptions, SizesTakePlainBytesAndUnits) {
+  LoadOptions o;
+  set_load_option(o, "chunk_bytes", "4096");
+  EXPECT_EQ(o.chunk_bytes, 4096u);
+  set_load_option(o, "chunk_bytes", "512KiB");
+  EXPECT_EQ(o.chunk_bytes, 512u << 10);
+  set_load_option(o, "staging_bytes", "2GiB");
+  EXPECT_EQ(o.staging_bytes, 2ull << 30);
+  set_load_option(o, "chunk_bytes", "0MiB");  // 0: chosen by the engine
+  EXPECT_EQ(o.chunk_bytes, 0u);
+}
+
+TEST(LoadOptions, BadValuesNameTheOptionAndTheValue) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"staging_bytes", "nan"},
+           {"staging_bytes", "1e30MiB"},
+           {"staging_bytes", "0"},
+           {"staging_bytes", "-1MiB"},
+           {"chunk_bytes", "18446744073709551615"},
+           {"chunk_bytes", "infMiB"},
+           {"threads", "4294967295"},
+           {"threads", "-3"},
+           {"threads", ""},
+           {"slots", "1.5"},
+           {"allow_compat", "maybe"},
+       }) {
+    const std::string message = error_of(key, value);
+    EXPECT_NE(message.find(key), std::string::npos) << key << "=" << value << ": " << message;
+    EXPECT_NE(message.find("\"" + value + "\""), std::string::npos) << message;
+  }
+  EXPECT_NE(error_of("threads", "300").find("at most 256"), std::string::npos);
+  EXPECT_NE(error_of("speed", "fast").find("unknown load option \"speed\""), std::string::npos);
+  EXPECT_NE(error_of("io", "sideways").find("sideways"), std::string::npos);
+  EXPECT_NE(error_of("backend", "gds").find("gds"), std::string::npos);
+  EXPECT_NE(error_of("device", "tpu:0").find("tpu:0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry
