@@ -19,16 +19,12 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::shared_ptr<const Checkpoint> open(const fs::path& path) {
-  return std::make_shared<const Checkpoint>(Checkpoint::open(path));
-}
-
 TEST(TensorReader, RangesEqualThePlainHostPath) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";
   test::write_random_checkpoint(
       path, {{"a", DType::F32, {300, 7}}, {"b", DType::BF16, {3}}, {"e", DType::I64, {0}}}, 5);
-  const auto checkpoint = open(path);
+  const auto checkpoint = Checkpoint::open_shared(path);
   const TensorReader reader(checkpoint);
   for (const auto& t : checkpoint->tensors()) {
     const auto plain = test::read_plain(*checkpoint, t);
@@ -46,7 +42,7 @@ TEST(TensorReader, RangeOutsideTheTensorIsRefused) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";
   test::write_random_checkpoint(path, {{"a", DType::U8, {16}}}, 1);
-  const auto checkpoint = open(path);
+  const auto checkpoint = Checkpoint::open_shared(path);
   const TensorReader reader(checkpoint);
   std::vector<std::byte> buffer(32);
   EXPECT_THROW(reader.read(*checkpoint->find("a"), 8, 9, buffer.data()), std::out_of_range);
@@ -57,7 +53,7 @@ TEST(TensorReader, HoldsTheFileItOpened) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";
   const auto first = test::write_random_checkpoint(path, {{"a", DType::U8, {4096}}}, 1);
-  const auto checkpoint = open(path);
+  const auto checkpoint = Checkpoint::open_shared(path);
   const TensorReader reader(checkpoint);
   // A new file renamed over the path, as save_file, downloads and git checkouts do.
   test::write_random_checkpoint(dir / "new.safetensors", {{"a", DType::U8, {4096}}}, 2);
@@ -74,7 +70,7 @@ TEST(TensorReader, FileTruncatedUnderneathIsAClearError) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";
   test::write_random_checkpoint(path, {{"a", DType::U8, {4096}}}, 1);
-  const auto checkpoint = open(path);
+  const auto checkpoint = Checkpoint::open_shared(path);
   const TensorReader reader(checkpoint);
   fs::resize_file(path, fs::file_size(path) - 100);
   std::vector<std::byte> got(4096);
