@@ -23,12 +23,6 @@ std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
 // A safetensors header nests three levels deep (header, tensor, shape).
 constexpr int kMaxHeaderDepth = 8;
 
-Json parse_json_object(std::string_view text, std::string_view label) {
-  Json root = detail::parse_strict_json(text, label, kMaxHeaderDepth);
-  FERRY_FORMAT_EXPECT(root.is_object(), label, ": header is JSON but not an object");
-  return root;
-}
-
 std::map<std::string, std::string> parse_metadata(const Json& value, std::string_view label) {
   FERRY_FORMAT_EXPECT(value.is_object(), label, ": __metadata__ is not an object");
   std::map<std::string, std::string> metadata;
@@ -141,19 +135,20 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
   FERRY_FORMAT_EXPECT(nul == nullptr, label, ": header holds a NUL byte at offset ",
                       8 + (static_cast<const char*>(nul) - text),
                       " (a header may be padded with spaces only)");
-  Json root = parse_json_object(std::string_view(text, header_bytes), label);
-
   SafetensorsHeader header;
   header.data_start = 8 + header_bytes;
   const std::uint64_t data_bytes = file_size - header.data_start;
-  for (const auto& [key, value] : root.items()) {
+  // Member by member: no DOM of every tensor is built (it dominated the parse of large headers).
+  const detail::MemberHandler on_member = [&](std::string&& key, Json&& value) {
     if (key == "__metadata__") {
       header.metadata = parse_metadata(value, label);
       header.has_metadata = true;
     } else {
       header.tensors.push_back(parse_tensor(key, value, data_bytes, label));
     }
-  }
+  };
+  detail::parse_strict_json_members(std::string_view(text, header_bytes), label, kMaxHeaderDepth,
+                                    on_member);
 
   detail::finish_tensor_layout(header.tensors, header.data_start, label);
   check_packed(header.tensors, header.data_start, label);
