@@ -66,7 +66,7 @@ class _Slice:
     def __init__(self, handle: "safe_open", name: str):
         # The reader, not the handle, is kept: as in safetensors, a slice outlives `with`.
         self._reader, self._name = handle._reader, name
-        self._dtype, self._shape, self._size = handle._table[name]
+        self._dtype, self._shape, self._size = handle._info(name)
         self._framework, self._device, self._backend = handle._framework, handle._device, handle._backend
         self._pinned = handle._pinned
 
@@ -180,7 +180,7 @@ class safe_open:
         if self._framework == "np" and self._device != "cpu":
             raise SafetensorError(f"Device {self._device} is not supported for framework numpy")
         self._checkpoint = checkpoint
-        self._table = tensor_table(checkpoint)
+        self._names = checkpoint.names()  # read order; each tensor's entry is asked for when used
         self._reader = _ferry.TensorReader(checkpoint)
         self._pinned: list = []
         self._open = True
@@ -199,22 +199,24 @@ class safe_open:
 
     def keys(self) -> List[str]:
         self._check_open()
-        return sorted(self._table)
+        return sorted(self._names)
 
     def offset_keys(self) -> List[str]:
         self._check_open()
-        return list(self._table)
+        return list(self._names)
 
     def metadata(self) -> Optional[Dict[str, str]]:
         self._check_open()
         return self._checkpoint.metadata(0) if self._checkpoint.has_metadata(0) else None
 
     def _info(self, name: str):
+        """(dtype, shape, bytes) of `name`."""
         self._check_open()
-        info = self._table.get(name)
+        info = self._checkpoint.tensor(name)
         if info is None:
             raise _MissingTensor(f"File does not contain tensor {name}")
-        return info
+        dtype, shape, size = info
+        return dtype, list(shape), size
 
     def get_tensor(self, name: str):
         dtype, shape, size = self._info(name)
@@ -228,16 +230,17 @@ class safe_open:
     def get_tensors(self) -> Dict[str, Any]:
         """Every tensor, in file order, through one engine load (one allocation on the device)."""
         self._check_open()
+        table = tensor_table(self._checkpoint)
         loaded = _ferry.load(self._checkpoint, engine_device(self._device))
         if self._framework == "np":
             return {name: numpy_view(loaded, name, dtype, shape, size)
-                    for name, (dtype, shape, size) in self._table.items()}
+                    for name, (dtype, shape, size) in table.items()}
         from .torch import _tensors
 
-        tensors = _tensors(loaded, self._table)
+        tensors = _tensors(loaded, table)
         if engine_device(self._device) != self._device:
             tensors = {name: t.to(self._device) for name, t in tensors.items()}
-        return {name: tensors[name] for name in self._table}
+        return {name: tensors[name] for name in table}
 
 
 class _safe_open_handle(safe_open):

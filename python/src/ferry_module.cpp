@@ -157,6 +157,22 @@ NB_MODULE(_ferry, m) {
                                 t.file_index, t.offset);
              return out;
            })
+      .def("names",
+           [](const Checkpoint& c) {
+             std::vector<std::string> out;
+             out.reserve(c.tensors().size());
+             for (const auto& t : c.tensors()) out.push_back(t.name);
+             return out;
+           },
+           "Tensor names in read order (by file, then offset).")
+      .def("tensor",
+           [](const Checkpoint& c, const std::string& name)
+               -> std::optional<std::tuple<std::string, std::vector<std::uint64_t>, std::uint64_t>> {
+             const TensorInfo* t = c.find(name);
+             if (t == nullptr) return std::nullopt;
+             return std::make_tuple(std::string(dtype_name(t->dtype)), t->shape, t->size);
+           },
+           "name"_a, "(dtype, shape, bytes) of one tensor, or None where there is none.")
       .def("has_metadata",
            [](const Checkpoint& c, std::size_t file) {
              FERRY_EXPECT(file < c.files().size(), std::out_of_range, "file index ", file,

@@ -359,3 +359,28 @@ def test_load_model_with_tied_weights(tmp_path):
     assert ferry.torch.load_model(model, path) == (set(), [])
     for name, tensor in source.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (skipped without one)
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path):
+    """Through the handle's pinned buffer, in pieces for a tensor larger than it (64 MiB)."""
+    generator = torch.Generator().manual_seed(1)
+    tensors = {"big": torch.randint(0, 255, ((64 << 20) + 4099,), dtype=torch.uint8, generator=generator),
+               "w": torch.rand((300, 70), generator=generator).to(torch.bfloat16),
+               "s": torch.tensor(2.5), "e": torch.zeros((0, 4))}
+    path = tmp_path / "gpu.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    for device in ("cuda:0", 0, torch.device("cuda:0")):
+        with ferry.safe_open(path, "pt", device=device) as f:
+            for name, want in tensors.items():
+                got = f.get_tensor(name)
+                assert got.device == torch.device("cuda:0") and got.dtype == want.dtype
+                assert as_bytes(got) == as_bytes(want), name
+            assert as_bytes(f.get_slice("w")[10:20, 3:9]) == as_bytes(tensors["w"][10:20, 3:9])
+            everything = f.get_tensors()
+            assert all(as_bytes(everything[n]) == as_bytes(t) for n, t in tensors.items())
+    loaded = ferry.torch.load_file(path, device="cuda:0")
+    assert all(as_bytes(loaded[n]) == as_bytes(t) for n, t in tensors.items())
