@@ -2,6 +2,7 @@
 of the bytes asked for (ferry's TensorReader), straight into the tensor handed out; get_tensors
 runs ferry's engine over the whole checkpoint."""
 import os
+import threading
 from typing import Any, Dict, List, Optional
 
 from . import _ferry
@@ -68,7 +69,6 @@ class _Slice:
         self._reader, self._name = handle._reader, name
         self._dtype, self._shape, self._size = handle._info(name)
         self._framework, self._device, self._backend = handle._framework, handle._device, handle._backend
-        self._pinned = handle._pinned
 
     def get_shape(self) -> List[int]:
         return list(self._shape)
@@ -130,7 +130,7 @@ class _Slice:
 
 
 def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: int,
-          framework: str, device: str, pinned: Optional[list]):
+          framework: str, device: str, pinned: Optional["_PinnedBuffer"]):
     """`length` bytes at `begin` of tensor `name` as a new tensor (torch) or array (numpy) of
     `dtype` and `shape` on `device`."""
     if framework == "np":
@@ -148,22 +148,30 @@ def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: i
     if length and not on_gpu:
         reader.read(name, begin, length, raw.data_ptr())
     elif length:
-        buffer = _pinned_buffer(pinned, min(length, _PINNED_BYTES))
-        for at in range(0, length, buffer.numel()):
-            n = min(buffer.numel(), length - at)
-            reader.read(name, begin + at, n, buffer.data_ptr())
-            raw[at:at + n].copy_(buffer[:n])  # synchronous: the buffer is reused next
+        with pinned.lock:  # one buffer per handle: threads sharing the handle take turns
+            buffer = pinned.at_least(min(length, _PINNED_BYTES))
+            for at in range(0, length, buffer.numel()):
+                n = min(buffer.numel(), length - at)
+                reader.read(name, begin + at, n, buffer.data_ptr())
+                raw[at:at + n].copy_(buffer[:n])  # synchronous: the buffer is reused next
     out = raw.view(target).reshape(torch_shape(dtype, shape))
     return out if on_gpu or device == "cpu" else out.to(device)
 
 
-def _pinned_buffer(pinned: list, size: int):
-    """The handle's pinned staging buffer, grown to `size` bytes where it is smaller."""
-    import torch
+class _PinnedBuffer:
+    """A handle's pinned host buffer for reads to a GPU, made on first use; hold `lock` while
+    using it."""
 
-    if not pinned or pinned[0].numel() < size:
-        pinned[:] = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
-    return pinned[0]
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._buffer = None
+
+    def at_least(self, size: int):
+        import torch
+
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return self._buffer
 
 
 class safe_open:
@@ -182,7 +190,7 @@ class safe_open:
         self._checkpoint = checkpoint
         self._names = checkpoint.names()  # read order; each tensor's entry is asked for when used
         self._reader = _ferry.TensorReader(checkpoint)
-        self._pinned: list = []
+        self._pinned = _PinnedBuffer()
         self._open = True
 
     def _check_open(self) -> None:
@@ -195,7 +203,7 @@ class safe_open:
     def __exit__(self, *exc) -> None:
         self._open = False
         self._reader = None
-        self._pinned = []
+        self._pinned = None
 
     def keys(self) -> List[str]:
         self._check_open()

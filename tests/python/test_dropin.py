@@ -384,3 +384,25 @@ def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path):
             assert all(as_bytes(everything[n]) == as_bytes(t) for n, t in tensors.items())
     loaded = ferry.torch.load_file(path, device="cuda:0")
     assert all(as_bytes(loaded[n]) == as_bytes(t) for n, t in tensors.items())
+
+
+def test_eight_threads_share_one_handle_and_open_their_own(tmp_path):
+    import concurrent.futures
+
+    generator = torch.Generator().manual_seed(2)
+    tensors = {f"t{i}": torch.rand((64, 129), generator=generator) for i in range(64)}
+    path = tmp_path / "many.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    shared = ferry.safe_open(path, "pt")
+
+    def work(seed):
+        names = sorted(tensors)[seed::8]
+        with ferry.safe_open(path, "pt") as own:
+            for name in names:
+                for handle in (shared, own):
+                    assert torch.equal(handle.get_tensor(name), tensors[name]), name
+                    assert torch.equal(handle.get_slice(name)[3:9, 1:5], tensors[name][3:9, 1:5]), name
+        return len(names)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        assert sum(pool.map(work, range(8))) == len(tensors)
