@@ -170,7 +170,7 @@ class _PinnedBuffer:
         import torch
 
         if self._buffer is None or self._buffer.numel() < size:
-            self._buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self._buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=True)
         return self._buffer
 
 

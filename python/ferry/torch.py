@@ -69,7 +69,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
         target = torch_dtype(dtype, name)
         storage = torch_shape(dtype, list(shape))
         if size == 0:
-            out[name] = torch.empty(storage, dtype=target)
+            out[name] = torch.empty(storage, dtype=target, device="cpu")
         else:
             raw = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=torch.uint8)
             out[name] = raw.view(target).reshape(storage)
