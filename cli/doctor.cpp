@@ -23,9 +23,12 @@ constexpr std::uint64_t kCopyProbeBytes = 256ull << 20;
 
 std::vector<fs::path> files_under(const fs::path& path) {
   std::vector<fs::path> files;
-  if (fs::is_regular_file(path)) return {path};
-  FERRY_EXPECT(fs::is_directory(path), std::invalid_argument, path.string(),
-               ": no such file or directory");
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
+  if (fs::is_regular_file(status)) return {path};
+  FERRY_EXPECT(fs::is_directory(status), std::invalid_argument, path.string(),
+               ": not a regular file or a directory (doctor measures reads of files)");
   for (const auto& e : fs::directory_iterator(path))
     if (e.is_regular_file() && e.file_size() > 0) files.push_back(e.path());
   std::sort(files.begin(), files.end());
@@ -101,7 +104,7 @@ void tune(const std::string& path, bool json) {
   const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
   std::FILE* out = json ? stderr : stdout;
   std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",
-               path.c_str(), human_bytes(checkpoint->total_bytes()).c_str(),
+               printable(path).c_str(), human_bytes(checkpoint->total_bytes()).c_str(),
                device.to_string().c_str());
   const Tuning best = ferry::tune(checkpoint, device, 3, [out](const Tuning& t) {
     std::fprintf(out, "  %2u threads, %s reads, %u slots: %.2f GB/s\n", t.reader_threads,
@@ -112,7 +115,7 @@ void tune(const std::string& path, bool json) {
   std::fprintf(out, "chose %u threads, %s reads, %u slots (%.2f GB/s; within 2%% of the fastest, the "
                     "most threads, then the smallest staging); written to %s\n",
                best.reader_threads, human_bytes(best.chunk_bytes).c_str(), best.slots_per_thread,
-               best.gigabytes_per_second, tuning_file().c_str());
+               best.gigabytes_per_second, printable(tuning_file().string()).c_str());
 }
 
 void print_text(const Json& r) {
@@ -150,10 +153,10 @@ void print_text(const Json& r) {
               human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
               e["slots_per_thread"].get<unsigned>(),
               human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
-              e["settings_source"].get<std::string>().c_str());
+              printable(e["settings_source"].get<std::string>()).c_str());
   if (!r.contains("path")) return;
   const Json& p = r["path"];
-  std::printf("path: %s\n  file system: %s\n", p["path"].get<std::string>().c_str(),
+  std::printf("path: %s\n  file system: %s\n", printable(p["path"].get<std::string>()).c_str(),
               p["filesystem"].get<std::string>().c_str());
   if (p.contains("note")) {
     std::printf("  %s\n", p["note"].get<std::string>().c_str());
@@ -182,7 +185,7 @@ void add_doctor(CLI::App& app) {
   cmd->add_option("path", path, "a file or directory whose file system and reads to measure");
   cmd->add_flag("--json", json, "print JSON");
   cmd->add_option("--read-limit-gib", read_limit_gib, "read at most this much of PATH per mode")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_between(1.0 / 1024, 1 << 20))
       ->capture_default_str();
   cmd->add_flag("--tune", tune_engine,
                 "load the checkpoint at PATH with each candidate engine setting (to cuda:0, else "
@@ -205,7 +208,7 @@ void add_doctor(CLI::App& app) {
       report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
                                     engine.reader_threads);
     if (json)
-      std::cout << report.dump(2) << "\n";
+      std::cout << report.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
     else
       print_text(report);
   });

@@ -51,31 +51,15 @@ nlohmann::json checkpoint_json(const Checkpoint& c) {
           {"tensors", tensors}};
 }
 
-// One line of a metadata value for people: control characters escaped, long text cut.
+// One line of a metadata value for people: escaped for a terminal, long text cut (never inside
+// a UTF-8 sequence).
 std::string one_line(const std::string& text) {
   constexpr std::size_t kMaxShown = 100;
-  std::string out;
-  for (std::size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '\n')
-      out += "\\n";
-    else if (c < 0x20 || c == 0x7f)
-      out += "\\x" + std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15];
-    else
-      out += static_cast<char>(c);
-  }
-  if (text.size() > kMaxShown) {
-    // Cut at a character boundary: drop a UTF-8 sequence the limit split.
-    std::size_t lead = out.size();
-    while (lead > 0 && (static_cast<unsigned char>(out[lead - 1]) & 0xC0) == 0x80) --lead;
-    if (lead > 0) {
-      const auto first = static_cast<unsigned char>(out[lead - 1]);
-      const std::size_t length = first >= 0xF0 ? 4 : first >= 0xE0 ? 3 : first >= 0xC0 ? 2 : 1;
-      if (out.size() - (lead - 1) < length) out.resize(lead - 1);
-    }
-    out += "... (" + std::to_string(text.size()) + " bytes)";
-  }
-  return out;
+  if (text.size() <= kMaxShown) return printable(text);
+  std::size_t cut = kMaxShown;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return printable(std::string_view(text).substr(0, cut)) + "... (" + std::to_string(text.size()) +
+         " bytes)";
 }
 
 // GGUF metadata, typed; arrays summarized (--json gives them in full).
@@ -99,28 +83,28 @@ void print_gguf_metadata(const CheckpointFile& f) {
 }
 
 void print_text(const Checkpoint& c) {
-  std::printf("checkpoint: %s\n", c.path().c_str());
+  std::printf("checkpoint: %s\n", printable(c.path().string()).c_str());
   if (is_gguf(c)) std::printf("format: gguf\n");
   std::printf("tensors: %zu, %s in %zu file(s)\n", c.tensors().size(),
               human_bytes(c.total_bytes()).c_str(), c.files().size());
   for (const auto& f : c.files()) {
-    std::printf("file: %s (%s)\n", f.path.c_str(), human_bytes(f.size).c_str());
+    std::printf("file: %s (%s)\n", printable(f.path.string()).c_str(), human_bytes(f.size).c_str());
     if (f.format == CheckpointFormat::Gguf) {
       print_gguf_metadata(f);
       continue;
     }
     for (const auto& [key, value] : f.metadata)
-      std::printf("  metadata: %s = %s\n", key.c_str(), value.c_str());
+      std::printf("  metadata: %s = %s\n", printable(key).c_str(), printable(value).c_str());
   }
   // GGUF rows: name, ggml type, dims as GGUF states them (ne[0] first), bytes, absolute offset.
   for (const auto& t : c.tensors()) {
     if (t.ggml_type >= 0)
-      std::printf("%s\t%s\t%s\t%llu\t%llu\n", t.name.c_str(),
+      std::printf("%s\t%s\t%s\t%llu\t%llu\n", printable(t.name).c_str(),
                   std::string(ggml_type_name(t.ggml_type)).c_str(), shape_text(t.ggml_dims).c_str(),
                   static_cast<unsigned long long>(t.size),
                   static_cast<unsigned long long>(t.offset));
     else
-      std::printf("%s\t%s\t%s\t%llu\n", t.name.c_str(), std::string(dtype_name(t.dtype)).c_str(),
+      std::printf("%s\t%s\t%s\t%llu\n", printable(t.name).c_str(), std::string(dtype_name(t.dtype)).c_str(),
                   shape_text(t.shape).c_str(), static_cast<unsigned long long>(t.size));
   }
 }

@@ -35,7 +35,7 @@ void print_digests(const LoadedCheckpoint& loaded) {
     // llama.cpp and the gguf package report them; the bytes hashed are the same either way.
     const TensorInfo& info = *t->info;
     const bool gguf = info.ggml_type >= 0;
-    std::printf("%s\t%s\t%s\t%s\n", info.name.c_str(),
+    std::printf("%s\t%s\t%s\t%s\n", printable(info.name).c_str(),
                 std::string(gguf ? ggml_type_name(info.ggml_type) : dtype_name(info.dtype)).c_str(),
                 shape_text(gguf ? info.ggml_dims : info.shape).c_str(),
                 digest_hex(tensor_digest(loaded, *t)).c_str());
@@ -81,7 +81,7 @@ void add_load(CLI::App& app) {
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
   cmd->add_option("--repeat", repeat, "load this many times and report each")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1u, 1000000u));
   cmd->callback([] {
     LoadOptions options;
     options.device = resolve_device(device);
@@ -99,7 +99,7 @@ void add_load(CLI::App& app) {
     std::FILE* report = hash ? stderr : stdout;
     nlohmann::json runs = nlohmann::json::array();
     for (unsigned r = 0; r < repeat; ++r) {
-      auto progress = std::make_shared<Progress>("loading " + path);
+      auto progress = std::make_shared<Progress>("loading " + printable(path));
       if (!json) options.progress = [progress](auto done, auto total) { progress->update(done, total); };
       const bool peak_known = reset_peak_resident();
       const std::uint64_t before = resident_bytes();

@@ -1,8 +1,27 @@
 // ferry: load safetensors checkpoints into GPU or host memory at the speed of the hardware.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "commands.hpp"
+#include "report.hpp"
+
+namespace {
+
+// Output that never arrived (a full disk, a closed pipe, /dev/full) is a failure: a script
+// reading the digests or the JSON must not see exit 0 and nothing.
+int check_stdout() {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  if (flushed && !std::ferror(stdout)) return 0;
+  std::fprintf(stderr, "ferry: error: cannot write to standard output: %s\n",
+               error ? std::strerror(error) : "a write failed");
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry: moves tensors between storage and GPU memory at the speed of the hardware"};
@@ -15,10 +34,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int status = app.exit(e);
+    return check_stdout() ? 1 : status;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: error: %s\n", e.what());
+    // Messages name tensors and paths from files: escaped like everything else shown.
+    std::fprintf(stderr, "ferry: error: %s\n", ferry::cli::printable(e.what()).c_str());
     return 1;
   }
-  return 0;
+  return check_stdout();
 }

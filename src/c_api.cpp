@@ -51,6 +51,8 @@ ferry_status guarded(Body&& body) noexcept {
     return fail(missing ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO_ERROR, e.what());
   } catch (const std::invalid_argument& e) {
     return fail(FERRY_STATUS_INVALID_ARGUMENT, e.what());
+  } catch (const ferry::OutOfMemory& e) {
+    return fail(FERRY_STATUS_OUT_OF_MEMORY, e.what());
   } catch (const std::bad_alloc&) {
     return fail(FERRY_STATUS_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
@@ -197,7 +199,10 @@ ferry_status ferry_loaded_tensor_digest(const ferry_loaded* loaded, const char* 
                                         uint64_t* digest) {
   return guarded([&] {
     require(digest, "digest");
-    *digest = ferry::tensor_digest(loaded->loaded, find_loaded(loaded, name));
+    // Looked up first: the order in which arguments are evaluated is unspecified, and
+    // loaded->loaded must not be formed before loaded is checked.
+    const ferry::LoadedTensor& tensor = find_loaded(loaded, name);
+    *digest = ferry::tensor_digest(loaded->loaded, tensor);
   });
 }
 

@@ -125,6 +125,31 @@ TEST_F(CApi, ErrorsAreStatusesWithMessages) {
   EXPECT_EQ(ferry_checkpoint_tensor_count(nullptr), 0u);
 }
 
+TEST_F(CApi, NullLoadedHandleIsAnErrorForEveryLookup) {
+  uint64_t digest = 0;
+  void* data = nullptr;
+  EXPECT_EQ(ferry_loaded_tensor_digest(nullptr, "a", &digest), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("loaded must not be NULL"), std::string::npos);
+  EXPECT_EQ(ferry_loaded_tensor_data(nullptr, "a", &data, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("loaded must not be NULL"), std::string::npos);
+}
+
+// Through a C string "a\0b" would read as "a": the reader must refuse such a name, not hand
+// back another tensor's bytes for it.
+TEST_F(CApi, NulInsideATensorNameIsAFormatError) {
+  const std::string header =
+      R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+      R"("a\u0000b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  ferry::test::write_file(dir / "nul.safetensors", ferry::test::raw_safetensors(header, "xy"));
+  ferry_checkpoint* other = nullptr;
+  EXPECT_EQ(ferry_checkpoint_open((dir / "nul.safetensors").c_str(), &other),
+            FERRY_STATUS_FORMAT_ERROR);
+  EXPECT_EQ(other, nullptr);
+  const std::string error = ferry_last_error();
+  EXPECT_NE(error.find("nul.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("NUL"), std::string::npos) << error;
+}
+
 TEST_F(CApi, GgufTensorsCarryTheirGgmlTypeAndDims) {
   using namespace ferry::test;
   GgufBytes file;

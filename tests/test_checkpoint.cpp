@@ -3,8 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <future>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -390,6 +396,103 @@ TEST_F(CheckpointTest, IndexNamingAMissingShard) {
   }
 }
 
+// Runs `open` on a thread; where it is still blocked after a while, opens `fifo` for writing
+// once, so that a reader stuck in open() or read() sees an end of file and the test can fail
+// instead of hanging.
+template <class Open>
+void run_unblocking_fifo(const fs::path& fifo, Open open) {
+  auto result = std::async(std::launch::async, open);
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked on " << fifo << " after 20 s";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  result.get();
+}
+
+TEST_F(CheckpointTest, IndexThatIsAFifoIsRefusedWithoutBlocking) {
+  shard(dir / kName1, kShard1);
+  const auto index_path = dir / "model.safetensors.index.json";
+  ASSERT_EQ(::mkfifo(index_path.c_str(), 0600), 0) << std::strerror(errno);
+  for (const fs::path& path : {dir.path(), index_path}) {
+    run_unblocking_fifo(index_path, [&] {
+      try {
+        Checkpoint::open(path);
+        ADD_FAILURE() << "no error opening " << path;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_THAT(e.what(), HasSubstr(index_path.string()));
+        EXPECT_THAT(e.what(), HasSubstr("not a regular file"));
+      }
+    });
+  }
+}
+
+TEST_F(CheckpointTest, IndexThatLinksToADeviceIsRefused) {
+  shard(dir / kName1, kShard1);
+  const auto index_path = dir / "model.safetensors.index.json";
+  fs::create_symlink("/dev/zero", index_path);
+  try {
+    Checkpoint::open(dir.path());
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr(index_path.string()));
+    EXPECT_THAT(e.what(), HasSubstr("not a regular file"));
+  }
+}
+
+TEST_F(CheckpointTest, IndexLargerThanTheLimitIsRefusedBeforeItIsRead) {
+  const auto index_path = dir / "model.safetensors.index.json";
+  test::write_file(index_path, "{");
+  fs::resize_file(index_path, kSafetensorsMaxIndexBytes + 1);  // sparse: costs no disk
+  expect_format_error(index_path,
+                      {index_path.string(), std::to_string(kSafetensorsMaxIndexBytes + 1),
+                       "exceeds the limit"});
+}
+
+// 200,000 distinct shard names: checked once each (a scan per name took minutes), and the
+// first missing shard is the error.
+TEST_F(CheckpointTest, IndexWithManyShardNamesFailsOnTheFirstMissingOne) {
+  std::map<std::string, std::string> map;
+  for (int i = 0; i < 200000; ++i)
+    map["t" + std::to_string(i)] = "s" + std::to_string(i) + ".safetensors";
+  index(map);
+  auto result = std::async(std::launch::async, [&] {
+    try {
+      Checkpoint::open(dir.path());
+      ADD_FAILURE() << "no error";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), std::errc::no_such_file_or_directory);
+      EXPECT_THAT(e.what(), HasSubstr("s0.safetensors"));
+    }
+  });
+  // Not a timing assertion: a bound on a hang (the quadratic check took minutes).
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "checking 200,000 shard names took over a minute";
+}
+
+TEST_F(CheckpointTest, NulInsideAnIndexEntryIsRefused) {
+  shard(dir / kName1, kShard1);
+  auto map = weight_map_of({{kName1, &kShard1}});
+  map[std::string("embed\0x", 7)] = kName1;
+  auto index_path = index(map);
+  expect_format_error(index_path, {index_path.string(), "embed\\0", "NUL"});
+  map = weight_map_of({{kName1, &kShard1}});
+  map["embed"] = std::string(kName1) + std::string("\0.txt", 5);
+  index_path = index(map);
+  expect_format_error(index_path, {index_path.string(), "\\0.txt", "NUL"});
+}
+
+TEST_F(CheckpointTest, NulInsideAPathIsRefused) {
+  shard(dir / kName1, kShard1);
+  const std::string path = (dir / kName1).string() + std::string("\0.other", 7);
+  try {
+    Checkpoint::open(path);
+    FAIL() << "opened " << path.c_str() << " as if the NUL ended it";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("NUL"));
+  }
+}
+
 TEST_F(CheckpointTest, IndexNotValidJson) {
   shard(dir / kName1, kShard1);
   const auto index_path = dir / "model.safetensors.index.json";
@@ -526,6 +629,27 @@ TEST_F(GgufCheckpointTest, SplitFilesInADirectory) {
   EXPECT_EQ(c.tensors().front().name, "a.0");
   EXPECT_EQ(c.tensors().back().name, "b.2");
   expect_loads(c);
+}
+
+TEST_F(GgufCheckpointTest, SplitDirectoryMissingAMiddlePartIsRefused) {
+  model("model-00001-of-00003.gguf", "a.", 3);
+  model("model-00003-of-00003.gguf", "c.", 4);
+  expect_format_error(dir.path(), {(dir / "model-00002-of-00003.gguf").string(), "missing",
+                                   "part 2 of 3"});
+}
+
+TEST_F(GgufCheckpointTest, SplitDirectoryMissingTheLastPartIsRefused) {
+  model("model-00001-of-00002.gguf", "a.", 3);
+  expect_format_error(dir.path(), {(dir / "model-00002-of-00002.gguf").string(), "missing"});
+}
+
+// Renamed parts: their split.count still says how many there are.
+TEST_F(GgufCheckpointTest, SplitCountDisagreeingWithTheDirectoryIsRefused) {
+  test::GgufBytes f;
+  f.kvs = {test::kv("split.count", GgufValueType::Uint16, test::le(3, 2))};
+  test::write_file(dir / "first.gguf", f.build());
+  model("second.gguf", "b.", 4);
+  expect_format_error(dir.path(), {(dir / "first.gguf").string(), "split.count is 3", "holds 2"});
 }
 
 TEST_F(GgufCheckpointTest, DirectoryMixingFormatsIsRefused) {

@@ -322,6 +322,14 @@ TEST_F(GgufTest, InMemoryPrefixMustHoldTheHeader) {
 // ---------------------------------------------------------------------------------------------
 // Malformed files: the frame
 
+TEST_F(GgufTest, NulInsideATensorName) {
+  test::GgufBytes f;
+  f.tensors.push_back(tensor_info("a", {4}, kF32, 0));
+  f.tensors.push_back(tensor_info(std::string("a\0b", 3), {4}, kF32, 32));
+  f.data.assign(64, '\x5a');
+  expect_error(f, {"tensor \"a\\0...\"", "NUL"});
+}
+
 TEST_F(GgufTest, BadMagic) {
   auto f = one_tensor({4}, kF32, 16);
   f.magic = "GGUG";

@@ -1,9 +1,17 @@
 // The tuning file: what `ferry doctor --tune` writes and every load reads.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <fstream>
+#include <future>
 
+#include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tuning.hpp"
 #include "test_support.hpp"
@@ -92,11 +100,73 @@ TEST_F(TuningFile, MalformedFilesAreErrorsNamingTheFile) {
     try {
       read_tuning(file());
       ADD_FAILURE() << "accepted: " << text;
-    } catch (const std::invalid_argument& e) {
+    } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find(file().string()), std::string::npos) << e.what();
     }
-    EXPECT_THROW(load(checkpoint(), LoadOptions{}), std::invalid_argument) << text;
+    // ...but it never stops a load: the defaults apply and the statistics say why.
+    const LoadStats stats = load(checkpoint(), LoadOptions{}).stats();
+    EXPECT_NE(stats.settings_source.find("built-in defaults"), std::string::npos) << text;
+    EXPECT_NE(stats.settings_source.find(file().string()), std::string::npos)
+        << stats.settings_source;
+    EXPECT_NE(stats.settings_source.find("not a usable ferry tuning file"), std::string::npos)
+        << stats.settings_source;
   }
+}
+
+// The defaults, and a source that names the file and says `why`; a load goes ahead.
+void expect_defaults_because(const std::filesystem::path& file, const std::string& why,
+                             const std::shared_ptr<const Checkpoint>& ckpt) {
+  const ActiveTuning active = active_tuning();
+  EXPECT_FALSE(active.tuning);
+  EXPECT_NE(active.source.find("built-in defaults"), std::string::npos) << active.source;
+  EXPECT_NE(active.source.find(file.string()), std::string::npos) << active.source;
+  EXPECT_NE(active.source.find(why), std::string::npos) << active.source;
+  const LoadStats stats = load(ckpt, LoadOptions{}).stats();
+  EXPECT_EQ(stats.settings_source, active.source);
+}
+
+TEST_F(TuningFile, ADirectoryThereMeansTheDefaults) {
+  auto ckpt = checkpoint();
+  std::filesystem::create_directories(file());
+  expect_defaults_because(file(), "not a regular file", ckpt);
+}
+
+TEST_F(TuningFile, AFifoThereMeansTheDefaultsWithoutBlocking) {
+  auto ckpt = checkpoint();
+  std::filesystem::create_directories(file().parent_path());
+  ASSERT_EQ(::mkfifo(file().c_str(), 0600), 0) << std::strerror(errno);
+  auto result = std::async(std::launch::async, [&] {
+    expect_defaults_because(file(), "not a regular file", ckpt);
+  });
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked on the FIFO after 20 s";
+    const int fd = ::open(file().c_str(), O_WRONLY | O_NONBLOCK);  // lets the reader go on
+    if (fd >= 0) ::close(fd);
+  }
+  result.get();
+}
+
+TEST_F(TuningFile, AnUnreadableDirectoryMeansTheDefaults) {
+  auto ckpt = checkpoint();
+  write_tuning(file(), example(this_machine()));
+  std::filesystem::permissions(file().parent_path(), std::filesystem::perms::none);
+  const bool readable = ::access(file().c_str(), R_OK) == 0;  // root reads it anyway
+  if (!readable) expect_defaults_because(file(), "Permission denied", ckpt);
+  std::filesystem::permissions(file().parent_path(), std::filesystem::perms::owner_all);
+  if (readable) GTEST_SKIP() << "this user reads files whatever their permissions (root)";
+}
+
+TEST_F(TuningFile, XdgCacheHomeThatIsAFileMeansTheDefaults) {
+  ::unsetenv("FERRY_TUNING_FILE");
+  const auto cache = _dir / "cache";
+  test::write_file(cache, "not a directory");
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  const ActiveTuning active = active_tuning();
+  if (old) ::setenv("XDG_CACHE_HOME", saved.c_str(), 1); else ::unsetenv("XDG_CACHE_HOME");
+  EXPECT_FALSE(active.tuning);
+  EXPECT_NE(active.source.find("built-in defaults"), std::string::npos) << active.source;
 }
 
 TEST_F(TuningFile, TuneMeasuresEveryCandidateAndKeepsOne) {

@@ -6,7 +6,8 @@
 #   stages: build tests warm tmpfs cold sizes (default: all, about 20 minutes), and compare (not in
 #   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
-#   (bench/compare_loads.py). The device tool
+#   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
+#   benchmarks. The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -140,9 +141,24 @@ compare() {
     --dir "$ckpts" --out "$OUT/compare.json" ${COMPARE_ARGS:-}) 2>&1 | tee -a "$OUT/summary.txt"
 }
 
+# The saver (8B shape from cuda:0, beside raw O_DIRECT writes and safetensors) and the
+# transformers front end (time to a ready 8B-shaped model beside transformers' own).
+python_benches() {
+  log "saver (bench/save_bench.py)"
+  mkdir -p /tmp/save-bench
+  (cd bench && python3 save_bench.py --device cuda:0 --dir /tmp/save-bench --runs 3 \
+    --json "$OUT/save.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/save-bench
+  log "from_pretrained (bench/from_pretrained_bench.py)"
+  (cd bench && python3 from_pretrained_bench.py /tmp/fp-bench --model llama3-8b --runs 3 \
+    --json "$OUT/from_pretrained.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/fp-bench
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
+want python && python_benches
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

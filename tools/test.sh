@@ -16,13 +16,13 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
-echo "== fuzzing the safetensors and GGUF readers (60 s each)"
+echo "== fuzzing the safetensors, GGUF and index readers (60 s each; tools/fuzz_long.sh: longer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf
-for target in safetensors gguf; do
+cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf fuzz_index
+for target in safetensors gguf index; do
   corpus=$(mktemp -d)
   seeds=fuzz/corpus
-  [ $target = gguf ] && seeds=fuzz/corpus_gguf
+  [ $target != safetensors ] && seeds=fuzz/corpus_$target
   cp "$seeds"/* "$corpus"/
   build-fuzz/fuzz/fuzz_$target -max_total_time=60 -print_final_stats=1 \
     -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -3

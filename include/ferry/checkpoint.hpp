@@ -24,6 +24,10 @@ constexpr std::string_view checkpoint_format_name(CheckpointFormat format) noexc
   return format == CheckpointFormat::Gguf ? "gguf" : "safetensors";
 }
 
+// An index (model.safetensors.index.json) larger than this is refused before it is read: real
+// ones hold some MB even for 100,000s of tensors. Index files must be regular files.
+inline constexpr std::uint64_t kSafetensorsMaxIndexBytes = 100ull << 20;
+
 struct CheckpointFile {
   std::filesystem::path path;
   std::uint64_t size = 0;
@@ -46,7 +50,8 @@ struct CheckpointFile {
 class Checkpoint {
  public:
   // Throws std::system_error for a path that cannot be opened, FormatError for a malformed
-  // file or index. Both name the file.
+  // file or index, std::invalid_argument for a path holding a NUL or naming neither a regular
+  // file nor a directory. All name the file.
   static Checkpoint open(const std::filesystem::path& path);
   // The same, shared: what load() takes, and what keeps the description alive under its tensors.
   static std::shared_ptr<const Checkpoint> open_shared(const std::filesystem::path& path);
@@ -62,6 +67,7 @@ class Checkpoint {
 
  private:
   void add_file(const std::filesystem::path& file);
+  void add_file_unguarded(const std::filesystem::path& file);
   void index_names();
 
   std::filesystem::path _path;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cerrno>
+#include <memory>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -22,6 +24,17 @@ class FormatError : public std::invalid_argument {
 class CudaError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Memory ran out for what a file asked for: unlike std::bad_alloc, it names the file.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message)
+      : _message(std::make_shared<const std::string>(std::move(message))) {}
+  const char* what() const noexcept override { return _message->c_str(); }
+
+ private:
+  std::shared_ptr<const std::string> _message;  // shared: copying an exception must not throw
 };
 
 namespace detail {

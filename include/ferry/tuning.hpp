@@ -31,12 +31,15 @@ std::filesystem::path tuning_file();
 // What a tuning is valid for: core count and the name of GPU 0 (or "no GPU").
 std::string this_machine();
 
-// nullopt where the file does not exist; a malformed file is an error naming it.
+// nullopt where the file does not exist. Throws, naming the file: FormatError where it is
+// malformed, std::system_error where it cannot be read, std::invalid_argument where it is not a
+// regular file (a FIFO or a directory is never read: it could block).
 std::optional<Tuning> read_tuning(const std::filesystem::path& file);
 void write_tuning(const std::filesystem::path& file, const Tuning& tuning);
 
 // The tuning loads use now, and in words where the engine's settings come from (a tuning file,
-// or the built-in defaults and why no file applies).
+// or the built-in defaults and why no file applies). Never throws for the file: one that is
+// missing, unreadable, malformed or not a regular file means the defaults, and `source` says why.
 struct ActiveTuning {
   std::optional<Tuning> tuning;
   std::string source;

@@ -1,5 +1,6 @@
 """Type stubs for ferry's extension module."""
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -8,7 +9,8 @@ class SafetensorError(ValueError):
 
 class Checkpoint:
     @staticmethod
-    def open(path: str) -> "Checkpoint": ...
+    def open(path: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]) -> "Checkpoint":
+        """str, bytes or os.PathLike (as os.fsencode gives it); a NUL inside is a ValueError."""
     @property
     def path(self) -> str: ...
     @property
@@ -36,7 +38,7 @@ class Loaded:
     def address(self, name: str) -> int: ...
     def views(self) -> List[Tuple[str, Optional[object]]]:
         """(name, DLPack capsule with the tensor's dtype and shape, or None where the dtype has
-        no DLPack type every framework reads) for every loaded tensor."""
+        no DLPack type every framework reads or the rank is over 128) for every loaded tensor."""
     def stats(self) -> dict: ...
 
 # Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,
@@ -55,3 +57,9 @@ def parse_header(data: bytes, label: str = "<bytes>") -> Tuple[int, bool, Dict[s
     """(data_start, has_metadata, metadata, [(name, dtype, shape, offset, bytes)] by offset)."""
 def cuda_available() -> bool: ...
 def release_staging_memory() -> None: ...
+# (name, safetensors dtype, shape, address, bytes, device) per tensor; metadata as (key, value) pairs
+def save_file(path: str, tensors: Sequence[Tuple[str, str, Sequence[int], int, int, str]],
+              metadata: Optional[Sequence[Tuple[str, str]]], direct: bool = True, staging_bytes: int = ...,
+              piece_bytes: int = ..., writer_threads: int = 4) -> dict: ...
+def save_bytes(tensors: Sequence[Tuple[str, str, Sequence[int], int, int, str]],
+               metadata: Optional[Sequence[Tuple[str, str]]]) -> bytes: ...

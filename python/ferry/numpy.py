@@ -10,8 +10,9 @@ from . import _ferry
 from ._dtypes import numpy_dtype, numpy_from_bytes, numpy_view, tensor_table
 from ._ferry import SafetensorError
 from ._open import check_backend, open_checkpoint
+from ._save import numpy_save as save, numpy_save_file as save_file, numpy_write_file as write_file  # noqa: F401
 
-__all__ = ["SafetensorError", "load", "load_file"]
+__all__ = ["SafetensorError", "load", "load_file", "save", "save_file"]
 
 
 def load_file(filename: Union[str, "os.PathLike[str]"], *, backend: str = "mmap") -> Dict[str, numpy.ndarray]:

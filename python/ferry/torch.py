@@ -10,11 +10,12 @@ from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
 from ._open import check_backend, open_checkpoint, safe_open
+from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 __all__ = ["SafetensorError", "iterate_weights", "load", "load_file", "load_into", "load_model",
-           "load_with_stats", "safe_open"]
+           "load_with_stats", "safe_open", "save", "save_file"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
@@ -181,7 +182,7 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
                     group_bytes: int = 1 << 30, **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, tensor) while the load proceeds: the next group of tensors (about
     group_bytes) loads in the background, with the GIL released, while this one is consumed."""
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     dev = normalize_device(device)
     work = []

@@ -12,9 +12,14 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <condition_variable>
+#include <filesystem>
 #include <memory>
+#include <mutex>
 #include <system_error>
 
 #include "ferry/checkpoint.hpp"
@@ -28,9 +33,92 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace ferry {
+void bind_save(nb::module_& m);  // save_bindings.cpp
+
 namespace {
 
 using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig>;
+
+// nanobind refuses DLPack views of more dimensions (a fatal error, not an exception); such
+// tensors leave as bytes and are shaped in Python.
+constexpr std::size_t kMaxViewRank = 128;
+
+// Threads that take the GIL from C++ (progress callbacks on reader threads, a load returning to
+// its caller) must not do so once the interpreter finalizes: Python then ends them with
+// pthread_exit, whose unwinding no C++ frame on their stack may stop (catch (...) in the engine
+// and in nanobind would abort the process). An atexit handler, which runs before finalization,
+// closes the gate and waits (without the GIL) for the threads already past it.
+class InterpreterExit {
+ public:
+  static InterpreterExit& get() {
+    static auto* gate = new InterpreterExit;  // never destroyed: threads may outlive statics
+    return *gate;
+  }
+
+  // Before taking the GIL: false once the interpreter is exiting, except on the main thread
+  // (the one that finalizes: Python never ends it, and an atexit handler may load).
+  bool enter() {
+    std::lock_guard lock(_mutex);
+    if (_exiting && PyThread_get_thread_ident() != _main_thread) return false;
+    ++_inside;
+    return true;
+  }
+  void set_main_thread(unsigned long ident) { _main_thread = ident; }
+  void leave() {
+    std::lock_guard lock(_mutex);
+    if (--_inside == 0) _idle.notify_all();
+  }
+
+  // The atexit handler, called with the GIL held.
+  void close() {
+    {
+      std::lock_guard lock(_mutex);
+      _exiting = true;
+    }
+    nb::gil_scoped_release release;  // those inside may be waiting for the GIL
+    std::unique_lock lock(_mutex);
+    _idle.wait(lock, [this] { return _inside == 0; });
+  }
+
+ private:
+  std::mutex _mutex;
+  std::condition_variable _idle;
+  bool _exiting = false;
+  unsigned _inside = 0;
+  unsigned long _main_thread = 0;
+};
+
+// Runs `body` with the GIL released. Where the interpreter began to exit meanwhile, the thread
+// never takes the GIL back: it waits for the process to end, as Python 3.14 does itself.
+template <class Body>
+auto without_gil(Body&& body) -> decltype(body()) {
+  struct Reacquire {
+    PyThreadState* state;
+    ~Reacquire() {
+      if (!InterpreterExit::get().enter())
+        for (;;) ::pause();
+      PyEval_RestoreThread(state);
+      InterpreterExit::get().leave();
+    }
+  } reacquire{PyEval_SaveThread()};
+  return body();
+}
+
+// A path from str, bytes or os.PathLike, as the bytes the system sees (os.fsencode); a NUL
+// inside is a ValueError.
+std::filesystem::path fs_path(nb::handle path) {
+  PyObject* converted = nullptr;
+  if (!PyUnicode_FSConverter(path.ptr(), &converted)) throw nb::python_error();
+  nb::bytes bytes = nb::steal<nb::bytes>(converted);
+  return std::string(bytes.c_str(), bytes.size());
+}
+
+// A path as Python shows it (os.fsdecode): bytes that are not UTF-8 survive as surrogates.
+nb::str fs_str(const std::filesystem::path& path) {
+  const std::string& text = path.native();
+  return nb::steal<nb::str>(PyUnicode_DecodeFSDefaultAndSize(text.data(),
+                                                             static_cast<Py_ssize_t>(text.size())));
+}
 
 // The DLPack type of the dtypes every torch and numpy build reads from DLPack; others (bool,
 // unsigned wider than 8 bits, float8 and packed types) leave as bytes and are retyped in Python.
@@ -71,7 +159,14 @@ Bytes byte_view(const std::shared_ptr<void>& memory, void* data, std::uint64_t s
 
 // The library's JSON of the statistics, as a Python dict: one list of fields for every front end.
 nb::object stats_dict(const LoadStats& s) {
-  return nb::module_::import_("json").attr("loads")(to_json(s));
+  nb::object stats = nb::module_::import_("json").attr("loads")(to_json(s));
+  // The JSON holds what UTF-8 can; Python gets each path exactly.
+  nb::list files = nb::cast<nb::list>(stats["files"]);
+  for (std::size_t i = 0; i < s.files.size(); ++i) {
+    nb::object file = files[i];
+    file["path"] = fs_str(s.files[i].path);
+  }
+  return stats;
 }
 
 // Python callables are called with the GIL held, from whichever reader thread finished a chunk.
@@ -96,6 +191,10 @@ LoadOptions make_options(const std::string& device, std::optional<std::vector<st
     // The callable is shared so that copies made off the GIL never touch its reference count.
     auto fn = std::make_shared<nb::callable>(std::move(*progress));
     o.progress = [fn](std::uint64_t done, std::uint64_t total) {
+      if (!InterpreterExit::get().enter()) return;  // no more calls while Python exits
+      struct Leave {
+        ~Leave() { InterpreterExit::get().leave(); }
+      } leave;
       nb::gil_scoped_acquire gil;
       (*fn)(done, total);
     };
@@ -125,20 +224,25 @@ NB_MODULE(_ferry, m) {
   // (safetensors' own SafetensorError derives from Exception; ferry's from ValueError, so that
   // both `except ValueError` and `except SafetensorError` catch it).
   nb::exception<FormatError>(m, "SafetensorError", PyExc_ValueError);
+  InterpreterExit::get().set_main_thread(
+      nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
+  nb::module_::import_("atexit").attr("register")(
+      nb::cpp_function([] { InterpreterExit::get().close(); }));
 
   nb::class_<Checkpoint>(m, "Checkpoint")
       .def_static(
           "open",
-          [](const std::string& path) {
-            nb::gil_scoped_release release;
-            return Checkpoint::open_shared(path);
+          [](nb::handle path) {
+            const std::filesystem::path file = fs_path(path);
+            return without_gil([&] { return Checkpoint::open_shared(file); });
           },
-          "path"_a, "Opens and validates a .safetensors file, a shard directory or an index.")
-      .def_prop_ro("path", [](const Checkpoint& c) { return c.path().string(); })
+          "path"_a, "Opens and validates a .safetensors file, a shard directory or an index "
+                    "(str, bytes or os.PathLike).")
+      .def_prop_ro("path", [](const Checkpoint& c) { return fs_str(c.path()); })
       .def("files",
            [](const Checkpoint& c) {
-             std::vector<std::string> out;
-             for (const auto& f : c.files()) out.push_back(f.path.string());
+             nb::list out;
+             for (const auto& f : c.files()) out.append(fs_str(f.path));
              return out;
            })
       .def("metadata", [](const Checkpoint& c, std::size_t file) {
@@ -235,7 +339,7 @@ NB_MODULE(_ferry, m) {
              const int device_id = l.device().is_cuda() ? l.device().index : 0;
              for (const auto& t : l.tensors()) {
                const auto type = t.info->ggml_type < 0 ? dlpack_dtype(t.info->dtype) : std::nullopt;
-               if (!type) {
+               if (!type || t.info->shape.size() > kMaxViewRank) {
                  out.emplace_back(t.info->name, nb::none());
                  continue;
                }
@@ -255,8 +359,7 @@ NB_MODULE(_ferry, m) {
          std::optional<std::vector<std::string>> names, std::optional<nb::callable> progress,
          nb::kwargs engine) {
         LoadOptions o = make_options(device, std::move(names), std::move(progress), engine);
-        nb::gil_scoped_release release;
-        return load(std::move(checkpoint), o);
+        return without_gil([&] { return load(std::move(checkpoint), o); });
       },
       "checkpoint"_a, "device"_a = "cpu", "names"_a = nb::none(), "progress"_a = nb::none(),
       "engine"_a,
@@ -273,11 +376,7 @@ NB_MODULE(_ferry, m) {
         for (const auto& [name, address, capacity] : destinations)
           dst.push_back({name, reinterpret_cast<void*>(address), capacity});
         LoadOptions o = make_options(device, std::nullopt, std::move(progress), engine);
-        LoadStats stats;
-        {
-          nb::gil_scoped_release release;
-          stats = load_into(*checkpoint, dst, o);
-        }
+        const LoadStats stats = without_gil([&] { return load_into(*checkpoint, dst, o); });
         return stats_dict(stats);
       },
       "checkpoint"_a, "destinations"_a, "device"_a = "cpu", "progress"_a = nb::none(),
@@ -288,8 +387,7 @@ NB_MODULE(_ferry, m) {
       .def(
           "__init__",
           [](TensorReader* self, std::shared_ptr<const Checkpoint> checkpoint) {
-            nb::gil_scoped_release release;
-            new (self) TensorReader(std::move(checkpoint));
+            without_gil([&] { new (self) TensorReader(std::move(checkpoint)); });
           },
           "checkpoint"_a, "Opens every file of the checkpoint and holds it until closed.")
       .def(
@@ -303,8 +401,7 @@ NB_MODULE(_ferry, m) {
             if (length < (1u << 20)) {
               r.read(*t, begin, length, reinterpret_cast<void*>(address));
             } else {
-              nb::gil_scoped_release release;
-              r.read(*t, begin, length, reinterpret_cast<void*>(address));
+              without_gil([&] { r.read(*t, begin, length, reinterpret_cast<void*>(address)); });
             }
           },
           "name"_a, "begin"_a, "length"_a, "address"_a,
@@ -332,4 +429,5 @@ NB_MODULE(_ferry, m) {
   m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
+  bind_save(m);
 }

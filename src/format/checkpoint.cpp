@@ -1,20 +1,19 @@
 #include "ferry/checkpoint.hpp"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
-#include <nlohmann/json.hpp>
+#include <cstdio>
+#include <regex>
+#include <set>
 
 #include "ferry/error.hpp"
 #include "ferry/gguf.hpp"
 #include "ferry/safetensors.hpp"
-#include "format/strict_json.hpp"
+#include "format/safetensors_index.hpp"
 
 namespace ferry {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::json;
 
 bool ends_with(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() &&
@@ -33,45 +32,6 @@ fs::path find_index(const fs::path& dir) {
   return found.empty() ? fs::path() : found.front();
 }
 
-// An index nests three levels deep (root, weight_map or metadata, value).
-constexpr int kMaxIndexDepth = 8;
-
-struct IndexFile {
-  std::vector<std::string> shards;                      // in first-mention order
-  std::map<std::string, std::string> shard_of_tensor;  // tensor -> shard file name
-};
-
-IndexFile read_index(const fs::path& index_path) {
-  const std::string label = index_path.string();
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) detail::fail_errno(errno, label);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Json root = detail::parse_strict_json(text, label, kMaxIndexDepth);
-  FERRY_FORMAT_EXPECT(root.is_object() && root.contains("weight_map") &&
-                          root["weight_map"].is_object(),
-                      label, ": no \"weight_map\" object");
-  IndexFile index;
-  for (const auto& [tensor, shard] : root["weight_map"].items()) {
-    FERRY_FORMAT_EXPECT(shard.is_string(), label, ": weight_map entry \"", tensor,
-                        "\" is not a file name");
-    const fs::path raw(shard.get<std::string>());
-    // Shards must sit beside the index: no absolute paths, no ".." anywhere (a symlinked
-    // directory makes "sub/.." lead elsewhere). Normalised, "./a" and "a" name one shard.
-    FERRY_FORMAT_EXPECT(!raw.empty() && raw.is_relative() &&
-                            std::none_of(raw.begin(), raw.end(), [](const fs::path& part) {
-                              return part == "..";
-                            }),
-                        label, ": weight_map entry \"", tensor, "\" names \"", raw.string(),
-                        "\", which is not a file beside the index");
-    const std::string name = raw.lexically_normal().string();
-    if (std::find(index.shards.begin(), index.shards.end(), name) == index.shards.end())
-      index.shards.push_back(name);
-    index.shard_of_tensor[tensor] = name;
-  }
-  FERRY_FORMAT_EXPECT(!index.shards.empty(), label, ": weight_map is empty");
-  return index;
-}
-
 // The regular files of `dir` with this extension, sorted (split GGUF and shards sort by number).
 std::vector<fs::path> files_named(const fs::path& dir, std::string_view extension) {
   std::vector<fs::path> found;
@@ -80,6 +40,42 @@ std::vector<fs::path> files_named(const fs::path& dir, std::string_view extensio
       found.push_back(entry.path());
   std::sort(found.begin(), found.end());
   return found;
+}
+
+// Split GGUF files are named PREFIX-00001-of-00003.gguf (llama.cpp's gguf-split): every number
+// from 1 to the count must be there, or the model would load with layers missing.
+void expect_complete_splits(const std::vector<fs::path>& ggufs, const fs::path& dir) {
+  static const std::regex kSplitName(R"((.*)-([0-9]{5})-of-([0-9]{5})\.gguf)");
+  std::map<std::pair<std::string, unsigned>, std::set<unsigned>> numbers;  // (prefix, count)
+  for (const auto& file : ggufs) {
+    std::smatch m;
+    const std::string name = file.filename().string();
+    if (std::regex_match(name, m, kSplitName))
+      numbers[{m[1].str(), static_cast<unsigned>(std::stoul(m[3].str()))}].insert(
+          static_cast<unsigned>(std::stoul(m[2].str())));
+  }
+  for (const auto& [key, found] : numbers) {
+    const auto& [prefix, count] = key;
+    for (unsigned n = 1; n <= count; ++n) {
+      char name[32];
+      std::snprintf(name, sizeof name, "-%05u-of-%05u.gguf", n, count);
+      FERRY_FORMAT_EXPECT(found.count(n) == 1, (dir / (prefix + name)).string(),
+                          ": missing: split GGUF part ", n, " of ", count, " (found ",
+                          found.size(), " of its parts in ", dir.string(), ")");
+    }
+  }
+}
+
+// Each part of a split GGUF says how many parts there are (split.count): the directory must
+// hold that many GGUF files.
+void expect_split_count(const std::vector<CheckpointFile>& files, const fs::path& dir) {
+  for (const auto& f : files) {
+    const auto it = f.metadata.find("split.count");
+    if (it == f.metadata.end()) continue;
+    FERRY_FORMAT_EXPECT(it->second == std::to_string(files.size()), f.path.string(),
+                        ": split.count is ", it->second, " but ", dir.string(), " holds ",
+                        files.size(), " GGUF files");
+  }
 }
 
 CheckpointFormat detect_format(const fs::path& file) {
@@ -108,6 +104,9 @@ std::shared_ptr<const Checkpoint> Checkpoint::open_shared(const std::filesystem:
 Checkpoint Checkpoint::open(const fs::path& path) {
   Checkpoint ckpt;
   ckpt._path = path;
+  // The system calls below would see only the part before a NUL: another file.
+  FERRY_EXPECT(path.native().find('\0') == std::string::npos, std::invalid_argument, "path \"",
+               path.native().substr(0, path.native().find('\0')), "\\0...\" holds a NUL character");
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
@@ -127,7 +126,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     if (index_path.empty()) {
       FERRY_FORMAT_EXPECT(!shards.empty() || !ggufs.empty(), path.string(),
                           ": no .safetensors files and no .gguf files in directory");
+      expect_complete_splits(ggufs, path);
       for (const auto& shard : ggufs.empty() ? shards : ggufs) ckpt.add_file(shard);
+      if (!ggufs.empty()) expect_split_count(ckpt.files(), path);
       ckpt.index_names();
       return ckpt;
     }
@@ -139,7 +140,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     return ckpt;
   }
 
-  IndexFile index = read_index(index_path);
+  const detail::SafetensorsIndex index = detail::read_safetensors_index(index_path);
   const fs::path dir = index_path.parent_path();
   for (const auto& shard : index.shards) ckpt.add_file(dir / shard);
   ckpt.index_names();
@@ -163,6 +164,17 @@ Checkpoint Checkpoint::open(const fs::path& path) {
 }
 
 void Checkpoint::add_file(const fs::path& file) {
+  // Header sizes come from the file: running out of memory for one is that file's problem.
+  try {
+    add_file_unguarded(file);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(file.string() + ": out of memory while reading its header");
+  }
+}
+
+void Checkpoint::add_file_unguarded(const fs::path& file) {
   CheckpointFile entry;
   entry.path = file;
   entry.format = detect_format(file);

@@ -8,6 +8,10 @@ namespace ferry::detail {
 
 void finish_tensor_layout(std::vector<TensorInfo>& tensors, std::uint64_t data_start,
                           std::string_view label) {
+  // C strings end at a NUL: through the C ABI "a\0b" would read as "a", another tensor's name.
+  for (const auto& t : tensors)
+    FERRY_FORMAT_EXPECT(t.name.find('\0') == std::string::npos, label, ": tensor \"",
+                        t.name.substr(0, t.name.find('\0')), "\\0...\": a NUL character in a name");
   std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
   });

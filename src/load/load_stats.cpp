@@ -31,7 +31,8 @@ std::string to_json(const LoadStats& s) {
                             {"queue_thread_seconds", s.queue_thread_seconds},
                             {"chunk_bytes", s.chunk_bytes},
                             {"files", files}};
-  return j.dump();
+  // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace ferry

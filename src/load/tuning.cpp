@@ -8,12 +8,14 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "io/file_descriptor.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace ferry {
@@ -43,8 +45,11 @@ std::string gpu0_name() {
   return name;
 }
 
+// A tuning file is a few hundred bytes.
+constexpr std::uint64_t kMaxTuningFileBytes = 1 << 20;
+
 [[noreturn]] void malformed(const fs::path& file, const std::string& why) {
-  detail::fail<std::invalid_argument>(file.string(), ": not a usable ferry tuning file (", why,
+  detail::fail<FormatError>(file.string(), ": not a usable ferry tuning file (", why,
                                       "); delete it, or measure again with `ferry doctor "
                                       "CHECKPOINT --tune`");
 }
@@ -71,14 +76,24 @@ std::string this_machine() {
 }
 
 std::optional<Tuning> read_tuning(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) {
-    if (!fs::exists(file)) return std::nullopt;
-    detail::fail_errno(errno, file.string(), ": cannot read the tuning file");
+  // Opened without blocking and checked before reading: a FIFO there would hang every load.
+  detail::FileDescriptor fd;
+  try {
+    fd = detail::open_for_reading(file);
+  } catch (const std::system_error& e) {
+    if (e.code() == std::errc::no_such_file_or_directory || e.code() == std::errc::not_a_directory)
+      return std::nullopt;
+    detail::fail_errno(e.code().value(), file.string(), ": cannot read the tuning file");
   }
+  const std::uint64_t size = detail::file_size(fd, file);  // refuses all but regular files
+  if (size > kMaxTuningFileBytes)
+    malformed(file, detail::concat(size, " bytes; a tuning file holds less than ",
+                                   kMaxTuningFileBytes));
+  std::string text(size, '\0');
+  detail::read_exact(fd, text.data(), size, 0, file);
   Json j;
   try {
-    j = Json::parse(in);
+    j = Json::parse(text);
     Tuning t;
     t.reader_threads = j.at("reader_threads").get<unsigned>();
     t.chunk_bytes = j.at("chunk_bytes").get<std::uint64_t>();
@@ -120,7 +135,13 @@ void write_tuning(const fs::path& file, const Tuning& t) {
 
 ActiveTuning active_tuning() {
   const fs::path file = tuning_file();
-  std::optional<Tuning> t = read_tuning(file);
+  std::optional<Tuning> t;
+  // An unusable tuning location never stops a load: the defaults apply and say why.
+  try {
+    t = read_tuning(file);
+  } catch (const std::exception& e) {
+    return {std::nullopt, std::string("built-in defaults (") + e.what() + ")"};
+  }
   if (!t)
     return {std::nullopt, "built-in defaults (no tuning file at " + file.string() +
                               "; `ferry doctor CHECKPOINT --tune` measures one)"};

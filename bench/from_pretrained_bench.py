@@ -1,0 +1,165 @@
+"""Time to a ready transformers model: ferry.transformers.from_pretrained beside transformers'
+own from_pretrained, on the Llama-3-8B shape (or the 0.6B one for a quick run).
+
+usage: from_pretrained_bench.py ROOT [--model llama3-8b] [--device cuda:0] [--runs 3] [--cold]
+                                [--loaders ferry,transformers] [--json OUT]
+
+ROOT/MODEL holds the checkpoint: written first when absent (bench/make_checkpoints.py: random
+bf16 tensors, shards and an index as save_pretrained writes them) with a config.json of that
+architecture. Each loader runs in its own fresh process (CUDA started before the clock); a run
+is timed from the call until the model is on the device and synchronized, and reports seconds,
+GB/s of checkpoint bytes and peak host memory growth. The two models' parameters are compared
+bit for bit once, after the timed runs. --cold drops the page cache before each run (root).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+CONFIGS = {  # transformers config fields of the bench/model_shapes.py architectures
+    "llama3-8b": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      rope_theta=500000.0, tie_word_embeddings=False)),
+    "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                       vocab_size=151936, tie_word_embeddings=True)),
+    # for smoke runs: written by save_pretrained itself (random init, small shards)
+    "tiny-llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512)),
+}
+
+
+def status_bytes(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def prepare(root, model):
+    import torch
+    import transformers
+
+    target = os.path.join(root, model)
+    if not os.path.exists(os.path.join(target, "config.json")):
+        kind, fields = CONFIGS[model]
+        config = getattr(transformers, kind)(**fields, torch_dtype=torch.bfloat16)
+        if model.startswith("tiny"):
+            built = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+            built.save_pretrained(target, max_shard_size="100KB", safe_serialization=True)
+            return target
+        import make_checkpoints
+
+        make_checkpoints.write_model(root, model)
+        config.save_pretrained(target)
+    return target
+
+
+def checkpoint_bytes(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
+
+
+def load(loader, path, device):
+    import torch
+    import transformers
+
+    if loader == "ferry":
+        import ferry.transformers
+
+        return ferry.transformers.from_pretrained(transformers.AutoModelForCausalLM, path, device=device,
+                                                  torch_dtype=torch.bfloat16)
+    try:
+        import accelerate  # noqa: F401  (transformers' device_map needs it)
+    except ImportError:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16).to(device).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16,
+                                                             device_map=device).eval()
+
+
+def child(args):
+    import torch
+
+    if args.device.startswith("cuda"):
+        torch.zeros(1, device=args.device)  # CUDA starts before the clock
+    size = checkpoint_bytes(args.path)
+    runs = []
+    for _ in range(args.runs):
+        if args.cold:
+            subprocess.run(["sync"], check=True)
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+        before = status_bytes("VmRSS")
+        start = time.perf_counter()
+        model = load(args.child, args.path, args.device)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize(args.device)
+        seconds = time.perf_counter() - start
+        runs.append({"loader": args.child, "seconds": seconds, "gb_per_s": size / seconds / 1e9,
+                     "peak_host_growth_bytes": max(0, status_bytes("VmHWM") - before)})
+        del model
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    print(json.dumps(runs))
+
+
+def compare(path, device):
+    """Both loaders' parameters, bit for bit (random checkpoints hold NaN patterns: compare bits)."""
+    import torch
+
+    ours = dict(load("ferry", path, device).named_parameters())
+    theirs = dict(load("transformers", path, device).named_parameters())
+    assert ours.keys() == theirs.keys(), "different parameter names"
+    for name, tensor in theirs.items():
+        a, b = ours[name].detach(), tensor.detach()
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+    return len(ours)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("root")
+    ap.add_argument("--model", default="llama3-8b", choices=list(CONFIGS))
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--loaders", default="ferry,transformers")
+    ap.add_argument("--json")
+    ap.add_argument("--child", choices=["ferry", "transformers"], help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    path = prepare(args.root, args.model)
+    results = []
+    for loader in args.loaders.split(","):
+        cmd = [sys.executable, __file__, args.root, "--child", loader, "--path", path, "--device", args.device,
+               "--runs", str(args.runs)] + (["--cold"] if args.cold else [])
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{loader} failed:\n{done.stderr}")
+        results += json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{args.model}: {checkpoint_bytes(path) / 1e9:.2f} GB, device {args.device}"
+          f"{' (cold cache)' if args.cold else ''}")
+    print(f"{'loader':<14} {'best s':>8} {'median s':>9} {'best GB/s':>10} {'peak host growth':>17}")
+    for loader in args.loaders.split(","):
+        runs = [r for r in results if r["loader"] == loader]
+        seconds = sorted(r["seconds"] for r in runs)
+        growth = max(r["peak_host_growth_bytes"] for r in runs)
+        print(f"{loader:<14} {seconds[0]:>8.2f} {seconds[len(seconds) // 2]:>9.2f} "
+              f"{max(r['gb_per_s'] for r in runs):>10.2f} {growth / 2**20:>13.0f} MiB")
+    print(f"parameters equal bit for bit: {compare(path, args.device)} tensors")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
