@@ -27,7 +27,7 @@ def cufile_mode():
 
 def ferry_torch(path, device):
     import ferry.torch
-    tensors, stats = ferry.torch.load(path, device=device)
+    tensors, stats = ferry.torch.load_with_stats(path, device=device)
     return tensors, "ferry " + ",".join(sorted({f["io_path"] for f in stats["files"]}))
 
 

@@ -39,6 +39,9 @@ struct CheckpointFile {
   // safetensors: "__metadata__". GGUF: every scalar value as text (gguf_value_text); arrays are
   // only in metadata_json.
   std::map<std::string, std::string> metadata;
+  // safetensors: the header has a "__metadata__" object (empty or not): safetensors' Python API
+  // returns None without one and {} for an empty one.
+  bool has_metadata = false;
   CheckpointFormat format = CheckpointFormat::Safetensors;
   std::uint64_t data_start = 0;  // where tensor data begins
   // GGUF only (0 and empty otherwise): the version, the alignment of tensor data, and every

@@ -1,13 +1,21 @@
 """ferry: load checkpoints into GPU or host memory at the speed of the hardware.
 
-Tensors are views of the memory ferry loaded into (no copies); that memory is freed when the last
-tensor that refers to it is gone. Drop-in shapes of the safetensors API:
+A drop-in for safetensors' loading API, with the same signatures and semantics:
 
-    ferry.torch.load_file(path, device="cuda:0")     -> dict[str, torch.Tensor]
-    ferry.safe_open(path, framework="pt", device=...) -> keys(), metadata(), get_tensor(), get_slice()
-    ferry.numpy.load_file(path)                       -> dict[str, numpy.ndarray]
+    ferry.safe_open(path, framework="pt", device=..., backend=...) -> keys(), offset_keys(),
+        metadata(), get_tensor(), get_slice(), get_tensors()
+    ferry.torch.load_file(path, device="cuda:0"), ferry.torch.load(bytes),
+        ferry.torch.load_model(model, path)
+    ferry.numpy.load_file(path), ferry.numpy.load(bytes)
+    ferry.SafetensorError (a ValueError) for malformed files and closed handles
+
+Wherever a filename is taken, a shard directory or an index works too. Tensors from load_file
+are views of the memory ferry loaded into (no copies); that memory is freed when the last tensor
+that refers to it is gone.
 """
-from ._ferry import Checkpoint, Loaded, __version__, cuda_available, release_staging_memory
-from ._open import safe_open
+from ._ferry import (Checkpoint, Loaded, SafetensorError, __version__, cuda_available,
+                     release_staging_memory)
+from ._open import _safe_open_handle, safe_open
 
-__all__ = ["Checkpoint", "Loaded", "cuda_available", "release_staging_memory", "safe_open"]
+__all__ = ["Checkpoint", "Loaded", "SafetensorError", "cuda_available", "release_staging_memory",
+           "safe_open"]

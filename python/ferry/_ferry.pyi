@@ -4,6 +4,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
+class SafetensorError(ValueError):
+    """A malformed file, a closed handle or a bad argument, as safetensors names them."""
+
 class Checkpoint:
     @staticmethod
     def open(path: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]) -> "Checkpoint":
@@ -14,6 +17,11 @@ class Checkpoint:
     def total_bytes(self) -> int: ...
     def files(self) -> List[str]: ...
     def metadata(self, file: int = 0) -> Dict[str, str]: ...
+    def has_metadata(self, file: int = 0) -> bool: ...
+    def names(self) -> List[str]:
+        """Tensor names in read order (by file, then offset)."""
+    def tensor(self, name: str) -> Optional[Tuple[str, List[int], int]]:
+        """(dtype, shape, bytes) of one tensor, or None."""
     @property
     def format(self) -> str: ...
     def tensors(self) -> List[Tuple[str, str, List[int], int, int, int]]:
@@ -27,6 +35,7 @@ class Loaded:
     def names(self) -> List[str]: ...
     def bytes(self, name: str) -> object:
         """A DLPack capsule: a uint8 view of the tensor's bytes that keeps the memory alive."""
+    def address(self, name: str) -> int: ...
     def views(self) -> List[Tuple[str, Optional[object]]]:
         """(name, DLPack capsule with the tensor's dtype and shape, or None where the dtype has
         no DLPack type every framework reads or the rank is over 128) for every loaded tensor."""
@@ -38,6 +47,14 @@ def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[s
          progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> Loaded: ...
 def load_into(checkpoint: Checkpoint, destinations: Sequence[Tuple[str, int, int]], device: str = "cpu",
               progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> dict: ...
+
+class TensorReader:
+    """Holds every file of a checkpoint open; reads byte ranges of one tensor into host memory."""
+    def __init__(self, checkpoint: Checkpoint) -> None: ...
+    def read(self, name: str, begin: int, length: int, address: int) -> None: ...
+
+def parse_header(data: bytes, label: str = "<bytes>") -> Tuple[int, bool, Dict[str, str], List[Tuple[str, str, List[int], int, int]]]:
+    """(data_start, has_metadata, metadata, [(name, dtype, shape, offset, bytes)] by offset)."""
 def cuda_available() -> bool: ...
 def release_staging_memory() -> None: ...
 # (name, safetensors dtype, shape, address, bytes, device) per tensor; metadata as (key, value) pairs

@@ -1,15 +1,21 @@
-"""ferry for PyTorch: the safetensors.torch shapes, plus loaders for inference servers."""
+"""ferry for PyTorch: safetensors.torch's loading API (load_file, load, load_model, safe_open),
+plus loaders for inference servers (load_with_stats, iterate_weights, load_into)."""
 import concurrent.futures
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 
 from . import _ferry
+from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
+from ._ferry import SafetensorError
+from ._open import check_backend, open_checkpoint, safe_open
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
-from ._dtypes import normalize_device, tensor_table, torch_dtype, torch_shape
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+__all__ = ["SafetensorError", "iterate_weights", "load", "load_file", "load_into", "load_model",
+           "load_with_stats", "safe_open", "save", "save_file"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
@@ -26,19 +32,137 @@ def _tensors(loaded: "_ferry.Loaded", table) -> Dict[str, torch.Tensor]:
             for name, view in loaded.views()}
 
 
-def load(path: PathLike, device: Any = "cpu", names: Optional[Iterable[str]] = None,
-         progress: Optional[Callable[[int, int], None]] = None, **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
-    """Loads a checkpoint; returns (tensors, statistics). `engine` takes io, backend,
-    allow_compat, staging_bytes, chunk_bytes, threads and slots (as `ferry load` does)."""
-    checkpoint = _ferry.Checkpoint.open(os.fspath(path))
-    loaded = _ferry.load(checkpoint, normalize_device(device), list(names) if names is not None else None,
+def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterable[str]] = None,
+                    progress: Optional[Callable[[int, int], None]] = None,
+                    **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
+    """Loads a checkpoint (a file, a shard directory or an index); returns (tensors, statistics).
+    `engine` takes io, backend, allow_compat, staging_bytes, chunk_bytes, threads and slots (as
+    `ferry load` does)."""
+    checkpoint = open_checkpoint(path)
+    target = normalize_device(device)
+    loaded = _ferry.load(checkpoint, engine_device(target), list(names) if names is not None else None,
                          progress=progress, **engine)
-    return _tensors(loaded, tensor_table(checkpoint)), loaded.stats()
+    tensors = _tensors(loaded, tensor_table(checkpoint))
+    if engine_device(target) != target:
+        tensors = {name: t.to(target) for name, t in tensors.items()}
+    return tensors, loaded.stats()
 
 
-def load_file(filename: PathLike, device: Any = "cpu") -> Dict[str, torch.Tensor]:
-    """Like safetensors.torch.load_file; `filename` may also be a shard directory or an index."""
-    return load(filename, device)[0]
+def load_file(filename: PathLike, device: Union[str, int] = "cpu", *,
+              backend: str = "mmap") -> Dict[str, torch.Tensor]:
+    """Like safetensors.torch.load_file; `filename` may also be a shard directory or an index.
+    `backend` is accepted as safetensors accepts it ("mmap" or "pread"); ferry reads the same
+    way for both (its engine, no mapping)."""
+    check_backend(backend)
+    return load_with_stats(filename, device)[0]
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """Like safetensors.torch.load: the tensors of a safetensors file held in `data`, on the cpu,
+    each with writable storage of its own. (ferry's former path-taking load is load_with_stats.)"""
+    if isinstance(data, (str, os.PathLike)):
+        raise TypeError("load takes the bytes of a safetensors file (as safetensors' load does); "
+                        "for a path use load_file, or load_with_stats for statistics too")
+    data = bytes(data)
+    _, _, _, tensors = _ferry.parse_header(data)
+    out = {}
+    for name, dtype, shape, offset, size in tensors:
+        target = torch_dtype(dtype, name)
+        storage = torch_shape(dtype, list(shape))
+        if size == 0:
+            out[name] = torch.empty(storage, dtype=target, device="cpu")
+        else:
+            raw = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=torch.uint8)
+            out[name] = raw.view(target).reshape(storage)
+    return out
+
+
+def _storage(t: torch.Tensor) -> Tuple[int, int]:
+    """(address, bytes) of the storage behind `t`; (0, 0) for meta tensors."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except AttributeError:  # torch < 2.0
+        try:
+            storage = t.storage()
+            return storage.data_ptr(), storage.size() * t.element_size()
+        except NotImplementedError:
+            return 0, 0
+    except NotImplementedError:
+        return 0, 0
+
+
+def _end(t: torch.Tensor) -> int:
+    return t.view(-1)[-1].data_ptr() + t.element_size() if t.numel() else t.data_ptr()
+
+
+def _shared_groups(state: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Names whose tensors overlap in one storage, as safetensors groups them."""
+    by_storage: Dict[tuple, Set[str]] = {}
+    for name, t in state.items():
+        address, nbytes = _storage(t)
+        if t.device.type != "meta" and address and nbytes:
+            by_storage.setdefault((t.device, address, nbytes), set()).add(name)
+    groups: List[Set[str]] = []
+    for names in sorted(by_storage.values(), key=sorted):
+        if len(names) < 2:
+            groups.append(names)
+            continue
+        areas = sorted((state[n].data_ptr(), _end(state[n]), n) for n in names)
+        groups.append({areas[0][2]})
+        last_stop = areas[0][1]
+        for start, stop, name in areas[1:]:
+            if start >= last_stop:
+                groups.append({name})
+            else:
+                groups[-1].add(name)
+            last_stop = stop
+    return groups
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    address, nbytes = _storage(t)
+    return t.data_ptr() == address and t.numel() * t.element_size() == nbytes
+
+
+def _aliases_to_drop(state: Dict[str, torch.Tensor], preferred: Iterable[str]) -> List[str]:
+    """For each group of shared tensors, every name but the one kept (a name covering the whole
+    storage, those in `preferred` first, then by name)."""
+    preferred = set(preferred)
+    dropped = []
+    for group in _shared_groups(state):
+        complete = sorted(n for n in group if _covers_storage(state[n]))
+        if not complete:
+            raise RuntimeError(f"Error while trying to find names to remove to load state dict, but "
+                               f"found no suitable name to keep amongst: {group}. None is covering "
+                               "the entire storage. Refusing to load the model.")
+        keep = next((n for n in complete if n in preferred), complete[0])
+        dropped += sorted(n for n in group if n != keep)
+    return dropped
+
+
+def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
+               device: Union[str, int] = "cpu", *, backend: str = "mmap") -> Tuple[List[str], List[str]]:
+    """Like safetensors.torch.load_model: loads `filename` into `model`, where tensors the model
+    shares (tied weights) are stored once in the file. Returns (missing, unexpected); with strict,
+    either raises RuntimeError as torch's load_state_dict does."""
+    state_dict = load_file(filename, device=device, backend=backend)
+    dropped = _aliases_to_drop(model.state_dict(), state_dict.keys())
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = set(missing)
+    for name in dropped:
+        if name in missing:
+            missing.remove(name)
+        else:
+            unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return missing, unexpected
 
 
 def _groups(checkpoint, group_bytes: int) -> List[List[str]]:
@@ -63,7 +187,7 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
     dev = normalize_device(device)
     work = []
     for path in paths:
-        checkpoint = _ferry.Checkpoint.open(os.fspath(path))
+        checkpoint = open_checkpoint(path)
         table = tensor_table(checkpoint)
         work += [(checkpoint, table, group) for group in _groups(checkpoint, group_bytes)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -77,26 +201,52 @@ def iterate_weights(paths: Union[PathLike, Iterable[PathLike]], device: Any = "c
                 yield name, tensors[name]
 
 
+def _alias_groups(tensors: Dict[str, torch.Tensor]) -> List[List[str]]:
+    """Names of `tensors` grouped by the memory they fill: tied parameters (one tensor under
+    several names) form one group, in the order first seen."""
+    groups: Dict[tuple, List[str]] = {}
+    for name, tensor in tensors.items():
+        data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+        key = ((str(data.device), data.data_ptr(), data.dtype, tuple(data.shape), data.stride())
+               if data.numel() else ("empty", name))
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
 def load_into(target: Union[torch.nn.Module, Dict[str, torch.Tensor]], path: PathLike,
               strict: bool = True, **engine) -> dict:
     """Fills existing parameters and buffers in place (no second allocation). `target` is a module
-    (its state_dict) or a dict of tensors. With strict, every target tensor must be in the
-    checkpoint; each must match the checkpoint's dtype and shape and be contiguous. Returns
-    statistics with 'missing' and 'unexpected' names."""
+    (its state_dict) or a dict of tensors. Tensors that share memory under several names (tied
+    weights) are filled once, from whichever of those names the checkpoint holds, and none of
+    them is missing then. Each must match the checkpoint's dtype and shape and be contiguous.
+    Returns statistics with 'missing' (target names the checkpoint lacks) and 'unexpected'
+    (checkpoint names the target lacks), as load_state_dict reports them; with strict, either
+    raises RuntimeError in load_state_dict's words."""
     tensors = target.state_dict(keep_vars=True) if isinstance(target, torch.nn.Module) else target
-    checkpoint = _ferry.Checkpoint.open(os.fspath(path))
+    checkpoint = open_checkpoint(path)
     table = tensor_table(checkpoint)
-    missing = sorted(n for n in tensors if n not in table)
-    unexpected = sorted(n for n in table if n not in tensors)
-    if strict and missing:
-        raise KeyError(f"{os.fspath(path)}: no tensor for {', '.join(missing[:5])}"
-                       + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    missing: List[str] = []
+    fills: List[str] = []  # one name per memory; further names of it in the file are not read
+    for group in _alias_groups(tensors):
+        present = [n for n in group if n in table]
+        if present:
+            fills.append(present[0])
+        else:
+            missing += group
+    unexpected = [n for n in table if n not in tensors]
+    if strict and (missing or unexpected):
+        owner = target.__class__.__name__ if isinstance(target, torch.nn.Module) else "dict"
+        error = f"Error(s) in loading state_dict for {owner}:"
+        if missing:
+            error += "\n\tMissing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". "
+        if unexpected:
+            error += "\n\tUnexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". "
+        raise RuntimeError(f"{os.fspath(path)}: {error}")
     by_device: Dict[str, List[Tuple[str, int, int]]] = {}
-    for name, tensor in tensors.items():
-        if name not in table:
-            continue
+    for name in fills:
         dtype, shape, nbytes = table[name]
         want = torch_dtype(dtype, name)
+        tensor = tensors[name]
         data = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
         if data.dtype != want or list(data.shape) != torch_shape(dtype, shape):
             raise ValueError(f'tensor "{name}": checkpoint has {dtype} {shape}, target has '

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <condition_variable>
 #include <filesystem>
 #include <memory>
@@ -26,6 +27,8 @@
 #include "ferry/error.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/safetensors.hpp"
+#include "ferry/tensor_reader.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -241,6 +244,10 @@ NB_MODULE(_ferry, m) {
   using namespace ferry;
   m.doc() = "ferry's engine: checkpoints opened, planned and loaded into GPU or host memory";
   nb::register_exception_translator(translate_system_error);
+  // Malformed files raise SafetensorError, a ValueError as FormatError is an invalid_argument
+  // (safetensors' own SafetensorError derives from Exception; ferry's from ValueError, so that
+  // both `except ValueError` and `except SafetensorError` catch it).
+  nb::exception<FormatError>(m, "SafetensorError", PyExc_ValueError);
   InterpreterExit::get().set_main_thread(
       nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
   nb::module_::import_("atexit").attr("register")(
@@ -278,6 +285,29 @@ NB_MODULE(_ferry, m) {
                                 t.file_index, t.offset);
              return out;
            })
+      .def("names",
+           [](const Checkpoint& c) {
+             std::vector<std::string> out;
+             out.reserve(c.tensors().size());
+             for (const auto& t : c.tensors()) out.push_back(t.name);
+             return out;
+           },
+           "Tensor names in read order (by file, then offset).")
+      .def("tensor",
+           [](const Checkpoint& c, const std::string& name)
+               -> std::optional<std::tuple<std::string, std::vector<std::uint64_t>, std::uint64_t>> {
+             const TensorInfo* t = c.find(name);
+             if (t == nullptr) return std::nullopt;
+             return std::make_tuple(std::string(dtype_name(t->dtype)), t->shape, t->size);
+           },
+           "name"_a, "(dtype, shape, bytes) of one tensor, or None where there is none.")
+      .def("has_metadata",
+           [](const Checkpoint& c, std::size_t file) {
+             FERRY_EXPECT(file < c.files().size(), std::out_of_range, "file index ", file,
+                          " is out of range");
+             return c.files()[file].has_metadata;
+           },
+           "file"_a = 0, "Whether the header has a __metadata__ object (an empty one included).")
       .def_prop_ro("total_bytes", &Checkpoint::total_bytes)
       .def_prop_ro("format",
                    [](const Checkpoint& c) { return std::string(checkpoint_format_name(c.format())); })
@@ -314,6 +344,14 @@ NB_MODULE(_ferry, m) {
              return byte_view(l.memory(), t->data, t->info->size, l.device());
            },
            "name"_a, "A uint8 view of the tensor's bytes that keeps the loaded memory alive.")
+      .def("address",
+           [](const LoadedCheckpoint& l, const std::string& name) {
+             const LoadedTensor* t = l.find(name);
+             FERRY_EXPECT(t != nullptr, std::invalid_argument, "tensor \"", name,
+                          "\" was not loaded");
+             return reinterpret_cast<std::uintptr_t>(t->data);
+           },
+           "name"_a, "The tensor's address (host or device); valid while this object lives.")
       .def("views",
            [](const LoadedCheckpoint& l) {
              // One call for every tensor: per-tensor Python calls cost more than the I/O of a
@@ -368,6 +406,49 @@ NB_MODULE(_ferry, m) {
       "checkpoint"_a, "destinations"_a, "device"_a = "cpu", "progress"_a = nb::none(),
       "engine"_a,
       "Loads (name, address, capacity) destinations the caller owns on device; keywords as load.");
+
+  nb::class_<TensorReader>(m, "TensorReader")
+      .def(
+          "__init__",
+          [](TensorReader* self, std::shared_ptr<const Checkpoint> checkpoint) {
+            without_gil([&] { new (self) TensorReader(std::move(checkpoint)); });
+          },
+          "checkpoint"_a, "Opens every file of the checkpoint and holds it until closed.")
+      .def(
+          "read",
+          [](const TensorReader& r, const std::string& name, std::uint64_t begin,
+             std::uint64_t length, std::uintptr_t address) {
+            const TensorInfo* t = r.checkpoint().find(name);
+            FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+            // Small reads come from the page cache in microseconds: releasing the GIL would
+            // cost more than it frees.
+            if (length < (1u << 20)) {
+              r.read(*t, begin, length, reinterpret_cast<void*>(address));
+            } else {
+              without_gil([&] { r.read(*t, begin, length, reinterpret_cast<void*>(address)); });
+            }
+          },
+          "name"_a, "begin"_a, "length"_a, "address"_a,
+          "Reads bytes [begin, begin + length) of the tensor into host memory at address.");
+
+  m.def(
+      "parse_header",
+      [](nb::bytes data, const std::string& label) {
+        // (data_start, has_metadata, metadata, [(name, dtype, shape, offset, size)] by offset)
+        const auto* bytes = static_cast<const std::byte*>(data.data());
+        SafetensorsHeader h = parse_safetensors_header(
+            std::span<const std::byte>(bytes, data.size()), data.size(), label);
+        std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>,
+                               std::uint64_t, std::uint64_t>>
+            tensors;
+        tensors.reserve(h.tensors.size());
+        for (const auto& t : h.tensors)
+          tensors.emplace_back(t.name, std::string(dtype_name(t.dtype)), t.shape, t.offset,
+                               t.size);
+        return std::make_tuple(h.data_start, h.has_metadata, h.metadata, tensors);
+      },
+      "data"_a, "label"_a = "<bytes>",
+      "Parses and validates the safetensors file held in `data` (the whole file).");
 
   m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);

@@ -88,6 +88,7 @@ void describe_gguf(CheckpointFile& entry, GgufHeader& header) {
   entry.gguf_version = header.version;
   entry.gguf_alignment = header.alignment;
   entry.data_start = header.data_start;
+  entry.has_metadata = true;
   for (const auto& kv : header.metadata)
     if (kv.value.type != GgufValueType::Array)
       entry.metadata.emplace(kv.key, gguf_value_text(kv.value));
@@ -198,6 +199,7 @@ void Checkpoint::add_file_unguarded(const fs::path& file) {
   } else {
     SafetensorsHeader header = read_safetensors_header(file);
     entry.metadata = std::move(header.metadata);
+    entry.has_metadata = header.has_metadata;
     entry.data_start = header.data_start;
     tensors = std::move(header.tensors);
   }

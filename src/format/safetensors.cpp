@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
+#include "format/strict_json.hpp"
 #include "format/tensor_layout.hpp"
 #include "io/file_descriptor.hpp"
-#include "format/strict_json.hpp"
 
 namespace ferry {
 namespace {
@@ -23,12 +23,6 @@ std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
 // A safetensors header nests three levels deep (header, tensor, shape).
 constexpr int kMaxHeaderDepth = 8;
 
-Json parse_json_object(std::string_view text, std::string_view label) {
-  Json root = detail::parse_strict_json(text, label, kMaxHeaderDepth);
-  FERRY_FORMAT_EXPECT(root.is_object(), label, ": header is JSON but not an object");
-  return root;
-}
-
 std::map<std::string, std::string> parse_metadata(const Json& value, std::string_view label) {
   FERRY_FORMAT_EXPECT(value.is_object(), label, ": __metadata__ is not an object");
   std::map<std::string, std::string> metadata;
@@ -42,21 +36,18 @@ std::map<std::string, std::string> parse_metadata(const Json& value, std::string
 
 std::uint64_t as_u64(const Json& value, std::string_view label, std::string_view tensor,
                      std::string_view field) {
-  FERRY_FORMAT_EXPECT(value.is_number_unsigned() ||
-                          (value.is_number_integer() && value.get<std::int64_t>() >= 0),
-                      label, ": tensor \"", tensor, "\": ", field,
-                      " holds a value that is not a non-negative integer: ",
-                      detail::describe_json(value));
+  FERRY_FORMAT_EXPECT(
+      value.is_number_unsigned() || (value.is_number_integer() && value.get<std::int64_t>() >= 0),
+      label, ": tensor \"", tensor, "\": ", field,
+      " holds a value that is not a non-negative integer: ", detail::describe_json(value));
   return value.get<std::uint64_t>();
 }
 
 TensorInfo parse_tensor(const std::string& name, const Json& entry, std::uint64_t data_bytes,
                         std::string_view label) {
   FERRY_FORMAT_EXPECT(!name.empty(), label, ": a tensor has an empty name");
+  // Fields other than these three are ignored, as safetensors ignores them.
   FERRY_FORMAT_EXPECT(entry.is_object(), label, ": tensor \"", name, "\" is not an object");
-  for (const auto& [key, unused] : entry.items())
-    FERRY_FORMAT_EXPECT(key == "dtype" || key == "shape" || key == "data_offsets", label,
-                        ": tensor \"", name, "\" has an unknown field \"", key, "\"");
   FERRY_FORMAT_EXPECT(entry.contains("dtype") && entry["dtype"].is_string(), label, ": tensor \"",
                       name, "\": missing or non-string dtype");
   FERRY_FORMAT_EXPECT(entry.contains("shape") && entry["shape"].is_array(), label, ": tensor \"",
@@ -94,7 +85,34 @@ TensorInfo parse_tensor(const std::string& name, const Json& entry, std::uint64_
   return info;
 }
 
+// The data section holds the tensors back to back from its first byte, as the format requires
+// (so that a file cannot carry a second payload between them); `tensors` are sorted, absolute.
+void check_packed(const std::vector<TensorInfo>& tensors, std::uint64_t data_start,
+                  std::string_view label) {
+  std::uint64_t expected = data_start;
+  for (const auto& t : tensors) {
+    FERRY_FORMAT_EXPECT(t.offset == expected, label, ": tensor \"", t.name,
+                        "\" begins at data byte ", t.offset - data_start,
+                        " but the tensor before it ends at ", expected - data_start,
+                        ": the data section has a hole, which the safetensors format forbids");
+    expected = t.offset + t.size;
+  }
+}
+
+std::uint64_t data_end(const std::vector<TensorInfo>& tensors, std::uint64_t data_start) {
+  return tensors.empty() ? data_start : tensors.back().offset + tensors.back().size;
+}
+
 }  // namespace
+
+void check_safetensors_tail(std::span<const std::byte> tail, std::string_view label) {
+  FERRY_FORMAT_EXPECT(tail.size() <= kSafetensorsMaxTailBytes, label, ": ", tail.size(),
+                      " bytes follow the last tensor; at most ", kSafetensorsMaxTailBytes,
+                      " bytes of zero padding may");
+  for (std::size_t i = 0; i < tail.size(); ++i)
+    FERRY_FORMAT_EXPECT(tail[i] == std::byte{0}, label, ": byte ", i,
+                        " after the last tensor is not zero: only zero padding may follow it");
+}
 
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
                                            std::uint64_t file_size, std::string_view label) {
@@ -111,20 +129,35 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
   FERRY_FORMAT_EXPECT(header_bytes > 0, label, ": header is empty");
 
   const auto* text = reinterpret_cast<const char*>(prefix.data() + 8);
-  Json root = parse_json_object(std::string_view(text, header_bytes), label);
-
+  // safetensors pads its header with spaces (JSON whitespace); NUL bytes are not JSON, though a
+  // lenient parser stops at the first one and would accept whatever follows.
+  const void* nul = std::memchr(text, 0, header_bytes);
+  FERRY_FORMAT_EXPECT(nul == nullptr, label, ": header holds a NUL byte at offset ",
+                      8 + (static_cast<const char*>(nul) - text),
+                      " (a header may be padded with spaces only)");
   SafetensorsHeader header;
   header.data_start = 8 + header_bytes;
   const std::uint64_t data_bytes = file_size - header.data_start;
-  for (const auto& [key, value] : root.items()) {
+  // Member by member: no DOM of every tensor is built (it dominated the parse of large headers).
+  const detail::MemberHandler on_member = [&](std::string&& key, Json&& value) {
     if (key == "__metadata__") {
       header.metadata = parse_metadata(value, label);
+      header.has_metadata = true;
     } else {
       header.tensors.push_back(parse_tensor(key, value, data_bytes, label));
     }
-  }
+  };
+  detail::parse_strict_json_members(std::string_view(text, header_bytes), label, kMaxHeaderDepth,
+                                    on_member);
 
   detail::finish_tensor_layout(header.tensors, header.data_start, label);
+  check_packed(header.tensors, header.data_start, label);
+  const std::uint64_t end = data_end(header.tensors, header.data_start);
+  const std::uint64_t tail = file_size - end;
+  FERRY_FORMAT_EXPECT(tail <= kSafetensorsMaxTailBytes, label, ": ", tail,
+                      " bytes follow the last tensor; at most ", kSafetensorsMaxTailBytes,
+                      " bytes of zero padding may");
+  if (prefix.size() >= file_size) check_safetensors_tail(prefix.subspan(end, tail), label);
   return header;
 }
 
@@ -142,7 +175,12 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
     prefix.resize(8 + header_bytes);
     detail::read_exact(fd, prefix.data() + 8, header_bytes, 8, path);
   }
-  return parse_safetensors_header(prefix, size, label);
+  SafetensorsHeader header = parse_safetensors_header(prefix, size, label);
+  const std::uint64_t end = data_end(header.tensors, header.data_start);
+  std::vector<std::byte> tail(size - end);  // at most kSafetensorsMaxTailBytes, checked above
+  if (!tail.empty()) detail::read_exact(fd, tail.data(), tail.size(), end, path);
+  check_safetensors_tail(tail, label);
+  return header;
 }
 
 }  // namespace ferry

@@ -14,7 +14,7 @@ def checkpoint(tmp_path):
 
 
 def test_every_engine_setting_is_accepted(checkpoint):
-    tensors, stats = ferry.torch.load(checkpoint, backend="posix", allow_compat=False, io="buffered",
+    tensors, stats = ferry.torch.load_with_stats(checkpoint, backend="posix", allow_compat=False, io="buffered",
                                       staging_bytes="8MiB", chunk_bytes=8192, threads=2, slots=1)
     assert torch.equal(tensors["a"], torch.arange(4096, dtype=torch.float32))
     assert stats["reader_threads"] <= 2 and stats["slots_per_thread"] == 1
@@ -24,7 +24,7 @@ def test_every_engine_setting_is_accepted(checkpoint):
 
 def test_cufile_without_gds_is_refused_unless_allowed(checkpoint):
     with pytest.raises(Exception, match="(?i)cufile|gpu|cuda"):
-        ferry.torch.load(checkpoint, device="cuda:0" if torch.cuda.is_available() else "cpu",
+        ferry.torch.load_with_stats(checkpoint, device="cuda:0" if torch.cuda.is_available() else "cpu",
                          backend="cufile")
 
 
@@ -37,4 +37,4 @@ def test_cufile_without_gds_is_refused_unless_allowed(checkpoint):
 ])
 def test_bad_settings_raise_naming_them(checkpoint, key, value, words):
     with pytest.raises(ValueError, match=words):
-        ferry.torch.load(checkpoint, **{key: value})
+        ferry.torch.load_with_stats(checkpoint, **{key: value})

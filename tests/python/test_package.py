@@ -153,9 +153,7 @@ def test_numpy_load_file_equals_safetensors(tmp_path):
     for name in theirs:
         assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape
         assert ours[name].tobytes() == theirs[name].tobytes(), name
-    bf16 = write_safetensors(tmp_path / "bf16.safetensors", {"x": ("bfloat16", [2])})
-    with pytest.raises(TypeError, match="BF16"):
-        ferry.numpy.load_file(bf16)
+    # BF16, F8 and F4, with ml_dtypes and without: test_dropin.py.
 
 
 def test_iterate_weights_streams_every_tensor_in_groups(shards):
@@ -185,7 +183,7 @@ def test_load_into_fills_parameters_in_place(tmp_path):
     wrong = {"0.weight": torch.zeros(8, 16, dtype=torch.float64)}
     with pytest.raises(ValueError, match="0.weight"):
         ferry.torch.load_into(wrong, path, strict=False)
-    with pytest.raises(KeyError, match="extra"):
+    with pytest.raises(RuntimeError, match='Missing key.*"extra"'):
         ferry.torch.load_into({"extra": torch.zeros(1)}, path)
 
 
@@ -201,7 +199,7 @@ def test_progress_and_stats_with_the_gil_released(shards):
 
     spinner = threading.Thread(target=spin)
     spinner.start()
-    tensors, stats = ferry.torch.load(shards, progress=lambda done, total: calls.append((done, total)),
+    tensors, stats = ferry.torch.load_with_stats(shards, progress=lambda done, total: calls.append((done, total)),
                                       chunk_bytes=4096, threads=2)
     stop.set()
     spinner.join()

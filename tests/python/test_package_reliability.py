@@ -45,7 +45,7 @@ def test_tensors_of_rank_129_and_more_load_as_safetensors_loads_them(high_rank):
     for name, tensor in expected.items():
         assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
         assert torch.equal(got[name].view(-1).view(torch.uint8), tensor.view(-1).view(torch.uint8))
-    tensors, _ = ferry.torch.load(high_rank)
+    tensors, _ = ferry.torch.load_with_stats(high_rank)
     assert tensors["r129"].ndim == 129
     assert dict(ferry.torch.iterate_weights(high_rank))["r200"].ndim == 200
 
@@ -56,7 +56,7 @@ EXIT_DURING_LOAD = """
 import sys, threading, time, ferry.torch
 path, delay = sys.argv[1], float(sys.argv[2])
 def work():
-    ferry.torch.load(path, threads=2, chunk_bytes=1 << 12, io="buffered",
+    ferry.torch.load_with_stats(path, threads=2, chunk_bytes=1 << 12, io="buffered",
                      progress=lambda done, total: None)
 threading.Thread(target=work, daemon=True).start()
 time.sleep(delay)
@@ -78,7 +78,7 @@ import atexit, sys
 path = sys.argv[1]
 def late():  # registered before ferry's own handler, so it runs after it
     import ferry.torch
-    print(sorted(ferry.torch.load(path, progress=lambda d, t: None)[0]))
+    print(sorted(ferry.torch.load_with_stats(path, progress=lambda d, t: None)[0]))
 atexit.register(late)
 import ferry.torch
 """
@@ -129,7 +129,7 @@ def test_shard_names_that_are_not_utf8(tmp_path):
         expected = safetensors.torch.load(f.read())["w"]
     for form in (shard, os.fsdecode(shard), directory, tmp_path):
         assert torch.equal(ferry.torch.load_file(form)["w"], expected), form
-    tensors, stats = ferry.torch.load(directory)
+    tensors, stats = ferry.torch.load_with_stats(directory)
     assert [os.fsencode(f["path"]) for f in stats["files"]] == [shard]
     checkpoint = ferry._ferry.Checkpoint.open(directory)
     assert [os.fsencode(f) for f in checkpoint.files()] == [shard]

@@ -1,0 +1,69 @@
+"""Opening a checkpoint of many small tensors: ferry against safetensors.
+
+Writes one file of N tensors (100,000 by default, 16 bytes each) with Hugging Face's writer,
+then times, median of --repeat runs: ferry's open (every header parsed and validated), ferry's
+open plus a plan and load of every tensor to the cpu, `ferry inspect`, and safetensors'
+safe_open + keys(). Prints figures only; nothing here is asserted.
+
+    python3 bench/open_many_tensors.py [--tensors N] [--repeat 5] [--ferry-bin build/cli/ferry]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import safetensors
+
+import ferry
+
+
+def write(path, count):
+    data = np.zeros(4, dtype=np.float32)
+    specs = {f"model.layers.{i // 10}.weight_{i % 10}": safetensors.TensorSpec(
+        dtype="float32", shape=[4], data_ptr=data.ctypes.data, data_len=data.nbytes) for i in range(count)}
+    safetensors.serialize_file(specs, path)
+
+
+def median_seconds(fn, repeat):
+    """Median wall and CPU seconds (this process's CPU: on a busy machine the wall time mostly
+    measures the other processes)."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--ferry-bin", default=os.path.join("build", "cli", "ferry"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "many.safetensors")
+        write(path, args.tensors)
+        rows = [
+            ("ferry Checkpoint.open", lambda: ferry.Checkpoint.open(path)),
+            ("ferry open + plan + load (cpu)", lambda: ferry._ferry.load(ferry.Checkpoint.open(path), "cpu")),
+            ("ferry.safe_open + keys()", lambda: ferry.safe_open(path, "pt").keys()),
+            ("safetensors.safe_open + keys()", lambda: safetensors.safe_open(path, "pt").keys()),
+        ]
+        if os.path.exists(args.ferry_bin):
+            rows.append(("ferry inspect (process)", lambda: subprocess.run(
+                [args.ferry_bin, "inspect", path, "--json"], check=True, capture_output=True)))
+        print(f"{args.tensors} tensors, median of {args.repeat} runs")
+        print(f"  {'':34s} {'wall ms':>9s} {'cpu ms':>9s}")
+        for label, fn in rows:
+            wall, cpu = median_seconds(fn, args.repeat)
+            cpu_text = f"{cpu * 1000:9.1f}" if "process" not in label else f"{'-':>9s}"
+            print(f"  {label:34s} {wall * 1000:9.1f} {cpu_text}")
+
+
+if __name__ == "__main__":
+    main()
