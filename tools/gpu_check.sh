@@ -7,7 +7,7 @@
 #   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
-#   benchmarks. The device tool
+#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks. The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -155,10 +155,31 @@ python_benches() {
   rm -rf /tmp/fp-bench
 }
 
+# The transfer core (latency, extent throughput both ways beside raw O_DIRECT and pinned copies),
+# the KV store on the host path, per-key reads (safe_open) and opening 100,000 tensors.
+engine_benches() {
+  log "transfer core (bench/transfer_bench)"
+  ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
+    --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/tb
+  log "KV store, host path (bench/kv_bench)"
+  /tmp/build/tests/kv_bench /tmp/kvb --sizes 256K,1M,4M,16M --bytes 2G --batch 16 \
+    --index-blocks 10000000 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvb
+  log "per-key reads (bench/per_key_reads.py)"
+  for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
+    (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "opening 100,000 tensors (bench/open_many_tensors.py)"
+  (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
 want python && python_benches
+want engine && engine_benches
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs
