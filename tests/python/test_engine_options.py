@@ -1,6 +1,10 @@
 """Engine settings from Python go through the same mapping as the CLI's flags and the C ABI."""
+import os
+
 import pytest
 
+if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
+    pytest.skip("the Python package's tests are skipped in this run", allow_module_level=True)
 torch = pytest.importorskip("torch")
 import ferry.torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
