@@ -381,6 +381,9 @@ TEST(FileSet, TooManyOpenFilesIsNamedAsSuch) {
 
 // issue 12 item 7: a checkpoint of many shards loads under a small descriptor limit.
 TEST(FileSet, ManyShardsLoadUnderASmallDescriptorLimit) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in a child forked from threads";
+#endif
   TempDir dir;
   std::map<std::string, std::vector<std::byte>> written;
   for (int s = 0; s < 300; ++s) {
