@@ -10,6 +10,7 @@ from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
 from ._open import check_backend, open_checkpoint, safe_open
+from ._save import _storage  # (address, bytes) of a tensor's storage
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -75,21 +76,6 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
             raw = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=torch.uint8)
             out[name] = raw.view(target).reshape(storage)
     return out
-
-
-def _storage(t: torch.Tensor) -> Tuple[int, int]:
-    """(address, bytes) of the storage behind `t`; (0, 0) for meta tensors."""
-    try:
-        storage = t.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
-    except AttributeError:  # torch < 2.0
-        try:
-            storage = t.storage()
-            return storage.data_ptr(), storage.size() * t.element_size()
-        except NotImplementedError:
-            return 0, 0
-    except NotImplementedError:
-        return 0, 0
 
 
 def _end(t: torch.Tensor) -> int:
