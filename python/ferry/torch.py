@@ -10,7 +10,7 @@ from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
 from ._open import check_backend, open_checkpoint, safe_open
-from ._save import _storage  # (address, bytes) of a tensor's storage
+from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -76,34 +76,6 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
             raw = torch.frombuffer(bytearray(data[offset:offset + size]), dtype=torch.uint8)
             out[name] = raw.view(target).reshape(storage)
     return out
-
-
-def _end(t: torch.Tensor) -> int:
-    return t.view(-1)[-1].data_ptr() + t.element_size() if t.numel() else t.data_ptr()
-
-
-def _shared_groups(state: Dict[str, torch.Tensor]) -> List[Set[str]]:
-    """Names whose tensors overlap in one storage, as safetensors groups them."""
-    by_storage: Dict[tuple, Set[str]] = {}
-    for name, t in state.items():
-        address, nbytes = _storage(t)
-        if t.device.type != "meta" and address and nbytes:
-            by_storage.setdefault((t.device, address, nbytes), set()).add(name)
-    groups: List[Set[str]] = []
-    for names in sorted(by_storage.values(), key=sorted):
-        if len(names) < 2:
-            groups.append(names)
-            continue
-        areas = sorted((state[n].data_ptr(), _end(state[n]), n) for n in names)
-        groups.append({areas[0][2]})
-        last_stop = areas[0][1]
-        for start, stop, name in areas[1:]:
-            if start >= last_stop:
-                groups.append({name})
-            else:
-                groups[-1].add(name)
-            last_stop = stop
-    return groups
 
 
 def _covers_storage(t: torch.Tensor) -> bool:
