@@ -2,7 +2,7 @@
 plus loaders for inference servers (load_with_stats, iterate_weights, load_into)."""
 import concurrent.futures
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 
