@@ -23,12 +23,10 @@
 #include "kv/host_block_io.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
+#include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
 
 namespace ferry {
-
-using namespace detail::kv;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -89,39 +87,6 @@ std::string KVStore::directory_name(const KVNamespace& ns) {
   return "ns-" + hex16(XXH3_64bits(canonical.data(), canonical.size()));
 }
 
-struct KVStore::Impl {
-  KVNamespace ns;
-  KVStoreOptions options;
-  fs::path dir, journal_path, checkpoint_path;
-  std::uint64_t block_bytes = 0, slot_bytes = 0, slot_count = 0, slots_per_slab = 0;
-  unsigned slab_count = 0;
-  Limits limits;
-
-  detail::FileDescriptor lock_fd;
-  std::unique_ptr<SlabFiles> slabs;
-  std::unique_ptr<BlockIo> io;
-
-  std::mutex commit;  // the journal, checkpoints, a reader's refresh
-  AppendFile journal;
-  std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
-  ino_t journal_inode = 0;           // a reader: the journal file it follows
-  std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
-
-  std::mutex mutex;  // the index, pending keys and counters
-  std::unique_ptr<KvIndex> index;
-  std::unordered_set<KVKey> pending;
-  KVStats counters;
-
-  int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
-  std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
-
-  void check_manifest(bool writable);
-  void load_state(bool writable);
-  void apply(const Record& r);
-  void append_records(const std::vector<Record>& records);
-  void checkpoint_locked();
-  void refresh();
-};
 
 namespace {
 
@@ -215,126 +180,6 @@ std::vector<KVStoreInfo> KVStore::list(const fs::path& root) {
   std::sort(out.begin(), out.end(),
             [](const KVStoreInfo& a, const KVStoreInfo& b) { return a.directory < b.directory; });
   return out;
-}
-
-void KVStore::Impl::apply(const Record& r) {
-  if (r.kind == RecordKind::put)
-    index->publish(r.slot, r.key, static_cast<std::uint32_t>(r.length), r.checksum);
-  else
-    index->erase(r.key);
-  last_sequence = r.sequence;
-}
-
-void KVStore::Impl::load_state(bool writable) {
-  const std::string journal_name = journal_path.string();
-  // A reader may race with the writer's checkpoint (a new checkpoint, then a new journal):
-  // a journal newer than the checkpoint read means the checkpoint changed in between.
-  for (int attempt = 0;; ++attempt) {
-    IndexSnapshot base;
-    if (auto bytes = read_if_exists(checkpoint_path))
-      base = decode_checkpoint(*bytes, limits, checkpoint_path.string());
-    detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd && errno != ENOENT) FERRY_SYSCALL_FAIL(journal_name, ": cannot open");
-    std::vector<std::byte> bytes;
-    struct stat st {};
-    if (fd) {
-      if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_name);
-      bytes.resize(static_cast<std::size_t>(st.st_size));
-      bytes.resize(detail::read_up_to(fd, bytes.data(), bytes.size(), 0, journal_path));
-    }
-    std::optional<std::uint64_t> journal_epoch;
-    if (fd) journal_epoch = decode_journal_header(bytes, journal_name);
-    if (journal_epoch && *journal_epoch > base.epoch) {
-      FERRY_FORMAT_EXPECT(!writable && attempt < 20, journal_name, ": journal epoch ",
-                          *journal_epoch, " is newer than the checkpoint's (", base.epoch,
-                          "): the checkpoint is missing or old");
-      continue;
-    }
-    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
-    for (const Record& r : base.entries) index->publish(r.slot, r.key, r.length, r.checksum);
-    epoch = base.epoch;
-    last_sequence = base.last_sequence;
-    records_since_checkpoint = 0;
-    std::uint64_t valid_end = kJournalHeaderSize;
-    if (journal_epoch && *journal_epoch == base.epoch) {
-      JournalScan scan =
-          scan_records(bytes, kJournalHeaderSize, base.last_sequence, limits, journal_name);
-      for (const Record& r : scan.records) apply(r);
-      records_since_checkpoint = scan.records.size();
-      valid_end = scan.valid_end;
-      counters.journal_tail_dropped = scan.torn_bytes;
-      journal_inode = st.st_ino;
-      journal_offset = valid_end;
-    }
-    if (writable) {
-      if (!journal_epoch || *journal_epoch != base.epoch) {
-        // No journal, or one older than the checkpoint (a crash between the two renames):
-        // start the checkpoint's own.
-        write_atomically(journal_path, encode_journal_header(epoch));
-        valid_end = kJournalHeaderSize;
-      }
-      journal = AppendFile(journal_path, valid_end);  // cuts a torn tail
-    }
-    return;
-  }
-}
-
-void KVStore::Impl::append_records(const std::vector<Record>& records) {
-  std::vector<std::byte> bytes(records.size() * kRecordSize);
-  for (std::size_t i = 0; i < records.size(); ++i)
-    encode_record(records[i], bytes.data() + i * kRecordSize);
-  journal.append(bytes);
-  records_since_checkpoint += records.size();
-}
-
-void KVStore::Impl::checkpoint_locked() {
-  IndexSnapshot snapshot;
-  {
-    std::lock_guard lock(mutex);
-    snapshot.epoch = epoch + 1;
-    snapshot.last_sequence = last_sequence;
-    for (std::uint32_t s : index->lru_order()) {
-      const SlotEntry& e = index->slot(s);
-      snapshot.entries.push_back({RecordKind::put, 0, e.key, s, e.length, e.checksum});
-    }
-  }
-  // Checkpoint first, then the new journal: a crash in between leaves a journal older than
-  // the checkpoint, which open recognises by its epoch and replaces.
-  write_atomically(checkpoint_path, encode_checkpoint(snapshot, limits));
-  write_atomically(journal_path, encode_journal_header(snapshot.epoch));
-  journal = AppendFile(journal_path, kJournalHeaderSize);
-  epoch = snapshot.epoch;
-  records_since_checkpoint = 0;
-  std::lock_guard lock(mutex);
-  ++counters.checkpoints;
-}
-
-void KVStore::Impl::refresh() {
-  std::lock_guard commit_lock(commit);
-  detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    if (errno == ENOENT) return;  // between the writer's creation steps
-    FERRY_SYSCALL_FAIL(journal_path.string(), ": cannot open");
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_path.string());
-  if (st.st_ino != journal_inode) {  // the writer checkpointed: start again from its snapshot
-    std::lock_guard lock(mutex);
-    load_state(false);
-    return;
-  }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size <= journal_offset) return;
-  std::vector<std::byte> bytes(size);
-  const std::size_t got = detail::read_up_to(fd, bytes.data() + journal_offset,
-                                             size - journal_offset, journal_offset, journal_path);
-  bytes.resize(journal_offset + got);
-  // A tail that does not decode may be an append in progress: stop there, take it next time.
-  JournalScan scan =
-      scan_records(bytes, journal_offset, last_sequence, limits, journal_path.string());
-  std::lock_guard lock(mutex);
-  for (const Record& r : scan.records) apply(r);
-  journal_offset = scan.valid_end;
 }
 
 KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t capacity_bytes,

@@ -1,0 +1,61 @@
+// What a KVStore holds: its geometry, files, journal state and index, and the locks over them.
+// Shared by kv_store.cpp (the operations) and kv_persistence.cpp (journal, checkpoint, replay).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "ferry/kv_store.hpp"
+#include "io/file_descriptor.hpp"
+#include "kv/block_io.hpp"
+#include "kv/durable_file.hpp"
+#include "kv/kv_format.hpp"
+#include "kv/kv_index.hpp"
+#include "kv/slab_files.hpp"
+
+namespace ferry {
+
+using namespace detail::kv;
+namespace fs = std::filesystem;
+
+struct KVStore::Impl {
+  KVNamespace ns;
+  KVStoreOptions options;
+  fs::path dir, journal_path, checkpoint_path;
+  std::uint64_t block_bytes = 0, slot_bytes = 0, slot_count = 0, slots_per_slab = 0;
+  unsigned slab_count = 0;
+  Limits limits;
+
+  detail::FileDescriptor lock_fd;
+  std::unique_ptr<SlabFiles> slabs;
+  std::unique_ptr<BlockIo> io;
+
+  std::mutex commit;  // the journal, checkpoints, a reader's refresh
+  AppendFile journal;
+  std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
+  ino_t journal_inode = 0;           // a reader: the journal file it follows
+  std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
+
+  std::mutex mutex;  // the index, pending keys and counters
+  std::unique_ptr<KvIndex> index;
+  std::unordered_set<KVKey> pending;
+  KVStats counters;
+
+  int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
+  std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
+
+  void check_manifest(bool writable);
+  void load_state(bool writable);
+  void apply(const Record& r);
+  void append_records(const std::vector<Record>& records);
+  void checkpoint_locked();
+  void refresh();
+};
+
+}  // namespace ferry
