@@ -69,7 +69,7 @@ void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, cons
 
 }  // namespace
 
-void HostBlockIo::write(std::span<BlockRequest> batch) {
+void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
   auto buffer = bounce_buffer(_slot_bytes);
   for (BlockRequest& request : batch) {
     const std::uint64_t length = total(request.pieces);
@@ -85,6 +85,7 @@ void HostBlockIo::write(std::span<BlockRequest> batch) {
     std::memset(at, 0, padded - length);
     request.checksum = XXH3_64bits(buffer.get(), length);
     const int error = transfer<true>(_slabs, request.slab, buffer.get(), padded, request.offset);
+    request.route = KVRoute::host;
     if (error != 0) fail_request(request, _slabs, error, "write of a block");
     else request.outcome = BlockOutcome::ok;
   }
@@ -95,6 +96,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
   for (BlockRequest& request : batch) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
+    request.route = KVRoute::host;
     const int error =
         transfer<false>(_slabs, request.slab, buffer.get(), round_up(length), request.offset);
     if (error != 0) {

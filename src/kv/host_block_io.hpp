@@ -11,7 +11,7 @@ namespace ferry::detail::kv {
 class HostBlockIo final : public BlockIo {
  public:
   HostBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes) : _slabs(slabs), _slot_bytes(slot_bytes) {}
-  void write(std::span<BlockRequest> batch) override;
+  void write(std::span<BlockRequest> batch, void* after_event) override;
   void read(std::span<BlockRequest> batch) override;
   void sync(int slab) override;
   bool direct() const override;
