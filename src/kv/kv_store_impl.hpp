@@ -61,6 +61,7 @@ struct KVStore::Impl {
   std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
   void check_manifest(bool writable);
   void load_state(bool writable);
+  void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
   void append_records(const std::vector<Record>& records);
   void checkpoint_locked();
