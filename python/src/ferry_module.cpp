@@ -36,6 +36,7 @@ using namespace nb::literals;
 
 namespace ferry {
 void bind_save(nb::module_& m);  // save_bindings.cpp
+void bind_kv(nb::module_& m);    // kv_bindings.cpp
 
 namespace {
 
@@ -394,4 +395,5 @@ NB_MODULE(_ferry, m) {
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
   bind_save(m);
+  bind_kv(m);
 }
