@@ -7,7 +7,10 @@
 #   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
-#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks. The device tool
+#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
+#   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
+#   same blocks, and the 1,000-trial crash run (about 5 minutes: `tools/gpu_check.sh build kv`). The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -175,11 +178,42 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The KV block store on the GPU (issue 13).
+kv_stage() {
+  log "KV store tests (ctest -R 'Kv|kv_|c_header|c_abi')"
+  (cd /tmp/build && ctest --output-on-failure -R 'Kv|kv_|c_header|c_abi' >"$OUT/kv-ctest.log" 2>&1) ||
+    { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/kv-ctest.log" | head -80; }
+  grep -c "GpuKv.*Passed" "$OUT/kv-ctest.log" | sed 's/^/GPU KV tests passed: /' | tee -a "$OUT/summary.txt"
+  grep "GpuKv.*\(Skipped\|Failed\)" "$OUT/kv-ctest.log" | tee -a "$OUT/summary.txt" || true
+  tail -3 "$OUT/kv-ctest.log" | tee -a "$OUT/summary.txt"
+  log "KV Python tests (cuda:0 and cpu)"
+  python3 -m pytest -q -rs tests/python/test_kv.py 2>&1 | tail -8 | tee -a "$OUT/summary.txt" || status=1
+  log "ferry kv bench (cuda:0, staged and direct)"
+  mkdir -p /tmp/kvbench
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 64K,256K,1M,4M,16M --bytes 1G \
+    --json "$OUT/kv-bench.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 2M --bytes 1G --pieces 64 --path staged \
+    2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 1M,16M --bytes 1G 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV beside torch.save/torch.load and per-file writes (bench/kv_torch_compare.py)"
+  python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+  log "KV crash trials (1,000, at most 240 s)"
+  if FERRY_KV_CRASH_TRIALS=1000 timeout 240 /tmp/build/tests/test_kv_crash --gtest_brief=1 \
+      >"$OUT/kv-crash.log" 2>&1; then
+    echo "1000 crash trials passed" | tee -a "$OUT/summary.txt"
+  else
+    echo "crash trials: FAILED or over 240 s (rc $?)" | tee -a "$OUT/summary.txt"; tail -20 "$OUT/kv-crash.log"; status=1
+  fi
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want kv && kv_stage
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs
