@@ -3,11 +3,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "ferry/error.hpp"
 
@@ -67,14 +70,42 @@ void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, cons
                                    std::generic_category().message(error));
 }
 
+// Runs `one(request, bounce buffer)` over the batch on up to kMaxThreads threads (the caller's
+// among them), each with its own bounce buffer: several blocks in flight keep a device queue
+// busy where one positioned I/O at a time would not.
+template <class One>
+void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One&& one) {
+  constexpr std::size_t kMaxThreads = 4;
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    auto buffer = bounce_buffer(slot_bytes);
+    for (std::size_t i; (i = next.fetch_add(1)) < batch.size();) one(batch[i], buffer.get());
+  };
+  std::vector<std::thread> helpers;
+  const std::size_t threads = std::min(kMaxThreads, batch.size());
+  try {
+    for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads: those made (and the caller) do the work.
+  }
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+    next = batch.size();
+  }
+  for (auto& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
-  auto buffer = bounce_buffer(_slot_bytes);
-  for (BlockRequest& request : batch) {
+  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
-    std::byte* at = buffer.get();
+    std::byte* at = buffer;
     for (const BlockSpan& piece : request.pieces) {
       FERRY_ASSERT(!piece.device.is_cuda());
       if (piece.size == 0) continue;
@@ -83,33 +114,28 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
     }
     const std::uint64_t padded = round_up(length);
     std::memset(at, 0, padded - length);
-    request.checksum = XXH3_64bits(buffer.get(), length);
-    const int error = transfer<true>(_slabs, request.slab, buffer.get(), padded, request.offset);
+    request.checksum = XXH3_64bits(buffer, length);
+    const int error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
     request.route = KVRoute::host;
     if (error != 0) fail_request(request, _slabs, error, "write of a block");
     else request.outcome = BlockOutcome::ok;
-  }
+  });
 }
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {
-  auto buffer = bounce_buffer(_slot_bytes);
-  for (BlockRequest& request : batch) {
+  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
     request.route = KVRoute::host;
-    const int error =
-        transfer<false>(_slabs, request.slab, buffer.get(), round_up(length), request.offset);
-    if (error != 0) {
-      fail_request(request, _slabs, error, "read of a block");
-      continue;
-    }
-    if (XXH3_64bits(buffer.get(), length) != request.checksum) {
+    const int error = transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset);
+    if (error != 0) return fail_request(request, _slabs, error, "read of a block");
+    if (XXH3_64bits(buffer, length) != request.checksum) {
       request.outcome = BlockOutcome::checksum_mismatch;
       request.message = detail::concat(_slabs.name(request.slab), ": block at offset ",
                                        request.offset, " fails its checksum; dropped");
-      continue;
+      return;
     }
-    const std::byte* from = buffer.get();
+    const std::byte* from = buffer;
     for (const BlockSpan& piece : request.pieces) {
       FERRY_ASSERT(!piece.device.is_cuda());
       if (piece.size == 0) continue;
@@ -117,7 +143,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
       from += piece.size;
     }
     request.outcome = BlockOutcome::ok;
-  }
+  });
 }
 
 void HostBlockIo::sync(int slab) {
