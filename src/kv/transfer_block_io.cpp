@@ -1,6 +1,8 @@
 #include "kv/transfer_block_io.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
@@ -207,28 +209,31 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     }
     for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
   };
-  // The bytes of block i as they are on the device side of the transfer.
-  const auto device_view = [&](std::size_t i, BlockSpan& one) -> std::span<const BlockSpan> {
-    if (!bounce[i]) return blocks[i]->pieces;
-    one = {reinterpret_cast<void*>(bounce[i]), total(*blocks[i]), Device::cuda(gpu_of(*blocks[i]))};
-    return {&one, 1};
-  };
+  // The bytes of each block as they are on the device side of the transfer: its pieces, or its
+  // place in the bounce buffer.
+  std::vector<std::vector<BlockSpan>> views(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (bounce[i])
+      views[i] = {{reinterpret_cast<void*>(bounce[i]), total(*blocks[i]),
+                   Device::cuda(gpu_of(*blocks[i]))}};
+    else
+      views[i].assign(blocks[i]->pieces.begin(), blocks[i]->pieces.end());
+  }
 
   if (writing) bounce_copies(true);
   std::vector<Extent> extents(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     extents[i].file = static_cast<std::uint32_t>(blocks[i]->slab);
     extents[i].file_offset = blocks[i]->offset;
-    BlockSpan one;
-    for (const BlockSpan& p : device_view(i, one)) extents[i].spans.push_back({p.device, p.data, p.size});
+    for (const BlockSpan& p : views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
   }
   Ticket ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
                          std::move(extents), options(writing ? after_event : nullptr));
-  if (writing) {  // the checksums, while the transfer runs
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      BlockSpan one;
-      blocks[i]->checksum = _hasher.hash(device_view(i, one), bounce[i] ? nullptr : after_event);
-    }
+  if (writing) {  // the checksums, while the transfer runs (gathered blocks are ready already)
+    std::vector<void*> waits(blocks.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = bounce[i] ? nullptr : after_event;
+    const auto sums = hash_blocks(views, std::vector<bool>(blocks.size(), true), waits);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
   ticket.wait();
   const TransferStats& stats = ticket.stats();
@@ -244,14 +249,48 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
       continue;
     }
     b.outcome = BlockOutcome::ok;
-    if (writing) continue;
-    BlockSpan one;
-    if (_hasher.hash(device_view(i, one)) != b.checksum)
-      fail(b, BlockOutcome::checksum_mismatch,
-           concat(_slabs.name(b.slab), ": block at offset ", b.offset,
-                  " fails its checksum; dropped"));
   }
-  if (!writing) bounce_copies(false);  // verified blocks only
+  if (writing) return;
+  std::vector<bool> landed(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) landed[i] = blocks[i]->outcome == BlockOutcome::ok;
+  const auto sums = hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr));
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (landed[i] && sums[i] != blocks[i]->checksum)
+      fail(*blocks[i], BlockOutcome::checksum_mismatch,
+           concat(_slabs.name(blocks[i]->slab), ": block at offset ", blocks[i]->offset,
+                  " fails its checksum; dropped"));
+  bounce_copies(false);  // verified blocks only
+}
+
+std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
+    const std::vector<std::vector<BlockSpan>>& views, const std::vector<bool>& wanted,
+    const std::vector<void*>& after_events) {
+  std::vector<std::uint64_t> sums(views.size(), 0);
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&](BlockHasher& hasher) {
+    try {
+      for (std::size_t i; (i = next.fetch_add(1)) < views.size();)
+        if (wanted[i]) sums[i] = hasher.hash(views[i], after_events[i]);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = views.size();
+    }
+  };
+  const std::size_t count = static_cast<std::size_t>(std::count(wanted.begin(), wanted.end(), true));
+  std::vector<std::thread> helpers;
+  try {
+    for (std::size_t t = 1; t < std::min(_hashers.size(), count); ++t)
+      helpers.emplace_back(work, std::ref(_hashers[t]));
+  } catch (const std::system_error&) {
+    // No more threads: those made (and this one) hash the rest.
+  }
+  work(_hashers[0]);
+  for (auto& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
+  return sums;
 }
 
 std::uintptr_t TransferBlockIo::gather_buffer(int ordinal, std::uint64_t bytes) {

@@ -11,6 +11,7 @@
 // the device), or from the device bounce buffer before it is scattered.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,11 @@ class TransferBlockIo final : public BlockIo {
   void move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
                   void* after_event);
   TransferOptions options(void* after_event) const;
+  // XXH3 of each wanted block's device-side bytes, on up to kHashers threads (a hasher each, its
+  // own pinned buffers and stream): the copies down and the hashing of several blocks overlap.
+  std::vector<std::uint64_t> hash_blocks(const std::vector<std::vector<BlockSpan>>& views,
+                                         const std::vector<bool>& wanted,
+                                         const std::vector<void*>& after_events);
   // A device bounce buffer of at least `bytes` on `ordinal`, kept for later batches.
   std::uintptr_t gather_buffer(int ordinal, std::uint64_t bytes);
 
@@ -51,8 +57,9 @@ class TransferBlockIo final : public BlockIo {
   KVPath _path;
   bool _allow_compat;
   std::shared_ptr<FileSet> _files;  // the slabs for the transfer core, opened at the first GPU batch
-  std::mutex _mutex;  // one GPU batch at a time: the hasher and bounce buffers are shared
-  BlockHasher _hasher;
+  std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared
+  static constexpr std::size_t kHashers = 4;
+  std::array<BlockHasher, kHashers> _hashers;
   struct Gather {
     std::shared_ptr<void> memory;
     std::uint64_t bytes = 0;
