@@ -197,6 +197,9 @@ kv_stage() {
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 2M --bytes 512M --pieces 64 --path staged \
     2>&1 | tee -a "$OUT/summary.txt" || status=1
   "$ferry" kv bench /tmp/kvbench --device cpu --sizes 1M,16M --bytes 512M 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV index: lookup and reopen at 10 million blocks (kv_bench)"
+  /tmp/build/tests/kv_bench /tmp/kvbench/index --sizes 4K --bytes 4M --batch 16 \
+    --index-blocks 10000000 2>&1 | tail -1 | tee -a "$OUT/summary.txt" || status=1
   log "KV beside torch.save/torch.load and per-file writes (bench/kv_torch_compare.py)"
   python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
