@@ -558,6 +558,27 @@ TEST(KvStoreAsync, ClosingTheStoreFinishesItsBatches) {
   EXPECT_EQ(store.stats().blocks, 64u);
 }
 
+// A producer's event is honoured for host sources too; without a CUDA driver it cannot be, and
+// the put says so rather than reading memory a copy may still fill.
+TEST(KvStorePaths, AProducerEventWithoutCudaFailsThePutClearly) {
+  if (cuda_available()) GTEST_SKIP() << "test_gpu_kv orders puts after real events";
+  TempDir dir;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 8 * 4 * kKiB, 4 * kKiB);
+  const auto bytes = kv_bytes(1, 4096);
+  KVPiece piece{const_cast<std::byte*>(bytes.data()), bytes.size()};
+  KVBlock block(&piece, 1);
+  const KVKey key = 1;
+  int fake_event = 0;
+  KVPutOptions options;
+  options.after_event = &fake_event;
+  const auto results = store.put(std::span(&key, 1), std::span(&block, 1), options);
+  EXPECT_EQ(results[0].status, KVStatus::io_error);
+  EXPECT_NE(results[0].message.find("no CUDA driver is usable"), std::string::npos)
+      << results[0].message;
+  EXPECT_EQ(store.stats().blocks, 0u);
+  EXPECT_TRUE(store.put(std::span(&key, 1), std::span(&block, 1))[0].ok());
+}
+
 TEST(KvStorePaths, ParsedByNameAndReportedInStats) {
   EXPECT_EQ(parse_kv_path("auto"), KVPath::Auto);
   EXPECT_EQ(parse_kv_path("staged"), KVPath::Staged);

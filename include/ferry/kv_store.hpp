@@ -107,10 +107,11 @@ struct KVResult {
   bool ok() const noexcept { return status == KVStatus::ok; }
 };
 
-// Per call: how a put orders itself after the producer of its GPU memory.
+// Per call: how a put orders itself after the producer of its memory.
 struct KVPutOptions {
-  // A CUevent (cast to void*) recorded behind the kernels that write the sources: no byte is
-  // read from GPU memory before it fires, so half-computed KV is never persisted.
+  // A CUevent (cast to void*) recorded behind the work that writes the sources (kernels, or a
+  // copy into pinned host memory): no source byte is read before it fires, so half-computed KV
+  // is never persisted.
   void* after_event = nullptr;
 };
 

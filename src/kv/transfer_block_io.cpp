@@ -102,7 +102,22 @@ void TransferBlockIo::split(std::span<BlockRequest> batch, HostMove&& host, GpuM
 
 void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
   split(
-      batch, [&](std::span<BlockRequest> b) { _host.write(b, after_event); },
+      batch,
+      [&](std::span<BlockRequest> b) {
+        // Host memory a device copy still fills (a D2H into pinned memory): wait for it here.
+        if (after_event) {
+          try {
+            FERRY_EXPECT(cuda_available(), CudaError, "a producer's event was given, but no CUDA ",
+                         "driver is usable here: ", shim::CudaDriver::get().why_unusable);
+            FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(after_event));
+          } catch (const std::exception& e) {
+            for (BlockRequest& r : b)
+              fail(r, BlockOutcome::io_error, concat("waiting for the producer's event: ", e.what()));
+            return;
+          }
+        }
+        _host.write(b, after_event);
+      },
       [&](std::vector<BlockRequest*>& b) { move_gpu(b, true, after_event); });
 }
 
