@@ -48,10 +48,13 @@ std::uint64_t parse_size(const std::string& text) {
     used = 0;
   }
   const std::string unit = text.substr(used);
-  const int shift = unit.empty() ? 0 : unit == "K" || unit == "KiB" ? 10 : unit == "M" || unit == "MiB" ? 20
-                    : unit == "G" || unit == "GiB" ? 30 : -1;
-  FERRY_EXPECT(used > 0 && shift >= 0 && n > 0 && n < (1ull << (63 - shift)),
-               std::invalid_argument, "\"", text, "\" is not a size (e.g. 4096, 256K, 1M, 2G)");
+  const int shift = unit.empty()                   ? 0
+                    : unit == "K" || unit == "KiB" ? 10
+                    : unit == "M" || unit == "MiB" ? 20
+                    : unit == "G" || unit == "GiB" ? 30
+                                                   : -1;
+  FERRY_EXPECT(used > 0 && shift >= 0 && n > 0 && n < (1ull << (63 - shift)), std::invalid_argument,
+               "\"", text, "\" is not a size (e.g. 4096, 256K, 1M, 2G)");
   return n << shift;
 }
 
@@ -70,8 +73,9 @@ void add_bench(CLI::App& kv) {
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{65536}));
   bench->add_option("--pieces", pieces, "pieces per block, as vLLM's per-layer K/V (default 1)")
       ->check(CLI::Range(1u, 4096u));
-  bench->add_option("--path", paths, "GPU paths: staged, direct, auto (default: staged, and "
-                                     "direct where cuFile runs)");
+  bench->add_option("--path", paths,
+                    "GPU paths: staged, direct, auto (default: staged, and "
+                    "direct where cuFile runs)");
   bench->add_option("--json", json, "also write the rows to this file");
   bench->callback([] {
     KVBenchOptions o;
@@ -87,29 +91,37 @@ void add_bench(CLI::App& kv) {
     o.batch = batch;
     o.pieces = pieces;
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
-    std::printf("KV bench on %s, %s memory, batches of %llu, %u piece%s per block "
-                "(GB/s; put is durable; raw = O_DIRECT of the same bytes)\n",
-                root.c_str(), device.c_str(), static_cast<unsigned long long>(batch), pieces,
-                pieces == 1 ? "" : "s");
+    std::printf(
+        "KV bench on %s, %s memory, batches of %llu, %u piece%s per block (GB/s; put is "
+        "durable; raw = O_DIRECT of the same bytes; warm = slabs read into the page cache "
+        "first, which only the GPU paths use: the host path reads O_DIRECT)\n",
+        root.c_str(), device.c_str(), static_cast<unsigned long long>(batch), pieces,
+        pieces == 1 ? "" : "s");
     nlohmann::json rows = nlohmann::json::array();
     run_kv_bench(o, [&](const KVBenchRow& r) {
-      std::printf("%8llu KiB x %6llu %-13s put %6.2f (raw %6.2f, x%.2f)  get cold %6.2f (raw %6.2f, "
-                  "x%.2f)  warm %6.2f  put/get %.0f/%.0f blocks/s",
-                  static_cast<unsigned long long>(r.block_bytes >> 10),
-                  static_cast<unsigned long long>(r.blocks), r.path.c_str(), r.put_gbps,
-                  r.raw_write_gbps, r.put_gbps / r.raw_write_gbps, r.get_cold_gbps,
-                  r.raw_read_gbps, r.get_cold_gbps / r.raw_read_gbps, r.get_warm_gbps, r.put_iops,
-                  r.get_iops);
+      std::printf(
+          "%8llu KiB x %6llu %-13s put %6.2f (raw %6.2f, x%.2f)  get cold %6.2f (raw %6.2f, "
+          "x%.2f)  warm %6.2f  put/get %.0f/%.0f blocks/s",
+          static_cast<unsigned long long>(r.block_bytes >> 10),
+          static_cast<unsigned long long>(r.blocks), r.path.c_str(), r.put_gbps, r.raw_write_gbps,
+          r.put_gbps / r.raw_write_gbps, r.get_cold_gbps, r.raw_read_gbps,
+          r.get_cold_gbps / r.raw_read_gbps, r.get_warm_gbps, r.put_iops, r.get_iops);
       if (r.pinned_h2d_gbps > 0)
-        std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps,
-                    r.pinned_h2d_gbps, r.get_warm_gbps / r.pinned_h2d_gbps);
+        std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps, r.pinned_h2d_gbps,
+                    r.get_warm_gbps / r.pinned_h2d_gbps);
       std::printf("\n");
       std::fflush(stdout);
-      rows.push_back({{"block_bytes", r.block_bytes}, {"blocks", r.blocks}, {"path", r.path},
-                      {"put_gbps", r.put_gbps}, {"get_cold_gbps", r.get_cold_gbps},
-                      {"get_warm_gbps", r.get_warm_gbps}, {"put_iops", r.put_iops},
-                      {"get_iops", r.get_iops}, {"raw_write_gbps", r.raw_write_gbps},
-                      {"raw_read_gbps", r.raw_read_gbps}, {"pinned_d2h_gbps", r.pinned_d2h_gbps},
+      rows.push_back({{"block_bytes", r.block_bytes},
+                      {"blocks", r.blocks},
+                      {"path", r.path},
+                      {"put_gbps", r.put_gbps},
+                      {"get_cold_gbps", r.get_cold_gbps},
+                      {"get_warm_gbps", r.get_warm_gbps},
+                      {"put_iops", r.put_iops},
+                      {"get_iops", r.get_iops},
+                      {"raw_write_gbps", r.raw_write_gbps},
+                      {"raw_read_gbps", r.raw_read_gbps},
+                      {"pinned_d2h_gbps", r.pinned_d2h_gbps},
                       {"pinned_h2d_gbps", r.pinned_h2d_gbps}});
     });
     if (!json.empty()) std::ofstream(json) << rows.dump(2) << "\n";

@@ -109,8 +109,8 @@ ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
     o.read_only = given.read_only != 0;
     if (given.slab_count) o.slab_count = given.slab_count;
     if (given.checkpoint_every) o.checkpoint_every = given.checkpoint_every;
-    auto handle = std::make_unique<ferry_kv_store>(ferry_kv_store{
-        ferry::KVStore::open(root, ns, given.capacity_bytes, given.block_bytes, o)});
+    auto handle = std::make_unique<ferry_kv_store>(
+        ferry_kv_store{ferry::KVStore::open(root, ns, given.capacity_bytes, given.block_bytes, o)});
     *out = handle.release();
   });
 }
@@ -143,7 +143,8 @@ ferry_status ferry_kv_get(ferry_kv_store* store, const uint64_t* keys, const fer
 
 ferry_status ferry_kv_put_async(ferry_kv_store* store, const uint64_t* keys,
                                 const ferry_kv_block* blocks, size_t count, void* after_event,
-                                ferry_kv_callback callback, void* user_data, ferry_kv_ticket** out) {
+                                ferry_kv_callback callback, void* user_data,
+                                ferry_kv_ticket** out) {
   return guarded([&] {
     require(store, "store");
     require(out, "out");
@@ -158,7 +159,8 @@ ferry_status ferry_kv_put_async(ferry_kv_store* store, const uint64_t* keys,
 
 ferry_status ferry_kv_get_async(ferry_kv_store* store, const uint64_t* keys,
                                 const ferry_kv_block* blocks, size_t count,
-                                ferry_kv_callback callback, void* user_data, ferry_kv_ticket** out) {
+                                ferry_kv_callback callback, void* user_data,
+                                ferry_kv_ticket** out) {
   return guarded([&] {
     require(store, "store");
     require(out, "out");
@@ -181,8 +183,8 @@ ferry_status ferry_kv_ticket_wait(ferry_kv_ticket* ticket, int64_t timeout_ms, i
   });
 }
 
-ferry_status ferry_kv_ticket_result(ferry_kv_ticket* ticket, size_t index,
-                                    ferry_kv_result* result, const char** message) {
+ferry_status ferry_kv_ticket_result(ferry_kv_ticket* ticket, size_t index, ferry_kv_result* result,
+                                    const char** message) {
   return guarded([&] {
     require(ticket, "ticket");
     FERRY_EXPECT(ticket->ticket.ready(), std::invalid_argument,

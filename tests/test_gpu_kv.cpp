@@ -23,7 +23,8 @@ constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 class GpuKv : public ::testing::TestWithParam<KVPath> {
  protected:
   void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+    if (!cuda_available())
+      GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
     if (GetParam() == KVPath::Direct &&
         detail::driver_verdict(detail::probe_cufile()).mode == detail::CuFileMode::Unavailable)
       GTEST_SKIP() << "no cuFile";
@@ -168,8 +169,7 @@ TEST_P(GpuKv, PerLayerPiecesGatherIntoOneBlock) {
     auto back = read_device(targets[t].get(), (blocks + 1) * page);
     for (std::size_t b = 0; b < blocks; ++b) {
       const std::uint64_t at = ((b + 1) % (blocks + 1)) * page;
-      ASSERT_TRUE(std::equal(back.begin() + at, back.begin() + at + page,
-                             contents[t].begin() + at))
+      ASSERT_TRUE(std::equal(back.begin() + at, back.begin() + at + page, contents[t].begin() + at))
           << "tensor " << t << " block " << b;
     }
   }
@@ -181,8 +181,8 @@ TEST_P(GpuKv, PerLayerPiecesGatherIntoOneBlock) {
   std::uint64_t at = 0;
   const std::uint64_t page_at = 3 * page;
   for (int t = 0; t < 2 * layers; ++t, at += page)
-    ASSERT_TRUE(std::equal(whole.begin() + at, whole.begin() + at + page,
-                           contents[t].begin() + page_at));
+    ASSERT_TRUE(
+        std::equal(whole.begin() + at, whole.begin() + at + page, contents[t].begin() + page_at));
   EXPECT_TRUE(std::equal(whole.begin() + at, whole.end(), host_parts[2].begin()));
 }
 
@@ -211,7 +211,8 @@ TEST_P(GpuKv, AsyncFormsCompleteWithCallbacks) {
   EXPECT_EQ(called.load(), 1);  // before wait() returned
   EXPECT_EQ(ok_in_callback.load(), keys.size());
   for (const auto& r : put.results()) expect_gpu_route(r);
-  KVTicket get = store.get_async(keys, destinations, [&](const std::vector<KVResult>&) { ++called; });
+  KVTicket get =
+      store.get_async(keys, destinations, [&](const std::vector<KVResult>&) { ++called; });
   get.wait();
   EXPECT_EQ(called.load(), 2);
   for (const auto& r : get.results()) ASSERT_TRUE(r.ok()) << r.message;

@@ -28,12 +28,12 @@ struct KVBenchOptions {
 
 struct KVBenchRow {
   std::uint64_t block_bytes = 0, blocks = 0;
-  std::string path;                 // the route the blocks took: host, staged, cufile-*
-  double put_gbps = 0;              // durable
-  double get_cold_gbps = 0;         // slabs not in the page cache
-  double get_warm_gbps = 0;         // slabs read into the page cache first
+  std::string path;                   // the route the blocks took: host, staged, cufile-*
+  double put_gbps = 0;                // durable
+  double get_cold_gbps = 0;           // slabs not in the page cache
+  double get_warm_gbps = 0;           // slabs read into the page cache first
   double put_iops = 0, get_iops = 0;  // blocks per second (cold get)
-  double raw_write_gbps = 0, raw_read_gbps = 0;  // O_DIRECT, the same bytes and batches
+  double raw_write_gbps = 0, raw_read_gbps = 0;     // O_DIRECT, the same bytes and batches
   double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;  // one batch's bytes; 0 for host memory
 };
 

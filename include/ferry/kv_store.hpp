@@ -59,7 +59,7 @@ KVPath parse_kv_path(std::string_view text);
 
 struct KVStoreOptions {
   KVPath gpu_path = KVPath::Auto;
-  bool allow_compat = false;  // KVPath::Direct may run in cuFile's compatibility mode
+  bool allow_compat = false;           // KVPath::Direct may run in cuFile's compatibility mode
   bool read_only = false;              // a reader: no lock, no writes, follows the writer
   unsigned slab_count = 4;             // slab files the slots are spread over (at creation;
                                        // an existing store keeps its own)
@@ -186,8 +186,7 @@ class KVStore {
   // The same, on the store's worker threads. A store's destructor waits for its tickets.
   KVTicket put_async(std::vector<KVKey> keys, KVBlockList sources, KVPutOptions options = {},
                      KVCallback done = nullptr);
-  KVTicket get_async(std::vector<KVKey> keys, KVBlockList destinations,
-                     KVCallback done = nullptr);
+  KVTicket get_async(std::vector<KVKey> keys, KVBlockList destinations, KVCallback done = nullptr);
   std::vector<KVResult> remove(std::span<const KVKey> keys);
   // How many leading keys are stored (the prefix hit length).
   std::size_t lookup(std::span<const KVKey> keys);

@@ -34,14 +34,22 @@ using PyResult = std::tuple<std::string, std::string, std::string>;
 
 const char* status_name(KVStatus s) {
   switch (s) {
-    case KVStatus::ok: return "ok";
-    case KVStatus::already_present: return "already_present";
-    case KVStatus::missing: return "missing";
-    case KVStatus::bad_size: return "bad_size";
-    case KVStatus::no_space: return "no_space";
-    case KVStatus::io_error: return "io_error";
-    case KVStatus::unsupported: return "unsupported";
-    case KVStatus::read_only: return "read_only";
+    case KVStatus::ok:
+      return "ok";
+    case KVStatus::already_present:
+      return "already_present";
+    case KVStatus::missing:
+      return "missing";
+    case KVStatus::bad_size:
+      return "bad_size";
+    case KVStatus::no_space:
+      return "no_space";
+    case KVStatus::io_error:
+      return "io_error";
+    case KVStatus::unsupported:
+      return "unsupported";
+    case KVStatus::read_only:
+      return "read_only";
   }
   return "unknown";
 }
@@ -49,7 +57,8 @@ const char* status_name(KVStatus s) {
 std::vector<PyResult> py_results(const std::vector<KVResult>& results) {
   std::vector<PyResult> out;
   out.reserve(results.size());
-  for (const auto& r : results) out.emplace_back(status_name(r.status), to_string(r.route), r.message);
+  for (const auto& r : results)
+    out.emplace_back(status_name(r.status), to_string(r.route), r.message);
   return out;
 }
 
@@ -116,7 +125,8 @@ struct PyKVStore {
 
 void bind_kv(nb::module_& m) {
   m.def(
-      "kv_key", [](nb::bytes data) {
+      "kv_key",
+      [](nb::bytes data) {
         return kv_key({static_cast<const std::byte*>(data.data()), data.size()});
       },
       "data"_a, "The XXH3-64 key of a byte string (a block hash given as bytes).");
@@ -144,9 +154,9 @@ void bind_kv(nb::module_& m) {
       .def(
           "__init__",
           [](PyKVStore* self, const std::string& root, const std::string& model,
-             const std::string& dtype, const std::string& block_layout, int tp_rank,
-             int world_size, std::uint64_t capacity_bytes, std::uint64_t block_bytes,
-             const std::string& gpu_path, bool allow_compat, bool read_only, unsigned slab_count,
+             const std::string& dtype, const std::string& block_layout, int tp_rank, int world_size,
+             std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
+             bool allow_compat, bool read_only, unsigned slab_count,
              std::uint64_t checkpoint_every) {
             KVStoreOptions o;
             o.gpu_path = parse_kv_path(gpu_path);

@@ -117,8 +117,10 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
     request.checksum = XXH3_64bits(buffer, length);
     const int error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
     request.route = KVRoute::host;
-    if (error != 0) fail_request(request, _slabs, error, "write of a block");
-    else request.outcome = BlockOutcome::ok;
+    if (error != 0)
+      fail_request(request, _slabs, error, "write of a block");
+    else
+      request.outcome = BlockOutcome::ok;
   });
 }
 
@@ -127,7 +129,8 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
     request.route = KVRoute::host;
-    const int error = transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset);
+    const int error =
+        transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset);
     if (error != 0) return fail_request(request, _slabs, error, "read of a block");
     if (XXH3_64bits(buffer, length) != request.checksum) {
       request.outcome = BlockOutcome::checksum_mismatch;

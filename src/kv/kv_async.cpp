@@ -140,8 +140,8 @@ KVTicket KVStore::get_async(std::vector<KVKey> keys, KVBlockList destinations, K
                " keys but ", destinations.size(), " destinations");
   auto state = std::make_shared<detail::KVTicketState>();
   Impl* impl = _impl.get();
-  impl->runner().post([impl, state, keys = std::move(keys),
-                       destinations = std::move(destinations), done = std::move(done)] {
+  impl->runner().post([impl, state, keys = std::move(keys), destinations = std::move(destinations),
+                       done = std::move(done)] {
     std::vector<KVBlock> blocks(destinations.begin(), destinations.end());
     std::vector<KVResult> results;
     try {

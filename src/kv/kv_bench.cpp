@@ -103,8 +103,8 @@ std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
 
 // Raw O_DIRECT of the same bytes: one pwrite per block, fdatasync per batch, then one pread per
 // block (cold: written with O_DIRECT, never cached).
-std::pair<double, double> raw_direct(const fs::path& file, std::uint64_t block,
-                                     std::uint64_t count, std::uint64_t batch) {
+std::pair<double, double> raw_direct(const fs::path& file, std::uint64_t block, std::uint64_t count,
+                                     std::uint64_t batch) {
   const std::uint64_t slot = round_up(block);
   auto buffer = detail::allocate_host_memory(slot);
   std::memset(buffer.get(), 0x5A, slot);
@@ -119,7 +119,8 @@ std::pair<double, double> raw_direct(const fs::path& file, std::uint64_t block,
     FERRY_SYSCALL_FAIL(file.string(), ": fallocate");
   auto start = Clock::now();
   for (std::uint64_t i = 0; i < count; ++i) {
-    if (::pwrite(fd, buffer.get(), slot, static_cast<off_t>(i * slot)) != static_cast<ssize_t>(slot))
+    if (::pwrite(fd, buffer.get(), slot, static_cast<off_t>(i * slot)) !=
+        static_cast<ssize_t>(slot))
       FERRY_SYSCALL_FAIL(file.string(), ": pwrite");
     if (((i + 1) % batch == 0 || i + 1 == count) && ::fdatasync(fd) != 0)
       FERRY_SYSCALL_FAIL(file.string(), ": fdatasync");
@@ -152,13 +153,14 @@ void warm_slabs(const fs::path& directory) {
 KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
   const std::uint64_t count = std::max(o.batch, o.bytes / block);
   const KVNamespace ns{"kv-bench", "bytes",
-                       "block=" + std::to_string(block) + ",pieces=" + std::to_string(o.pieces),
-                       0, 1};
+                       "block=" + std::to_string(block) + ",pieces=" + std::to_string(o.pieces), 0,
+                       1};
   KVStoreOptions options;
   options.gpu_path = path;
   options.allow_compat = true;
   options.checkpoint_on_close = false;
-  BatchMemory source(o.device, block, o.batch, o.pieces), target(o.device, block, o.batch, o.pieces);
+  BatchMemory source(o.device, block, o.batch, o.pieces),
+      target(o.device, block, o.batch, o.pieces);
   std::vector<std::byte> pattern(block * o.batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
   source.fill(pattern);
@@ -184,8 +186,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
         const auto results = put ? store.put(std::span(keys).first(n), std::span(sources).first(n))
                                  : store.get(std::span(keys).first(n), std::span(targets).first(n));
         for (const KVResult& r : results) {
-          FERRY_EXPECT(r.ok(), std::runtime_error, "kv bench ", put ? "put" : "get", " of ",
-                       block, "-byte blocks: ", to_string(r.status), ": ", r.message);
+          FERRY_EXPECT(r.ok(), std::runtime_error, "kv bench ", put ? "put" : "get", " of ", block,
+                       "-byte blocks: ", to_string(r.status), ": ", r.message);
           row.path = to_string(r.route);
         }
       }
@@ -197,9 +199,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
     const std::uint64_t last = count - (count - 1) / o.batch * o.batch;  // blocks in the last batch
     const std::vector<std::byte> got = target.read();
     FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
-                 std::runtime_error,
-                 "kv bench: the blocks got back differ from those put (", block, "-byte blocks, ",
-                 row.path, ")");
+                 std::runtime_error, "kv bench: the blocks got back differ from those put (", block,
+                 "-byte blocks, ", row.path, ")");
     warm_slabs(dir);
     const double warm_s = run(false);
     row.put_gbps = gb / put_s;

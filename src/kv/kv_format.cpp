@@ -194,7 +194,7 @@ Record decode_checkpoint_entry(std::span<const std::byte> bytes, std::uint64_t i
 }
 
 IndexSnapshot decode_checkpoint(std::span<const std::byte> bytes, const Limits& limits,
-                             const std::string& name) {
+                                const std::string& name) {
   const CheckpointHeader h = decode_checkpoint_header(bytes, limits, name);
   IndexSnapshot c;
   c.epoch = h.epoch;

@@ -20,11 +20,11 @@
 #include "ferry/error.hpp"
 #include "io/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
-#include "kv/transfer_block_io.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
+#include "kv/transfer_block_io.hpp"
 
 namespace ferry {
 
@@ -59,10 +59,14 @@ std::string check_pieces(KVBlock block) {
 
 KVStatus status_of(BlockOutcome outcome) {
   switch (outcome) {
-    case BlockOutcome::ok: return KVStatus::ok;
-    case BlockOutcome::checksum_mismatch: return KVStatus::missing;
-    case BlockOutcome::unsupported: return KVStatus::unsupported;
-    case BlockOutcome::io_error: break;
+    case BlockOutcome::ok:
+      return KVStatus::ok;
+    case BlockOutcome::checksum_mismatch:
+      return KVStatus::missing;
+    case BlockOutcome::unsupported:
+      return KVStatus::unsupported;
+    case BlockOutcome::io_error:
+      break;
   }
   return KVStatus::io_error;
 }
@@ -93,11 +97,16 @@ const char* to_string(KVStatus status) {
 
 const char* to_string(KVRoute route) {
   switch (route) {
-    case KVRoute::none: return "none";
-    case KVRoute::host: return "host";
-    case KVRoute::staged: return "staged";
-    case KVRoute::cufile_gds: return "cufile-gds";
-    case KVRoute::cufile_compat: return "cufile-compat";
+    case KVRoute::none:
+      return "none";
+    case KVRoute::host:
+      return "host";
+    case KVRoute::staged:
+      return "staged";
+    case KVRoute::cufile_gds:
+      return "cufile-gds";
+    case KVRoute::cufile_compat:
+      return "cufile-compat";
   }
   return "unknown";
 }

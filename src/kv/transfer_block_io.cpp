@@ -38,9 +38,12 @@ bool needs_gather(const BlockRequest& r) {
 
 Backend backend_of(KVPath path) {
   switch (path) {
-    case KVPath::Staged: return Backend::Posix;
-    case KVPath::Direct: return Backend::Cufile;
-    case KVPath::Auto: break;
+    case KVPath::Staged:
+      return Backend::Posix;
+    case KVPath::Direct:
+      return Backend::Cufile;
+    case KVPath::Auto:
+      break;
   }
   return Backend::Auto;
 }
@@ -112,7 +115,8 @@ void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
             FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(after_event));
           } catch (const std::exception& e) {
             for (BlockRequest& r : b)
-              fail(r, BlockOutcome::io_error, concat("waiting for the producer's event: ", e.what()));
+              fail(r, BlockOutcome::io_error,
+                   concat("waiting for the producer's event: ", e.what()));
             return;
           }
         }
@@ -180,8 +184,8 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   run(std::span(blocks).subspan(start));
 }
 
-void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool writing,
-                                 bool direct, void* after_event) {
+void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
+                                 void* after_event) {
   // Where each gathered block sits in its device's bounce buffer.
   std::vector<std::uintptr_t> bounce(blocks.size(), 0);
   if (direct) {
@@ -259,15 +263,16 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     if (status.state != ExtentStatus::State::Done) {
       fail(b, BlockOutcome::io_error,
            concat(_slabs.name(b.slab), ": ", writing ? "write" : "read", " of the block at offset ",
-                  b.offset, " failed: ",
-                  status.error.empty() ? std::string("cancelled") : status.error));
+                  b.offset,
+                  " failed: ", status.error.empty() ? std::string("cancelled") : status.error));
       continue;
     }
     b.outcome = BlockOutcome::ok;
   }
   if (writing) return;
   std::vector<bool> landed(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) landed[i] = blocks[i]->outcome == BlockOutcome::ok;
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    landed[i] = blocks[i]->outcome == BlockOutcome::ok;
   const auto sums = hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr));
   for (std::size_t i = 0; i < blocks.size(); ++i)
     if (landed[i] && sums[i] != blocks[i]->checksum)
@@ -294,7 +299,8 @@ std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
       next = views.size();
     }
   };
-  const std::size_t count = static_cast<std::size_t>(std::count(wanted.begin(), wanted.end(), true));
+  const std::size_t count =
+      static_cast<std::size_t>(std::count(wanted.begin(), wanted.end(), true));
   std::vector<std::thread> helpers;
   try {
     for (std::size_t t = 1; t < std::min(_hashers.size(), count); ++t)

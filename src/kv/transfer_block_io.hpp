@@ -56,7 +56,8 @@ class TransferBlockIo final : public BlockIo {
   bool _writable;
   KVPath _path;
   bool _allow_compat;
-  std::shared_ptr<FileSet> _files;  // the slabs for the transfer core, opened at the first GPU batch
+  std::shared_ptr<FileSet>
+      _files;         // the slabs for the transfer core, opened at the first GPU batch
   std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared
   static constexpr std::size_t kHashers = 4;
   std::array<BlockHasher, kHashers> _hashers;
