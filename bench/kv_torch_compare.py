@@ -120,13 +120,15 @@ def main():
 
         def ferry_put():
             for i in range(0, a.blocks, a.batch):
-                for r in store.put(range(i, min(i + a.batch, a.blocks)), pieces[i:i + a.batch]):
+                keys = range(i, min(i + a.batch, a.blocks))
+                for r in store.put(keys, pieces[i:i + a.batch]):
                     assert r.ok, r
                     routes.add(r.route)
 
         def ferry_get():
             for i in range(0, a.blocks, a.batch):
-                for r in store.get(range(i, min(i + a.batch, a.blocks)), target_pieces[i:i + a.batch]):
+                keys = range(i, min(i + a.batch, a.blocks))
+                for r in store.get(keys, target_pieces[i:i + a.batch]):
                     assert r.ok, r
 
         try:

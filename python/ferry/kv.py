@@ -120,7 +120,8 @@ class KVStore:
         """Waits for the batches in flight, checkpoints (a writer) and closes."""
         self._core.close()
 
-    def put(self, keys: Sequence[Key], blocks: Sequence[Any], *, after_event=None) -> List[KVResult]:
+    def put(self, keys: Sequence[Key], blocks: Sequence[Any], *,
+            after_event=None) -> List[KVResult]:
         keys, pieces = _batch(keys, blocks)
         event, _held = _producer_event(pieces, after_event)
         return [KVResult(*r) for r in self._core.put(keys, pieces, event)]

@@ -78,7 +78,8 @@ class FerryOffloadingHandler:
             raise ValueError("block_dim is 1 for (2, num_blocks, ...) layers, 0 for "
                              "(num_blocks, 2, ...)")
         self.store = store
-        self.kv_caches = list(kv_caches.values()) if isinstance(kv_caches, dict) else list(kv_caches)
+        caches = kv_caches.values() if isinstance(kv_caches, dict) else kv_caches
+        self.kv_caches = list(caches)
         if not self.kv_caches:
             raise ValueError("no KV cache tensors")
         self.block_dim = block_dim
