@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -76,27 +78,36 @@ void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, cons
 template <class One>
 void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One&& one) {
   constexpr std::size_t kMaxThreads = 4;
+  constexpr std::uint64_t kMaxBounceBytes = 256ull << 20;  // all threads' buffers together
   std::atomic<std::size_t> next{0};
+  std::vector<char> handled(batch.size(), 0);
+  std::string error;
+  std::mutex error_mutex;
   const auto work = [&] {
-    auto buffer = bounce_buffer(slot_bytes);
-    for (std::size_t i; (i = next.fetch_add(1)) < batch.size();) one(batch[i], buffer.get());
+    try {
+      auto buffer = bounce_buffer(slot_bytes);
+      for (std::size_t i; (i = next.fetch_add(1)) < batch.size(); handled[i] = 1)
+        one(batch[i], buffer.get());
+    } catch (const std::exception& e) {  // no buffer: the other threads take the rest
+      std::lock_guard lock(error_mutex);
+      if (error.empty()) error = e.what();
+    }
   };
   std::vector<std::thread> helpers;
-  const std::size_t threads = std::min(kMaxThreads, batch.size());
+  const std::size_t threads = std::min<std::size_t>(
+      {kMaxThreads, batch.size(), std::max<std::uint64_t>(1, kMaxBounceBytes / slot_bytes)});
   try {
     for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
   } catch (const std::system_error&) {
     // No more threads: those made (and the caller) do the work.
   }
-  std::exception_ptr error;
-  try {
-    work();
-  } catch (...) {
-    error = std::current_exception();
-    next = batch.size();
-  }
+  work();
   for (auto& t : helpers) t.join();
-  if (error) std::rethrow_exception(error);
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (!handled[i]) {  // taken by a thread that failed: every block still gets an outcome
+      batch[i].outcome = BlockOutcome::io_error;
+      batch[i].message = "the block was not moved: " + error;
+    }
 }
 
 }  // namespace
