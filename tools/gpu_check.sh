@@ -185,7 +185,7 @@ kv_stage() {
   (cd /tmp/build && ctest --output-on-failure -R 'Kv|kv_|c_header|c_abi' >"$OUT/kv-ctest.log" 2>&1) ||
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/kv-ctest.log" | head -80; }
   tail -3 "$OUT/kv-ctest.log" | tee -a "$OUT/summary.txt"
-  # ctest counts a skipped GTest as passed: the GPU binary itself says which ran.
+  # The GPU binary's own summary: which ran, which were skipped (no GPU, no cuFile) and why.
   /tmp/build/tests/test_gpu_kv >"$OUT/kv-gpu-tests.log" 2>&1 || status=1
   grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/kv-gpu-tests.log" | tee -a "$OUT/summary.txt" || true
   log "KV Python tests (cuda:0 and cpu)"
