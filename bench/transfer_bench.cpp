@@ -71,6 +71,16 @@ std::shared_ptr<FileSet> data_file(const Args& a, std::uint64_t bytes) {
   return set;
 }
 
+// Writes back dirty pages and drops the file's pages from the page cache, so that every pass
+// (ferry's and the raw one) starts from the device and never pays another pass's write-back.
+void drop_cached(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
 double run_batch(const std::shared_ptr<FileSet>& set, Direction dir, const Device& d, void* memory,
                  std::uint64_t extent, std::uint64_t count, unsigned threads) {
   std::vector<Extent> extents;
@@ -78,6 +88,7 @@ double run_batch(const std::shared_ptr<FileSet>& set, Direction dir, const Devic
     extents.push_back({0, i * extent, {{d, static_cast<std::byte*>(memory) + i * extent, extent}}});
   TransferOptions o;
   o.threads = threads;
+  drop_cached(set->path(0));
   const auto start = Clock::now();
   Ticket t = submit(set, dir, std::move(extents), o);
   t.wait();
@@ -88,6 +99,7 @@ double run_batch(const std::shared_ptr<FileSet>& set, Direction dir, const Devic
 // Raw O_DIRECT of the same bytes: `threads` threads, one pread/pwrite per extent.
 double raw_direct(const std::filesystem::path& file, bool write, std::uint64_t extent,
                   std::uint64_t count, unsigned threads) {
+  drop_cached(file);
   const int fd = ::open(file.c_str(), (write ? O_RDWR : O_RDONLY) | O_DIRECT);
   if (fd < 0) return 0;  // the file system refuses O_DIRECT
   std::atomic<std::uint64_t> next{0};
