@@ -134,7 +134,7 @@ class Job {
         std::lock_guard lock(_t.mutex);
         if (!_t.first_error) _t.first_error = std::current_exception();
       }
-      std::vector<std::unique_ptr<Event>> ends;
+      std::vector<PooledEvent> ends;
       try {
         for (auto& [d, c] : _copiers)
           if (auto e = c->mark_end()) ends.push_back(std::move(e));
