@@ -7,7 +7,8 @@
 #   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
-#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks. The device tool
+#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   core (not in the default): the transfer core's tests, benchmark and loads after the first. The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -175,11 +176,33 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,
+# submission latency, beside raw O_DIRECT and pinned copies) and loads after the first in one
+# process of the Qwen3-0.6B shape, beside pinned H2D.
+core_checks() {
+  log "transfer core: tests (GPU and host)"
+  (cd /tmp/build && ctest --output-on-failure -j2 -R 'GpuTransfer|GpuSave|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save' \
+    >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
+  tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
+  log "transfer core: bench/transfer_bench"
+  ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
+    --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
+    --json "$OUT/transfer-cpu.json" 2>&1 | grep latency | sed 's/^/cpu memory: /' | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/tb
+  log "transfer core: loads after the first in one process (bench/second_load.py)"
+  models=qwen3-0.6b checkpoints
+  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
+    --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want core && core_checks
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

@@ -197,21 +197,21 @@ class Job {
 
   // The copies between `data` (where piece `p`'s first byte sits in staging) and its memory.
   void put(const Piece& p, const std::byte* data) {
-    for_spans(_t.extents[p.extent], p,
-              [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece,
-                  std::uint64_t n) {
-                if (s.data)
-                  copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
-                                       data + in_piece, n);
-              });
+    for_spans(
+        _t.extents[p.extent], p,
+        [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
+          if (s.data)
+            copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
+                                 data + in_piece, n);
+        });
   }
   void get(const Piece& p, std::byte* data) {
-    for_spans(_t.extents[p.extent], p,
-              [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece,
-                  std::uint64_t n) {
-                copier(s.device).get(data + in_piece,
-                                     reinterpret_cast<std::uintptr_t>(s.data) + in_span, n);
-              });
+    for_spans(
+        _t.extents[p.extent], p,
+        [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
+          copier(s.device).get(data + in_piece, reinterpret_cast<std::uintptr_t>(s.data) + in_span,
+                               n);
+        });
   }
   std::uint64_t file_offset(const Piece& p) const {
     return _t.extents[p.extent].file_offset + p.extent_offset;

@@ -1,0 +1,262 @@
+// The staged path's pipeline with host memory: many small extents grouped into shared staging
+// slots and written ahead of their copies, at unaligned offsets and sizes; one bad extent among
+// grouped ones (a read past the end, a write past the file-size limit) fails alone; the staging
+// bound holds while writes pipeline. Bit-exact throughout; run under TSan in CI.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "ferry/transfer.hpp"
+#include "platform/file.hpp"
+#include "test_support.hpp"
+#include "transfer/pinned_pool.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+std::vector<std::byte> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(s.size());
+  std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+MemorySpan host(std::vector<std::byte>& v, std::uint64_t at, std::uint64_t n) {
+  return {Device::cpu(), v.data() + at, n};
+}
+
+bool direct_works(const std::filesystem::path& dir) {
+  auto set = FileSet::create();
+  set->add(dir / "probe.bin", FileAccess::ReadWrite);
+  return set->acquire(0, true)->has_direct();
+}
+
+// `count` extents of 1 to `largest` bytes, mostly back to back in the file (every 17th after a
+// gap), each from its own place in `memory`; some split over two spans.
+struct Layout {
+  std::vector<Extent> extents;
+  std::uint64_t file_bytes = 0;
+};
+Layout make_layout(std::vector<std::byte>& memory, std::size_t count, std::uint64_t largest,
+                   std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  Layout l;
+  std::uint64_t file_at = 3, memory_at = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t size = 1 + random() % largest;
+    if (i % 17 == 16) file_at += 1 + random() % 5000;
+    Extent x{0, file_at, {}};
+    if (size > 1 && i % 5 == 0) {
+      x.spans.push_back(host(memory, memory_at, size / 2));
+      x.spans.push_back(host(memory, memory_at + size / 2, size - size / 2));
+    } else {
+      x.spans.push_back(host(memory, memory_at, size));
+    }
+    l.extents.push_back(std::move(x));
+    file_at += size;
+    memory_at += size;
+  }
+  l.file_bytes = file_at;
+  return l;
+}
+
+std::uint64_t total_size(const Extent& x) {
+  std::uint64_t n = 0;
+  for (const auto& s : x.spans) n += s.size;
+  return n;
+}
+
+class Pipeline : public ::testing::TestWithParam<IoMode> {};
+
+TEST_P(Pipeline, ManyUnalignedExtentsWriteAndReadBackExactly) {
+  TempDir dir;
+  if (GetParam() == IoMode::Direct && !direct_works(dir.path())) GTEST_SKIP() << "no O_DIRECT";
+  auto memory = test::random_bytes(3000 * 9000, 41);
+  Layout layout = make_layout(memory, 3000, 9000, 42);
+  auto set = FileSet::create();
+  set->add(dir / "f.bin", FileAccess::ReadWrite);
+  TransferOptions options;
+  options.io = GetParam();
+  options.threads = 3;
+  options.slots_per_thread = 4;
+  options.chunk_bytes = 64 << 10;  // a few extents per slot
+  Ticket put = submit(set, Direction::MemoryToFile, layout.extents, options);
+  put.wait();
+  put.rethrow_if_failed();
+  EXPECT_EQ(put.stats().slots_per_thread, 4u);
+  const auto written = file_bytes(dir / "f.bin");
+  ASSERT_EQ(written.size(), layout.file_bytes);
+  std::uint64_t memory_at = 0;
+  for (std::size_t e = 0; e < layout.extents.size(); ++e) {
+    const Extent& x = layout.extents[e];
+    const std::uint64_t n = total_size(x);
+    EXPECT_EQ(put.status(e).state, ExtentStatus::State::Done);
+    EXPECT_EQ(put.status(e).bytes_done, n);
+    ASSERT_EQ(std::memcmp(written.data() + x.file_offset, memory.data() + memory_at, n), 0) << e;
+    memory_at += n;
+  }
+  // Back into other memory, through the same grouping.
+  std::vector<std::byte> back(memory.size());
+  std::vector<Extent> reads = layout.extents;
+  for (auto& x : reads)
+    for (auto& s : x.spans)
+      s.data = back.data() + (static_cast<std::byte*>(s.data) - memory.data());
+  Ticket get = submit(set, Direction::FileToMemory, reads, options);
+  get.wait();
+  get.rethrow_if_failed();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + memory_at, memory.begin()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, Pipeline, ::testing::Values(IoMode::Buffered, IoMode::Direct));
+
+TEST(Pipeline, AReadPastTheEndAmongGroupedExtentsFailsAlone) {
+  TempDir dir;
+  auto content = test::random_bytes(100000, 43);
+  test::write_file(dir / "f.bin",
+                   std::string(reinterpret_cast<char*>(content.data()), content.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  std::vector<std::byte> out(60 * 2100);
+  std::vector<Extent> extents;
+  for (std::uint64_t i = 0; i < 60; ++i)  // back to back: one group, reaching past the end
+    extents.push_back({0, i * 2100, {host(out, i * 2100, 2100)}});
+  TransferOptions options;
+  options.threads = 2;
+  Ticket t = submit(set, Direction::FileToMemory, extents, options);
+  t.wait();
+  for (std::uint64_t i = 0; i < 60; ++i) {
+    const ExtentStatus s = t.status(i);
+    if ((i + 1) * 2100 <= content.size()) {
+      EXPECT_EQ(s.state, ExtentStatus::State::Done) << i << ": " << s.error;
+      EXPECT_EQ(std::memcmp(out.data() + i * 2100, content.data() + i * 2100, 2100), 0) << i;
+    } else {
+      EXPECT_EQ(s.state, ExtentStatus::State::Failed) << i;
+      EXPECT_NE(s.error.find("end of file"), std::string::npos) << s.error;
+      EXPECT_NE(s.error.find("f.bin"), std::string::npos) << s.error;
+    }
+  }
+  EXPECT_THROW(t.rethrow_if_failed(), std::exception);
+}
+
+// The process's file-size limit lowered for one test (writes past it fail with EFBIG, and the
+// signal that would end the process is ignored), restored after.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(std::uint64_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &_old);
+    _old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lower = _old;
+    lower.rlim_cur = bytes;
+    _ok = ::setrlimit(RLIMIT_FSIZE, &lower) == 0;
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &_old);
+    std::signal(SIGXFSZ, _old_handler);
+  }
+  bool ok() const { return _ok; }
+
+ private:
+  struct rlimit _old {};
+  void (*_old_handler)(int) = nullptr;
+  bool _ok = false;
+};
+
+TEST(Pipeline, AWritePastTheFileSizeLimitAmongGroupedExtentsFailsAlone) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "f.bin", FileAccess::ReadWrite);
+  auto memory = test::random_bytes(40 * 3000, 44);
+  std::vector<Extent> extents;
+  for (std::uint64_t i = 0; i < 40; ++i)  // back to back: one group, crossing the limit
+    extents.push_back({0, i * 3000, {host(memory, i * 3000, 3000)}});
+  const std::uint64_t limit = 64 << 10;
+  Ticket t;
+  {
+    FileSizeLimit guard(limit);
+    if (!guard.ok()) GTEST_SKIP() << "cannot lower RLIMIT_FSIZE";
+    t = submit(set, Direction::MemoryToFile, extents, {});
+    t.wait();
+  }
+  const auto written = file_bytes(dir / "f.bin");
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    const ExtentStatus s = t.status(i);
+    if ((i + 1) * 3000 <= limit) {
+      EXPECT_EQ(s.state, ExtentStatus::State::Done) << i << ": " << s.error;
+      ASSERT_GE(written.size(), (i + 1) * 3000);
+      EXPECT_EQ(std::memcmp(written.data() + i * 3000, memory.data() + i * 3000, 3000), 0) << i;
+    } else {
+      EXPECT_EQ(s.state, ExtentStatus::State::Failed) << i;
+      EXPECT_NE(s.error.find("f.bin"), std::string::npos) << s.error;
+    }
+  }
+}
+
+// The process's staging bound lowered for one test, restored after.
+class StagingLimit {
+ public:
+  explicit StagingLimit(std::uint64_t bytes) : _old(staging_limit()) {
+    set_staging_limit(bytes);
+    detail::staging_pool().release_idle();
+    detail::staging_pool().reset_high_water();
+  }
+  ~StagingLimit() { set_staging_limit(_old); }
+  StagingLimit(const StagingLimit&) = delete;
+  StagingLimit& operator=(const StagingLimit&) = delete;
+
+ private:
+  std::uint64_t _old;
+};
+
+// Three writers with deep pipelines (8 slots each, 4 workers) under a bound that holds a few
+// slots: leases take fewer slots or wait, and the pool never holds more than the bound.
+TEST(Pipeline, TheStagingBoundHoldsWhileWritesPipeline) {
+  TempDir dir;
+  const std::uint64_t limit = 6 * ((256 << 10) + 8192);
+  StagingLimit bound(limit);
+  std::vector<std::thread> writers;
+  std::atomic<int> wrong{0};
+  for (int w = 0; w < 3; ++w)
+    writers.emplace_back([&, w] {
+      try {
+        auto set = FileSet::create();
+        set->add(dir / ("w" + std::to_string(w)), FileAccess::ReadWrite);
+        auto memory = test::random_bytes(400 * 6000, 50 + w);
+        Layout layout = make_layout(memory, 400, 6000, 60 + w);
+        TransferOptions options;
+        options.threads = 4;
+        options.slots_per_thread = 8;
+        options.chunk_bytes = 256 << 10;
+        Ticket t = submit(set, Direction::MemoryToFile, layout.extents, options);
+        t.wait();
+        t.rethrow_if_failed();
+        const auto written = file_bytes(dir / ("w" + std::to_string(w)));
+        std::uint64_t memory_at = 0;
+        for (const Extent& x : layout.extents) {
+          const std::uint64_t n = total_size(x);
+          if (std::memcmp(written.data() + x.file_offset, memory.data() + memory_at, n) != 0)
+            ++wrong;
+          memory_at += n;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++wrong;
+      }
+    });
+  for (auto& t : writers) t.join();
+  const auto stats = detail::staging_pool().stats();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(stats.high_water, 0u);
+  EXPECT_LE(stats.high_water, limit);
+  EXPECT_EQ(stats.leased_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace ferry
