@@ -27,11 +27,11 @@ namespace {
 constexpr std::uint64_t kDefaultChunk = 4ull << 20;
 constexpr unsigned kDefaultThreads = 16;
 constexpr unsigned kMaxSlots = 64;
-// Room for the unaligned head and the rounded-up tail of an O_DIRECT read.
-constexpr std::uint64_t kSlotSlack = 2 * kDirectAlignment;
-
-std::uint64_t slot_bytes(std::uint64_t chunk) {
-  return (chunk + kSlotSlack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+// A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
+// distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
+std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
+  const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
+  return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
 }
 
 // Seconds since the last lap (or construction).
@@ -79,15 +79,19 @@ Settings wanted_settings(const TransferOptions& o) {
   return s;
 }
 
-// Fits the wanted settings into the submission's staging, then shrinks them to the work: no
-// thread or slot without a group to move, no slot larger than the largest group.
-Settings configure(const TransferOptions& o, Settings s, const StagedPlan& plan) {
+// Fits the wanted settings into the submission's staging (fewer threads first, then fewer
+// slots), then shrinks them to the work: no thread or slot without a group to move, no slot
+// larger than the largest group.
+Settings configure(const TransferOptions& o, Direction direction, Settings s,
+                   const StagedPlan& plan) {
   const auto fits = [&] {
-    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk) <= o.staging_bytes;
+    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
   };
   while (s.threads > 1 && !fits()) --s.threads;
-  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes, " bytes cannot hold ",
-               s.slots, " slots of ", s.chunk, "-byte reads");
+  while (s.slots > 1 && !fits()) --s.slots;
+  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes,
+               " bytes cannot hold one slot of ", s.chunk, "-byte ",
+               direction == Direction::FileToMemory ? "reads" : "writes");
   const std::uint64_t groups = plan.groups.size();
   if (groups == 0) return s;
   s.threads = static_cast<unsigned>(std::clamp<std::uint64_t>(groups, 1, s.threads));
@@ -115,7 +119,8 @@ class Job {
       PinnedPool::Lease lease;
       try {
         const Device* pin = _run->gpus.empty() ? nullptr : &_run->gpus.front();
-        lease = staging_pool().lease(slot_bytes(_run->settings.chunk), _run->settings.slots, 1,
+        lease = staging_pool().lease(slot_bytes(_run->settings.chunk, _t.direction),
+                                     _run->settings.slots, 1,
                                      pin ? &device_context(pin->index) : nullptr);
         staging = clock.lap();
         staged_bytes = std::uint64_t{lease.slots()} * lease.slot_bytes();
@@ -396,7 +401,7 @@ class StagedBackend final : public TransferBackend {
     run->plan = plan_staged(t.extents, wanted.chunk);
     for (std::size_t e = 0; e < t.extents.size(); ++e)
       t.records[e].pieces_left = run->plan.pieces_per_extent[e];
-    run->settings = configure(t.options, wanted, run->plan);
+    run->settings = configure(t.options, t.direction, wanted, run->plan);
     const bool writing = t.direction == Direction::MemoryToFile;
     run->files.resize(t.files->size());
     for (const auto& x : t.extents) {
