@@ -15,6 +15,7 @@
 #include "platform/file.hpp"
 #include "test_support.hpp"
 #include "transfer/pinned_pool.hpp"
+#include "transfer/staged_plan.hpp"
 
 namespace ferry {
 namespace {
@@ -72,6 +73,75 @@ std::uint64_t total_size(const Extent& x) {
   std::uint64_t n = 0;
   for (const auto& s : x.spans) n += s.size;
   return n;
+}
+
+// The cut: pieces tile each extent exactly, split inside an extent only on page boundaries of
+// the file; groups are runs of pieces back to back in one file within the limit of their place
+// (quarter chunks in the first and last waves, whole chunks between).
+TEST(StagedPlan, PiecesTileExtentsAndGroupsStayWithinTheirLimits) {
+  std::vector<Extent> extents;
+  std::mt19937_64 random(7);
+  std::uint64_t file_at = 100;
+  for (int i = 0; i < 300; ++i) {
+    const std::uint64_t size = 1 + random() % (3 << 20);
+    const std::uint32_t file = i < 200 ? 0 : 1;
+    if (i % 50 == 49) file_at += 12345;  // a gap
+    extents.push_back(
+        {file,
+         file_at,
+         {{Device::cpu(), nullptr, size / 3}, {Device::cpu(), nullptr, size - size / 3}}});
+    file_at += size;
+  }
+  const std::uint64_t chunk = 4 << 20, edge = 16 << 20, edge_chunk = 1 << 20;
+  const detail::StagedPlan plan = detail::plan_staged(extents, chunk, edge, edge_chunk);
+  std::uint64_t total = 0;
+  for (const auto& x : extents) total += total_size(x);
+  // Pieces: in order, tiling each extent.
+  std::vector<std::uint64_t> covered(extents.size(), 0);
+  std::vector<std::uint32_t> count(extents.size(), 0);
+  for (const auto& p : plan.pieces) {
+    ASSERT_EQ(p.extent_offset, covered[p.extent]);
+    covered[p.extent] += p.size;
+    ++count[p.extent];
+    ASSERT_LE(p.size, chunk);
+    const std::uint64_t end = extents[p.extent].file_offset + p.extent_offset + p.size;
+    if (p.extent_offset + p.size < total_size(extents[p.extent])) {
+      EXPECT_EQ(end % 4096, 0u);
+    }
+  }
+  for (std::size_t e = 0; e < extents.size(); ++e) {
+    EXPECT_EQ(covered[e], total_size(extents[e]));
+    EXPECT_EQ(count[e], plan.pieces_per_extent[e]);
+  }
+  // Groups: consecutive pieces, back to back, within the limit of their place.
+  std::uint32_t next = 0;
+  std::uint64_t position = 0, largest = 0, merged_beyond_edge_size = 0;
+  for (const auto& g : plan.groups) {
+    ASSERT_EQ(g.first, next);
+    std::uint64_t at = g.file_offset, size = 0;
+    for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+      const auto& p = plan.pieces[i];
+      EXPECT_EQ(extents[p.extent].file, g.file);
+      EXPECT_EQ(extents[p.extent].file_offset + p.extent_offset, at);
+      at += p.size;
+      size += p.size;
+    }
+    EXPECT_EQ(size, g.size);
+    const bool at_an_edge = position < edge || position + edge >= total;
+    EXPECT_LE(g.size, at_an_edge ? edge_chunk : chunk) << "group at " << position;
+    merged_beyond_edge_size += g.size > edge_chunk;
+    largest = std::max(largest, g.size);
+    position += g.size;
+    next = g.first + g.count;
+  }
+  EXPECT_EQ(next, plan.pieces.size());
+  EXPECT_EQ(position, total);
+  EXPECT_EQ(plan.largest_group, largest);
+  EXPECT_GT(merged_beyond_edge_size, 0u);  // the middle is grouped in larger runs
+  // A small submission has no edges: one group.
+  const auto small =
+      detail::plan_staged({{0, 0, {{Device::cpu(), nullptr, 3 << 20}}}}, chunk, edge, edge_chunk);
+  EXPECT_EQ(small.groups.size(), 1u);
 }
 
 class Pipeline : public ::testing::TestWithParam<IoMode> {};

@@ -27,6 +27,8 @@ namespace {
 constexpr std::uint64_t kDefaultChunk = 4ull << 20;
 constexpr unsigned kDefaultThreads = 16;
 constexpr unsigned kMaxSlots = 64;
+// Edge pieces (staged_plan.hpp) no smaller than this: below it copies and reads cost per call.
+constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
 // A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
 // distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
 std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
@@ -398,7 +400,11 @@ class StagedBackend final : public TransferBackend {
     run->ticket = ticket;
     TicketState& t = *ticket;
     const Settings wanted = wanted_settings(t.options);
-    run->plan = plan_staged(t.extents, wanted.chunk);
+    // A wave of the workers' first reads at each end of the submission in quarter chunks.
+    const std::uint64_t edge_chunk = std::max<std::uint64_t>(
+        wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
+    run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
+                            edge_chunk);
     for (std::size_t e = 0; e < t.extents.size(); ++e)
       t.records[e].pieces_left = run->plan.pieces_per_extent[e];
     run->settings = configure(t.options, t.direction, wanted, run->plan);

@@ -37,8 +37,11 @@ struct StagedPlan {
 
 // Pieces of at most `chunk` bytes (a multiple of the page size), grouped in submission order:
 // a piece joins the group before it when it starts where that group ends in the same file and
-// the group stays within `chunk`.
-StagedPlan plan_staged(const std::vector<Extent>& extents, std::uint64_t chunk);
+// the group stays within `chunk`. The first and last `edge_bytes` of the submission are cut in
+// `edge_chunk` pieces instead: the copies start sooner after the first reads (the workers'
+// first wave), and the workers run out of work closer together at the end.
+StagedPlan plan_staged(const std::vector<Extent>& extents, std::uint64_t chunk,
+                       std::uint64_t edge_bytes = 0, std::uint64_t edge_chunk = 0);
 
 // The bytes of extent `x` under piece `p`: fn(span, offset in span, offset in piece, bytes).
 template <class Fn>
