@@ -16,6 +16,7 @@
 #include "test_support.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
+#include "transfer/worker_pool.hpp"
 
 namespace ferry {
 namespace {
@@ -142,6 +143,25 @@ TEST(StagedPlan, PiecesTileExtentsAndGroupsStayWithinTheirLimits) {
   const auto small =
       detail::plan_staged({{0, 0, {{Device::cpu(), nullptr, 3 << 20}}}}, chunk, edge, edge_chunk);
   EXPECT_EQ(small.groups.size(), 1u);
+}
+
+// A submission's workers are posted as one batch: every copy runs, on the pool's threads, or on
+// the caller's where the system gives no thread at all.
+TEST(WorkerPool, ABatchRunsEveryCopyOnThreadsOrOnTheCaller) {
+  detail::WorkerPool pool(3);
+  EXPECT_EQ(pool.reserve(3), 3u);
+  std::atomic<int> ran{0};
+  pool.post([&] { ++ran; }, 10);
+  while (ran < 10) std::this_thread::yield();
+  pool.post([&] { ++ran; }, 0);
+  EXPECT_EQ(ran.load(), 10);
+
+  detail::WorkerPool none(8, [](std::function<void()>) -> std::thread {
+    throw std::system_error(EAGAIN, std::generic_category(), "no threads");
+  });
+  std::vector<std::thread::id> ran_on;
+  none.post([&] { ran_on.push_back(std::this_thread::get_id()); }, 5);
+  EXPECT_EQ(ran_on, std::vector<std::thread::id>(5, std::this_thread::get_id()));
 }
 
 class Pipeline : public ::testing::TestWithParam<IoMode> {};

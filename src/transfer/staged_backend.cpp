@@ -437,18 +437,19 @@ class StagedBackend final : public TransferBackend {
       t.jobs_running = jobs;
       t.jobs_queuing = jobs;
     }
-    for (unsigned j = 0; j < jobs; ++j)
-      pool.post([run] {
-        Job job(run);
-        job();
-        bool last = false;
-        {
-          std::lock_guard lock(run->mutex);
-          last = --run->jobs_left == 0;
-        }
-        if (last) finish(*run);
-        run->ticket->job_finished();
-      });
+    pool.post(
+        [run] {
+          Job job(run);
+          job();
+          bool last = false;
+          {
+            std::lock_guard lock(run->mutex);
+            last = --run->jobs_left == 0;
+          }
+          if (last) finish(*run);
+          run->ticket->job_finished();
+        },
+        jobs);
   }
 };
 
