@@ -181,7 +181,7 @@ engine_benches() {
 # process of the Qwen3-0.6B shape, beside pinned H2D.
 core_checks() {
   log "transfer core: tests (GPU and host)"
-  (cd /tmp/build && ctest --output-on-failure -j2 -R 'GpuTransfer|GpuSave|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save' \
+  (cd /tmp/build && ctest --output-on-failure -j2 -R 'Gpu|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save|HandleCache|StagedPlan|WorkerPool' \
     >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
   tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
   log "transfer core: bench/transfer_bench"
