@@ -12,14 +12,14 @@ namespace ferry::detail {
 struct CuFileFacts {
   bool library_loaded = false;
   bool driver_opened = false;
-  std::string problem;            // why the library or the driver is unusable
-  bool nvidia_fs_loaded = false;  // the kernel module (/proc/driver/nvidia-fs)
-  unsigned nvfs_major = 0;        // from cuFileDriverGetProperties
+  std::string problem;             // why the library or the driver is unusable
+  bool nvidia_fs_loaded = false;   // the kernel module (/proc/driver/nvidia-fs)
+  unsigned nvfs_major = 0;         // from cuFileDriverGetProperties
   unsigned nvfs_minor = 0;
-  unsigned dstatusflags = 0;           // file system / device support bits
-  bool compat_allowed = false;         // properties.allow_compat_mode
-  bool compat_forced = false;          // CUFILE_FORCE_COMPAT_MODE or cufile.json
-  int version = 0;                     // cuFileGetVersion
+  unsigned dstatusflags = 0;       // file system / device support bits
+  bool compat_allowed = false;     // properties.allow_compat_mode
+  bool compat_forced = false;      // CUFILE_FORCE_COMPAT_MODE or cufile.json
+  int version = 0;                 // cuFileGetVersion
   std::uint64_t max_pinned_bytes = 0;  // the most GPU memory cuFileBufRegister may pin
 };
 

@@ -15,9 +15,9 @@ void check_cufile_transfer(ssize_t done, std::uint64_t wanted, const std::filesy
                        offset, " failed");
   }
   if (done < 0)
-    detail::fail<CudaError>(
-        path.string(), ": ", what, " of ", wanted, " bytes at offset ", offset,
-        " failed: ", shim::cufile_error_text({static_cast<int>(-done), shim::cu::kSuccess}));
+    detail::fail<CudaError>(path.string(), ": ", what, " of ", wanted, " bytes at offset ",
+                            offset, " failed: ",
+                            shim::cufile_error_text({static_cast<int>(-done), shim::cu::kSuccess}));
   if (writing && static_cast<std::uint64_t>(done) != wanted)
     detail::fail_errno(ENOSPC, path.string(), ": ", what, " wrote ", done, " of ", wanted,
                        " bytes at offset ", offset);
