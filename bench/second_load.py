@@ -1,12 +1,14 @@
 """Loads in one process after the first: `ferry load --repeat N --json` of a checkpoint already
 in the page cache, beside pinned host-to-device copy measured in the same run (GPU) or alone
-(cpu: the host path's fixed costs per load). The later loads show the per-call setup a server
-still pays once it has loaded once. Prints each load's GB/s and where its time went.
+(cpu: the host path's fixed costs per load), on the built-in defaults (no tuning file). The
+later loads show the per-call setup a server still pays once it has loaded once. Prints each
+load's GB/s and where its time went.
 
 usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 6] [--json OUT]
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,8 +29,10 @@ def main():
         from run_bench import pinned_h2d_gbps
         pinned = pinned_h2d_gbps()
     warm_page_cache(args.checkpoint)
+    # The built-in defaults, as bench/compare_loads.py measures them (no tuning file).
+    env = dict(os.environ, FERRY_TUNING_FILE="/nonexistent/ferry-second-load-tuning.json")
     out = subprocess.run([args.ferry, "load", args.checkpoint, "--device", args.device, "--json",
-                          "--repeat", str(args.repeat)], capture_output=True, text=True)
+                          "--repeat", str(args.repeat)], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"ferry load failed: {out.stderr.strip()[-500:]}")
     loads = json.loads(out.stdout)
