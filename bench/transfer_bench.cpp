@@ -53,7 +53,12 @@ struct Memory {
 };
 
 Memory allocate(const Device& d, std::uint64_t bytes) {
-  if (!d.is_cuda()) return {detail::allocate_host_memory(bytes)};
+  if (!d.is_cuda()) {
+    // Touched once here, so that no pass pays the first-touch page faults of its destination.
+    Memory m{detail::allocate_host_memory(bytes)};
+    std::memset(m.data(), 0, bytes);
+    return m;
+  }
   auto context = std::make_shared<detail::PrimaryContext>(d.index);
   return {detail::allocate_device_memory(context, bytes)};
 }

@@ -86,6 +86,32 @@ const std::byte* SourceFile::read(const PlatformFile& file, std::uint64_t offset
   return staging + head;
 }
 
+bool SourceFile::read_into(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
+                           std::byte* memory) {
+  bool direct_read = direct() && file.has_direct();
+  if (direct_read) {
+    const auto address = reinterpret_cast<std::uintptr_t>(memory);
+    if (offset % kDirectAlignment || size % kDirectAlignment || address % kDirectAlignment)
+      return false;
+    try {
+      const std::size_t got = file.read_up_to(memory, size, offset, true);
+      FERRY_FORMAT_EXPECT(got == size, file.path().string(), ": unexpected end of file at offset ",
+                          offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
+      _bytes_read.fetch_add(size, std::memory_order_relaxed);
+      return true;
+    } catch (const std::system_error& e) {
+      // Some file systems accept O_DIRECT at open and refuse it at read time.
+      if (e.code() != std::errc::invalid_argument) throw;
+      fall_back_to_buffered(std::string("O_DIRECT read refused (") + e.what() + ")");
+    }
+  }
+  const std::size_t got = file.read_up_to(memory, size, offset, false);
+  FERRY_FORMAT_EXPECT(got == size, file.path().string(), ": unexpected end of file at offset ",
+                      offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
+  _bytes_read.fetch_add(size, std::memory_order_relaxed);
+  return true;
+}
+
 const std::byte* SourceFile::read_direct(const PlatformFile& file, std::uint64_t offset,
                                          std::uint64_t size, std::byte* staging) {
   const std::uint64_t start = align_down(offset);

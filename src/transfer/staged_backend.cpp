@@ -230,6 +230,10 @@ class Job {
       const std::size_t i = _run->next.fetch_add(1);
       if (i >= groups.size()) break;
       const Group& g = groups[i];
+      if (read_into_host(g)) {
+        times.read += clock.lap();
+        continue;
+      }
       const auto s = static_cast<unsigned>(k % _slots);
       wait_slot(s);  // the slot's previous copies have finished
       times.wait += clock.lap();
@@ -256,6 +260,31 @@ class Job {
         clock.lap();
       }
     }
+  }
+
+  // A group of one piece that lands in one span of host memory is read straight into it (no
+  // staging, no copy) where the file's path allows; returns whether it was (landed or failed).
+  bool read_into_host(const Group& g) {
+    if (g.count != 1) return false;
+    const Piece& p = _run->plan.pieces[g.first];
+    std::byte* memory = nullptr;
+    unsigned spans = 0;
+    for_spans(_t.extents[p.extent], p,
+              [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t, std::uint64_t) {
+                ++spans;
+                if (!s.device.is_cuda() && s.data)
+                  memory = static_cast<std::byte*>(s.data) + in_span;
+              });
+    if (spans != 1 || memory == nullptr) return false;
+    try {
+      copier(Device::cpu());  // made once: it waits for the caller's event, as copies would
+      if (!file(g).read_into(*_open, g.file_offset, g.size, memory)) return false;
+    } catch (...) {
+      _t.fail(p.extent, std::current_exception());
+      return true;
+    }
+    _t.landed(p.extent, p.size);
+    return true;
   }
 
   // A group whose read failed, again piece by piece from piece `from`: each piece fails or
