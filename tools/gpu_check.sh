@@ -8,6 +8,7 @@
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
 #   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   core (not in the default): the transfer core's tests, benchmark and loads after the first;
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
@@ -179,6 +180,27 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,
+# submission latency, beside raw O_DIRECT and pinned copies) and loads after the first in one
+# process of the Qwen3-0.6B shape, beside pinned H2D.
+core_checks() {
+  log "transfer core: tests (GPU and host)"
+  (cd /tmp/build && ctest --output-on-failure -j2 -R 'Gpu|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save|HandleCache|StagedPlan|WorkerPool' \
+    >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
+  tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
+  log "transfer core: bench/transfer_bench"
+  ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
+    --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
+    --json "$OUT/transfer-cpu.json" 2>&1 | grep latency | sed 's/^/cpu memory: /' | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/tb
+  log "transfer core: loads after the first in one process (bench/second_load.py)"
+  models=qwen3-0.6b checkpoints
+  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
+    --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 # The KV block store on the GPU (issue 13).
 kv_stage() {
   log "KV store tests (ctest -R 'Kv|kv_|c_header|c_abi')"
@@ -222,6 +244,7 @@ want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want core && core_checks
 want kv && kv_stage
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
