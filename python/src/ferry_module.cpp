@@ -429,7 +429,51 @@ NB_MODULE(_ferry, m) {
             }
           },
           "name"_a, "begin"_a, "length"_a, "address"_a,
-          "Reads bytes [begin, begin + length) of the tensor into host memory at address.");
+          "Reads bytes [begin, begin + length) of the tensor into host memory at address.")
+      .def(
+          "read_ranges",
+          [](const TensorReader& r, const std::string& name,
+             const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+             std::uintptr_t address) {
+            const TensorInfo* t = r.checkpoint().find(name);
+            FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+            std::vector<TensorReader::Range> list;
+            list.reserve(ranges.size());
+            for (const auto& [begin, end] : ranges) list.push_back({begin, end});
+            without_gil([&] { r.read_ranges(*t, list, reinterpret_cast<void*>(address)); });
+          },
+          "name"_a, "ranges"_a, "address"_a,
+          "Reads the (begin, end) byte ranges of the tensor packed back to back at address.")
+      .def(
+          "submit",
+          [](const TensorReader& r, const std::string& name, std::uint64_t begin,
+             std::uint64_t length, std::uintptr_t address, const std::string& device,
+             std::uintptr_t after_event) {
+            const TensorInfo* t = r.checkpoint().find(name);
+            FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+            const Device d = Device::parse(device);
+            return without_gil(
+                [&] { return r.submit(*t, begin, length, reinterpret_cast<void*>(address), d,
+                                      reinterpret_cast<void*>(after_event)); });
+          },
+          "name"_a, "begin"_a, "length"_a, "address"_a, "device"_a, "after_event"_a = 0,
+          "Starts reading bytes [begin, begin + length) of the tensor into memory at address on\n"
+          "device (cpu or cuda:N) through the transfer engine; returns a Ticket at once. The\n"
+          "memory must outlive the ticket. after_event: a CUevent (as int) the writes wait for.")
+      .def(
+          "wait",
+          [](const TensorReader& r, const Ticket& ticket) {
+            without_gil([&] { r.wait(ticket); });
+          },
+          "ticket"_a, "Waits for a submitted read; raises its failure.")
+      .def_prop_ro("bytes_read", &TensorReader::bytes_read,
+                   "File bytes this reader has read (O_DIRECT alignment included).");
+
+  nb::class_<Ticket>(m, "Ticket")
+      .def("ready", &Ticket::ready)
+      .def("cancel", &Ticket::cancel,
+           "Stops the transfer before its next chunk; dropping the ticket then waits only for "
+           "chunks in flight.");
 
   m.def(
       "parse_header",
