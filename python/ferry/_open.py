@@ -176,7 +176,10 @@ class safe_open:
         if self._framework == "np" and self._device != "cpu":
             raise SafetensorError(f"Device {self._device} is not supported for framework numpy")
         self._checkpoint = checkpoint
-        self._names = checkpoint.names()  # read order; each tensor's entry is asked for when used
+        # Names in read order and sorted, made when first asked for (100,000 names cost some
+        # milliseconds); each tensor's entry is asked for when used.
+        self._in_file_order: Optional[List[str]] = None
+        self._sorted: Optional[List[str]] = None
         self._reader = _ferry.TensorReader(checkpoint)
         self._ahead: Optional[ReadAhead] = None  # GPU reads, made at the first one
         self._ahead_lock = threading.Lock()
@@ -208,11 +211,18 @@ class safe_open:
 
     def keys(self) -> List[str]:
         self._check_open()
-        return sorted(self._names)
+        if self._sorted is None:
+            self._sorted = self._checkpoint.names(sorted=True)
+        return list(self._sorted)
 
     def offset_keys(self) -> List[str]:
         self._check_open()
-        return list(self._names)
+        return list(self._names())
+
+    def _names(self) -> List[str]:
+        if self._in_file_order is None:
+            self._in_file_order = self._checkpoint.names()
+        return self._in_file_order
 
     def metadata(self) -> Optional[Dict[str, str]]:
         self._check_open()
@@ -239,7 +249,7 @@ class safe_open:
     def _read_ahead(self) -> ReadAhead:
         with self._ahead_lock:
             if self._ahead is None:
-                self._ahead = ReadAhead(self._reader, self._names, self._device,
+                self._ahead = ReadAhead(self._reader, self._names(), self._device,
                                         lambda name: self._checkpoint.tensor(name)[2])
             return self._ahead
 
