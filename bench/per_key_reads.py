@@ -55,7 +55,10 @@ def tp_rank0(part, name, position):
     shape = part.get_shape()
     if len(shape) < 2:
         return part[:]
-    row_parallel = ("o_proj" in name or "down_proj" in name) if "proj" in name else position % 2 == 1
+    if any(word in name for word in ("proj", "embed", "lm_head")):  # a transformer's names
+        row_parallel = "o_proj" in name or "down_proj" in name
+    else:
+        row_parallel = position % 2 == 1
     if row_parallel:
         return part[:, : shape[1] // 2]
     return part[: shape[0] // 2]
