@@ -1,6 +1,7 @@
-"""ferry.safe_open: safetensors' lazy reader. Each get_tensor / get_slice is one positioned read
-of the bytes asked for (ferry's TensorReader), straight into the tensor handed out; get_tensors
-runs ferry's engine over the whole checkpoint."""
+"""ferry.safe_open: safetensors' lazy reader over ferry's TensorReader. On the host each
+get_tensor is one positioned read straight into the tensor handed out, and get_slice reads only
+the slice's bytes; to cuda:N get_tensor goes through the transfer engine with read-ahead
+(_read_ahead.py); get_tensors runs the engine over the whole checkpoint."""
 import math
 import os
 import threading
