@@ -17,8 +17,8 @@ struct TensorReader::Files {
   std::vector<detail::FileDescriptor> fds;  // one per Checkpoint::files() entry
   std::atomic<std::uint64_t> bytes_read{0};
   // Per file, the I/O path of submissions, chosen at the first one from the file's residency
-  // (sampled once: the engine would sample it at every submission, which costs more than a
-  // small read).
+  // (sampled once for the reader's life: the engine measures again each second, and a
+  // measurement of a large file costs more than a small read).
   std::mutex io_mutex;
   std::vector<std::optional<IoMode>> io;
 };
