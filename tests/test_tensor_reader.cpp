@@ -106,6 +106,13 @@ TEST(TensorReader, StridedRangesEqualThePlainHostPath) {
   reader.read_ranges(t, ranges, got.data());
   EXPECT_EQ(got, want);
   EXPECT_EQ(reader.bytes_read() - before, want.size());  // only the bytes asked for
+  // The same ranges through the transfer engine.
+  std::vector<std::byte> engine(want.size());
+  reader.wait(reader.submit_ranges(t, ranges, engine.data(), Device::cpu()));
+  EXPECT_EQ(engine, want);
+  EXPECT_THROW(reader.submit_ranges(t, std::vector<TensorReader::Range>{{8, 4}}, engine.data(),
+                                    Device::cpu()),
+               std::out_of_range);
   const std::vector<TensorReader::Range> reversed = {{8, 4}};
   EXPECT_THROW(reader.read_ranges(t, reversed, got.data()), std::out_of_range);
   const std::vector<TensorReader::Range> outside = {{0, t.size + 1}};

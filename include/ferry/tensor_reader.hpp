@@ -57,6 +57,10 @@ class TensorReader {
   // std::out_of_range as read().
   Ticket submit(const TensorInfo& tensor, std::uint64_t begin, std::uint64_t length, void* to,
                 const Device& device, void* after_event = nullptr) const;
+  // submit() for byte ranges (in the order given), packed back to back at `to`: one extent per
+  // range (ranges that touch are one), so a column block reads only its bytes, in parallel.
+  Ticket submit_ranges(const TensorInfo& tensor, std::span<const Range> ranges, void* to,
+                       const Device& device, void* after_event = nullptr) const;
   // Waits for a ticket from submit() and throws its failure (FormatError naming the file where
   // it was truncated after opening); counts its bytes in bytes_read().
   void wait(const Ticket& ticket) const;

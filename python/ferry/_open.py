@@ -116,7 +116,17 @@ class _Slice:
             first, end, relative = plan
             begin, length = first * row_bytes, (end - first) * row_bytes
             shape = [end - first] + list(self._shape[1:])
-        part = _read(self._reader, self._name, self._dtype, shape, begin, length, self._framework)[relative]
+        if self._framework == "pt" and self._device.startswith("cuda:"):
+            import torch
+
+            raw = torch.empty(length, dtype=torch.uint8, device=self._device)
+            if length:
+                _engine_read(self._reader, self._name, [(begin, begin + length)], raw, self._device)
+            whole = raw.view(torch_dtype(self._dtype, self._name))
+            part = whole.reshape(torch_shape(self._dtype, shape))[relative]
+        else:
+            part = _read(self._reader, self._name, self._dtype, shape, begin, length,
+                         self._framework)[relative]
         if self._framework == "np":
             small = part.nbytes < length or not part.flags.c_contiguous
             return part.copy() if small else part
@@ -138,11 +148,25 @@ class _Slice:
             return numpy_from_bytes(raw, self._name, self._dtype, newshape)
         import torch
 
-        raw = torch.empty(length, dtype=torch.uint8)
-        if length:
+        on_gpu = self._device.startswith("cuda:")
+        raw = torch.empty(length, dtype=torch.uint8, device=self._device if on_gpu else "cpu")
+        if length and on_gpu:  # the ranges read in parallel and copied up by the engine
+            _engine_read(self._reader, self._name, ranges, raw, self._device)
+        elif length:
             self._reader.read_ranges(self._name, ranges, raw.data_ptr())
         out = raw.view(torch_dtype(self._dtype, self._name)).reshape(torch_shape(self._dtype, newshape))
-        return out if self._device == "cpu" else out.to(self._device)
+        return out if on_gpu or self._device == "cpu" else out.to(self._device)
+
+
+def _engine_read(reader, name: str, ranges, tensor, device: str) -> None:
+    """The (begin, end) byte ranges of tensor `name`, packed into `tensor` (on a GPU) through the
+    transfer engine, written after the work already queued on the current stream (the caching
+    allocator may have handed back memory that work still reads)."""
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    reader.wait(reader.submit_ranges(name, ranges, tensor.data_ptr(), device, event.cuda_event))
 
 
 def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: int, framework: str):

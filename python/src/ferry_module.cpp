@@ -413,6 +413,24 @@ NB_MODULE(_ferry, m) {
           "device (cpu or cuda:N) through the transfer engine; returns a Ticket at once. The\n"
           "memory must outlive the ticket. after_event: a CUevent (as int) the writes wait for.")
       .def(
+          "submit_ranges",
+          [](const TensorReader& r, const std::string& name,
+             const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+             std::uintptr_t address, const std::string& device, std::uintptr_t after_event) {
+            const TensorInfo* t = r.checkpoint().find(name);
+            FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+            std::vector<TensorReader::Range> list;
+            list.reserve(ranges.size());
+            for (const auto& [begin, end] : ranges) list.push_back({begin, end});
+            const Device d = Device::parse(device);
+            return without_gil([&] {
+              return r.submit_ranges(*t, list, reinterpret_cast<void*>(address), d,
+                                     reinterpret_cast<void*>(after_event));
+            });
+          },
+          "name"_a, "ranges"_a, "address"_a, "device"_a, "after_event"_a = 0,
+          "submit() for (begin, end) byte ranges, packed back to back at address.")
+      .def(
           "wait",
           [](const TensorReader& r, const Ticket& ticket) {
             without_gil([&] { r.wait(ticket); });

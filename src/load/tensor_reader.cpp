@@ -84,10 +84,27 @@ void TensorReader::read_ranges(const TensorInfo& tensor, std::span<const Range> 
 
 Ticket TensorReader::submit(const TensorInfo& tensor, std::uint64_t begin, std::uint64_t length,
                             void* to, const Device& device, void* after_event) const {
+  const Range range{begin, begin + length};
   expect_inside(tensor, begin, length);
+  return submit_ranges(tensor, std::span(&range, 1), to, device, after_event);
+}
+
+Ticket TensorReader::submit_ranges(const TensorInfo& tensor, std::span<const Range> ranges,
+                                   void* to, const Device& device, void* after_event) const {
+  for (const Range& r : ranges) {
+    FERRY_EXPECT(r.begin <= r.end, std::out_of_range, "tensor \"", tensor.name, "\": byte range [",
+                 r.begin, ", ", r.end, ") is reversed");
+    expect_inside(tensor, r.begin, r.end - r.begin);
+  }
   std::vector<Extent> extents;
-  if (length > 0)
-    extents.push_back({tensor.file_index, tensor.offset + begin, {{device, to, length}}});
+  auto* out = static_cast<std::byte*>(to);
+  for (std::size_t i = 0; i < ranges.size();) {
+    std::uint64_t begin = ranges[i].begin, end = ranges[i].end;
+    for (++i; i < ranges.size() && ranges[i].begin == end; ++i) end = ranges[i].end;
+    if (end > begin)
+      extents.push_back({tensor.file_index, tensor.offset + begin, {{device, out, end - begin}}});
+    out += end - begin;
+  }
   TransferOptions options;
   options.stop_at_first_error = true;
   options.io = io_mode(tensor.file_index);

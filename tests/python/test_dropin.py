@@ -426,6 +426,26 @@ def test_read_ahead_to_cuda_follows_the_order_and_stays_out_of_random_access(tmp
         f.get_tensor(sorted(tensors)[2])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_slices_to_cuda_read_only_their_bytes_through_the_engine(tmp_path):
+    """Row blocks, column blocks (one extent per row part) and the covering-rows fallback (a
+    step in the last dimension) land on the GPU equal to the host slices."""
+    generator = torch.Generator().manual_seed(6)
+    wide = torch.rand((96, 1024), generator=generator).to(torch.bfloat16)
+    path = tmp_path / "wide.safetensors"
+    safetensors.torch.save_file({"wide": wide}, str(path))
+    cases = [((slice(0, 48),), 48 * 2048), ((slice(None), slice(0, 512)), 96 * 1024),
+             ((slice(5, 9), slice(512, 1024)), 4 * 1024), ((slice(None), slice(0, 1024, 2)), None)]
+    with ferry.safe_open(path, "pt", device="cuda:0") as f:
+        for index, want_bytes in cases:
+            before = f.stats()["bytes_read"]
+            part = f.get_slice("wide")[index]
+            assert part.device == torch.device("cuda:0"), index
+            assert as_bytes(part) == as_bytes(wide[index]), index
+            if want_bytes is not None:
+                assert f.stats()["bytes_read"] - before == want_bytes, index
+
+
 def test_eight_threads_share_one_handle_and_open_their_own(tmp_path):
     import concurrent.futures
 
