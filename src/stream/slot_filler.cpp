@@ -139,6 +139,12 @@ bool SlotFiller::capturing(void* compute_stream) const {
   return status != 0;
 }
 
+void SlotFiller::refuse_capture(bool captured) const {
+  FERRY_EXPECT(!captured, std::invalid_argument,
+               "weight stream: a stream reading checkpoint files cannot be captured in a CUDA "
+               "graph (its reads run on the host); use the host (pinned memory) source");
+}
+
 void SlotFiller::init_slot(Slot& slot, std::uintptr_t memory, std::uint64_t bytes,
                            std::vector<std::shared_ptr<void>>& owned) {
   if (memory == 0) {
@@ -167,22 +173,21 @@ void SlotFiller::fill(Slot& slot, std::size_t group, void* compute_stream) {
   make_current();
   const bool captured = capturing(compute_stream);
   if (_options.source == StreamSource::Files) {
-    FERRY_EXPECT(!captured, std::invalid_argument,
-                 "weight stream: a stream reading checkpoint files cannot be captured in a CUDA "
-                 "graph (its reads run on the host); use the host (pinned memory) source");
+    refuse_capture(captured);
     std::vector<Extent> extents = _extents[group];
     for (auto& e : extents)
       for (auto& s : e.spans)
         if (s.data)
           s.data =
               reinterpret_cast<void*>(slot.memory + reinterpret_cast<std::uintptr_t>(s.data) - 1);
+    // The previous fill's workers are done with the fork event before it is recorded again.
+    slot.ticket.wait();
     TransferOptions transfer = _options.transfer;
     transfer.stop_at_first_error = true;
     if (gpu) {
       FERRY_CU(cuEventRecord, slot.fork->get(), cu_stream(compute_stream));
       transfer.after_event = slot.fork->get();
     }
-    slot.ticket = Ticket();  // the previous fill's reads were awaited before its group was used
     slot.ticket = submit(_options.files, Direction::FileToMemory, std::move(extents), transfer);
   } else if (gpu) {
     FERRY_CU(cuEventRecord, slot.fork->get(), cu_stream(compute_stream));
@@ -205,6 +210,7 @@ void SlotFiller::await(Slot& slot, void* compute_stream) {
   if (_options.source == StreamSource::Files) {
     if (_options.device.is_cuda()) {
       make_current();
+      refuse_capture(capturing(compute_stream));
       slot.ticket.order_before(compute_stream);
     } else {
       slot.ticket.wait();

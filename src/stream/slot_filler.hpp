@@ -56,6 +56,7 @@ class SlotFiller {
 
  private:
   bool capturing(void* compute_stream) const;
+  void refuse_capture(bool captured) const;
   void make_current() const;
 
   StreamOptions _options;
