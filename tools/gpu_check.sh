@@ -7,7 +7,8 @@
 #   the default): loads by the build in .before/ferry-before.tar.gz (`git archive --prefix=
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
-#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks. The device tool
+#   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py. The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -175,11 +176,29 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
+# CUDA graphs, slot safety), then the benchmark (Llama-3-8B shapes, half the layers streamed).
+stream_checks() {
+  log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py)"
+  ninja -C /tmp/build test_gpu_stream test_weight_stream >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  for t in test_weight_stream test_gpu_stream; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B2 -A12 "Failure\|FAILED" "$OUT/$t.log" | head -60 || true; }
+    tail -1 "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt"
+  done
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_offload.py tests/python/test_offload_gpu.py \
+    >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
+  tail -3 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
+  log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
+  (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
+    | tee -a "$OUT/summary.txt" || status=1
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want stream && stream_checks
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

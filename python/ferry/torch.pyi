@@ -4,6 +4,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set,
 import torch
 
 from ._ferry import SafetensorError as SafetensorError
+from ._offload import Offload as Offload, offload as offload
 from ._open import safe_open as safe_open
 
 PathLike = Union[str, os.PathLike]

@@ -35,6 +35,7 @@ using namespace nb::literals;
 
 namespace ferry {
 void bind_save(nb::module_& m);  // save_bindings.cpp
+void bind_stream(nb::module_& m);  // stream_bindings.cpp
 
 namespace {
 
@@ -454,4 +455,5 @@ NB_MODULE(_ferry, m) {
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
   bind_save(m);
+  bind_stream(m);
 }
