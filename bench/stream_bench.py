@@ -239,11 +239,11 @@ def main():
 
     bound = streamed_bytes / h2d
     print(f"\n| mode | " + " | ".join(f"decode b{b} tok/s" for b in args.batches) +
-          " | prefill s | GPU GB | decode b1 x bound |")
+          f" | prefill s | GPU GB | decode b{args.batches[0]} x bound |")
     print("|---" * (len(args.batches) + 4) + "|")
     for r in results["modes"]:
         cells = [f"{r[f'decode_b{b}_tok_s']:.2f}" for b in args.batches]
-        vs = bound / r["decode_b1_s"] if r["mode"] != "resident" else float("nan")
+        vs = bound / r[f"decode_b{args.batches[0]}_s"] if r["mode"] != "resident" else float("nan")
         print(f"| {r['mode']} | " + " | ".join(cells) +
               f" | {r.get('prefill_s', float('nan')):.3f} | {r['gpu_bytes'] / 1e9:.1f} | {vs:.2f} |")
     print(f"bound (streamed bytes / pinned H2D): {bound * 1e3:.1f} ms per step")

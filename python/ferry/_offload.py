@@ -213,12 +213,14 @@ def _hook(block: torch.nn.Module, handle: int, group: int) -> None:
         if x is None:
             raise TypeError(f"offload: block {group}'s forward got no tensor to order the "
                             "stream's wait after")
-        _wait_call(x, handle, group)
+        # Detached aliases: the ops need no autograd, and a mutation of an alias still orders
+        # every later use of the tensor under torch.compile.
+        _wait_call(x.detach(), handle, group)
         out = inner(*args, **kwargs)
         y = _first_tensor(out)
         if y is None:
             raise TypeError(f"offload: block {group}'s forward returned no tensor")
-        _release_call(y, handle, group)
+        _release_call(y.detach(), handle, group)
         return out
 
     block.forward = forward

@@ -93,6 +93,15 @@ def test_outputs_equal_resident_from_cpu(prefetch, selection):
     assert off.saved_bytes == off.streamed_bytes - off.slot_bytes
 
 
+def test_forward_with_autograd_enabled():
+    reference = make()
+    model = make()
+    ferry.torch.offload(model, device="cpu", prefetch=2)
+    x = inputs(1)[0]
+    out = model(x)  # parameters require grad: the stream's ops must not get in the way
+    assert torch.equal(out.detach(), reference(x).detach())
+
+
 def test_undo_restores_resident_parameters():
     reference = make()
     model = make()

@@ -150,6 +150,69 @@ class SlowNet(torch.nn.Module):
         return x
 
 
+class Mlp(torch.nn.Module):
+    def __init__(self, width=1024):
+        super().__init__()
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class MlpNet(torch.nn.Module):
+    def __init__(self, layers=8):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Mlp() for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def mlp_pair():
+    torch.manual_seed(2)
+    reference = MlpNet().to(DEVICE).eval()
+    torch.manual_seed(2)
+    return reference, MlpNet().to(DEVICE).eval()
+
+
+def test_plain_module_torch_compile():
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile needs torch 2")
+    reference, model = mlp_pair()
+    ferry.torch.offload(model, group_size=4, last=3, prefetch=2)
+    resident, compiled = torch.compile(reference), torch.compile(model)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    with torch.inference_mode():
+        for _ in range(4):
+            x = torch.randn(16, 1024, device=DEVICE, generator=g)
+            assert torch.equal(compiled(x), resident(x))
+
+
+def test_plain_module_cuda_graph():
+    reference, model = mlp_pair()
+    off = ferry.torch.offload(model, prefetch=3)
+    static = torch.zeros(16, 1024, device=DEVICE)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(static)
+        g = torch.Generator(device=DEVICE).manual_seed(0)
+        for _ in range(5):
+            x = torch.randn(16, 1024, device=DEVICE, generator=g)
+            static.copy_(x)
+            graph.replay()
+            assert torch.equal(out, reference(x))
+    assert off.stats()["skipped_waits"] > 0
+
+
 def test_slot_is_not_overwritten_while_read(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(1)
