@@ -11,7 +11,6 @@ per step / pinned H2D measured in this run; and the copy stream alone (fills wit
   python3 stream_bench.py [--layers 32] [--every 2] [--prefetch 2] [--json out.json]
 Prints a table last; figures only, no pass/fail."""
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -238,7 +237,7 @@ def main():
             results["modes"].append(measure(model, args, device, "accelerate cpu_offload", runs=3))
 
     bound = streamed_bytes / h2d
-    print(f"\n| mode | " + " | ".join(f"decode b{b} tok/s" for b in args.batches) +
+    print("\n| mode | " + " | ".join(f"decode b{b} tok/s" for b in args.batches) +
           f" | prefill s | GPU GB | decode b{args.batches[0]} x bound |")
     print("|---" * (len(args.batches) + 4) + "|")
     for r in results["modes"]:
