@@ -179,13 +179,13 @@ engine_benches() {
 # Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
 # CUDA graphs, slot safety), then the benchmark (Llama-3-8B shapes, half the layers streamed).
 stream_checks() {
-  log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py)"
+  log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
   ninja -C /tmp/build test_gpu_stream test_weight_stream >>"$OUT/build.log" 2>&1 || { status=1; return; }
   for t in test_weight_stream test_gpu_stream; do
     /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B2 -A12 "Failure\|FAILED" "$OUT/$t.log" | head -60 || true; }
     tail -1 "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt"
   done
-  python3 -m pytest -q -p no:cacheprovider tests/python/test_offload.py tests/python/test_offload_gpu.py \
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_offload.py tests/python/test_offload_gpu.py tests/python/test_experts.py \
     >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
   tail -3 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
   log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"

@@ -64,6 +64,8 @@ def save_file(path: str, tensors: Sequence[Tuple[str, str, Sequence[int], int, i
 def save_bytes(tensors: Sequence[Tuple[str, str, Sequence[int], int, int, str]],
                metadata: Optional[Sequence[Tuple[str, str]]]) -> bytes: ...
 
+def slot_offsets(sizes: Sequence[int]) -> Tuple[List[int], int]: ...
+
 # (bytes, host address or 0, file index, file offset) per tensor; one list per group.
 StreamGroups = Sequence[Sequence[Tuple[int, int, int, int]]]
 

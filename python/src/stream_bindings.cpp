@@ -4,6 +4,7 @@
 // for file reads.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -77,6 +78,15 @@ nb::dict stats_dict(const StreamStats& s) {
 
 void bind_stream(nb::module_& m) {
   using Release = nb::call_guard<nb::gil_scoped_release>;
+  m.def(
+      "slot_offsets",
+      [](const std::vector<std::uint64_t>& sizes) {
+        StreamGroup group;
+        for (auto size : sizes) group.tensors.push_back({size});
+        const SlotLayout layout = slot_layout(group);
+        return std::make_pair(layout.offsets, layout.bytes);
+      },
+      "sizes"_a, "(offsets, slot bytes) of tensors of these sizes inside one slot.");
   nb::class_<WeightStream>(m, "WeightStream")
       .def(
           "__init__",
