@@ -226,20 +226,29 @@ def _hook(block: torch.nn.Module, handle: int, group: int) -> None:
     block.forward = forward
 
 
+def _checkpoint_table(checkpoint) -> Dict[str, tuple]:
+    return {n: (dtype, list(shape), size, file, offset)
+            for n, dtype, shape, size, file, offset in checkpoint.tensors()}
+
+
+def _checked_entry(checkpoint, table, name: str, p: torch.Tensor) -> tuple:
+    """(bytes, file, offset) of `name`, which must have p's dtype and shape."""
+    if name not in table:
+        raise ValueError(f'offload: the checkpoint {checkpoint.path} has no tensor "{name}"')
+    dtype, shape, size, file, offset = table[name]
+    if torch_dtype(dtype, name) != p.dtype or torch_shape(dtype, shape) != list(p.shape):
+        raise ValueError(f'offload: tensor "{name}" is {dtype} {shape} in the checkpoint '
+                         f"{checkpoint.path} but {p.dtype} {list(p.shape)} in the model")
+    return size, file, offset
+
+
 def _disk_groups(checkpoint, names: List[List[str]], params: List[List[torch.nn.Parameter]]):
-    table = {n: (dtype, list(shape), size, file, offset)
-             for n, dtype, shape, size, file, offset in checkpoint.tensors()}
+    table = _checkpoint_table(checkpoint)
     groups = []
     for block_names, block_params in zip(names, params):
         group = []
         for name, p in zip(block_names, block_params):
-            if name not in table:
-                raise ValueError(f'offload: the checkpoint {checkpoint.path} has no tensor "{name}"')
-            dtype, shape, size, file, offset = table[name]
-            want_dtype = torch_dtype(dtype, name)
-            if want_dtype != p.dtype or torch_shape(dtype, shape) != list(p.shape):
-                raise ValueError(f'offload: tensor "{name}" is {dtype} {shape} in the checkpoint '
-                                 f"{checkpoint.path} but {p.dtype} {list(p.shape)} in the model")
+            size, file, offset = _checked_entry(checkpoint, table, name, p)
             group.append((size, 0, file, offset))
         groups.append(group)
     return groups

@@ -1,7 +1,8 @@
 """ferry.torch.offload_experts on the host (GPU runs the same tests on cuda:0 where one exists):
-a Mixtral-style MoE (router + ModuleList of experts) whose expert cache holds fewer experts than
-the model has gives outputs equal to the resident model, from the arena and from a checkpoint,
-with either policy; hits and misses add up; undo; bad settings are refused."""
+Mixtral-style MoEs (router + ModuleList of experts, as transformers 4 builds them; fused
+[experts, ...] parameters, as transformers 5 does) whose expert caches hold fewer experts than
+the model has give outputs equal to the resident model, from the arena and from a checkpoint,
+with either policy; transformers' own Mixtral likewise; undo; bad settings are refused."""
 import os
 
 import pytest
@@ -11,7 +12,6 @@ if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
 torch = pytest.importorskip("torch")
 
 import ferry.torch  # noqa: E402
-from ferry._experts import find_moe_blocks  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
 
@@ -62,9 +62,50 @@ class Net(torch.nn.Module):
         return h
 
 
-def make(device, seed=0):
+class FusedExperts(torch.nn.Module):
+    """transformers 5's fused experts, in its own words: [experts, ...] parameters, and a forward
+    given the router's top-k indices and weights."""
+
+    def __init__(self, width=32, hidden=64, experts=8):
+        super().__init__()
+        self.num_experts = experts
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(experts, 2 * hidden, width) / width ** 0.5)
+        self.down_proj = torch.nn.Parameter(torch.randn(experts, width, hidden) / hidden ** 0.5)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist():
+            pos, rows = torch.where(mask[e])
+            gate, up = torch.nn.functional.linear(hidden_states[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
+            h = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.down_proj[e])
+            out.index_add_(0, rows, h * top_k_weights[rows, pos, None])
+        return out
+
+
+class FusedMoe(torch.nn.Module):
+    def __init__(self, width=32, experts=8, top_k=2):
+        super().__init__()
+        self.top_k = top_k
+        self.router = torch.nn.Linear(width, experts, bias=False)
+        self.experts = FusedExperts(width, experts=experts)
+
+    def forward(self, x):
+        weights = torch.softmax(self.router(x), dim=-1, dtype=torch.float)
+        weights, chosen = torch.topk(weights, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return self.experts(x, chosen, weights)
+
+
+class FusedNet(Net):
+    def __init__(self, layers=3):
+        super().__init__(0)
+        self.moes = torch.nn.ModuleList(FusedMoe() for _ in range(layers))
+
+
+def make(device, seed=0, cls=Net):
     torch.manual_seed(seed)
-    return Net().to(device).eval()
+    return cls().to(device).eval()
 
 
 def batches(device, n=6):
@@ -109,6 +150,40 @@ def test_disk_source_and_undo(device, tmp_path):
     assert "forward" not in model.moes[0].experts[0].__dict__
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("slots", [2, 3, 8])
+def test_fused_experts_equal_resident(device, slots):
+    reference = make(device, cls=FusedNet)
+    model = make(device, cls=FusedNet)
+    off = ferry.torch.offload_experts(model, slots=slots, speculative=1, device=device)
+    # Outside forward the parameters keep their shapes (every expert reads slot 0 there).
+    assert model.moes[0].experts.gate_up_proj.shape == (8, 128, 32)
+    with torch.no_grad():
+        for _ in range(2):
+            for x in batches(device):  # 5 tokens x top-2: up to 8 experts hit, over 2 slots too
+                assert torch.equal(model(x), reference(x))
+    assert off.stats()["misses"] > 0
+    off.undo()
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_experts_from_disk(device, tmp_path):
+    reference = make(device, cls=FusedNet)
+    path = tmp_path / "fused.safetensors"
+    ferry.torch.save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, path)
+    model = make(device, seed=4, cls=FusedNet)
+    model.embed.load_state_dict(reference.embed.state_dict())
+    for a, b in zip(model.moes, reference.moes):
+        a.router.load_state_dict(b.router.state_dict())
+    ferry.torch.offload_experts(model, slots=3, source="disk", checkpoint=path, device=device,
+                                io="buffered")
+    with torch.no_grad():
+        for x in batches(device):
+            assert torch.equal(model(x), reference(x))
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="slots"):
         ferry.torch.offload_experts(make("cpu"), slots=9, device="cpu")
@@ -120,7 +195,7 @@ def test_bad_settings_are_refused():
         ferry.torch.offload_experts(model, slots=2, device="cpu")
 
 
-def test_transformers_mixtral_when_its_experts_are_modules():
+def test_transformers_mixtral():
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2,
@@ -128,8 +203,6 @@ def test_transformers_mixtral_when_its_experts_are_modules():
                                         vocab_size=256, max_position_embeddings=64)
     torch.manual_seed(0)
     reference = transformers.MixtralForCausalLM(config).eval()
-    if not find_moe_blocks(reference):
-        pytest.skip(f"transformers {transformers.__version__} fuses Mixtral's experts")
     torch.manual_seed(0)
     model = transformers.MixtralForCausalLM(config).eval()
     off = ferry.torch.offload_experts(model, slots=3, device="cpu")
