@@ -177,7 +177,8 @@ engine_benches() {
 }
 
 # Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
-# CUDA graphs, slot safety), then the benchmark (Llama-3-8B shapes, half the layers streamed).
+# CUDA graphs, slot safety, expert caches), then the benchmarks (Llama-3-8B shapes with half the
+# layers streamed; a Mixtral-shaped MoE decoding through expert caches).
 stream_checks() {
   log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
   ninja -C /tmp/build test_gpu_stream test_weight_stream >>"$OUT/build.log" 2>&1 || { status=1; return; }
@@ -191,6 +192,8 @@ stream_checks() {
   log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
   (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
     | tee -a "$OUT/summary.txt" || status=1
+  log "MoE expert cache benchmark (bench/moe_bench.py)"
+  (cd bench && python3 moe_bench.py --json "$OUT/moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
 if want build || [ ! -x "$ferry" ]; then build; fi
