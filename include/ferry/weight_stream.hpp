@@ -14,7 +14,7 @@
 // capture ends. The contract: capture whole passes over the groups, in order, as a model's step.
 //
 // With a cpu device the slots are host memory and every copy is synchronous, so the logic runs
-// and is tested without a GPU.
+// and is tested without a GPU. A stream (and an ExpertCache) serves one caller thread at a time.
 #pragma once
 
 #include <cstddef>

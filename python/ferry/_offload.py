@@ -10,6 +10,7 @@ streamed block joins them before returning; capture whole forward passes, after 
 eager pass (as torch.cuda.graph users do to warm up)."""
 import ctypes
 import itertools
+import weakref
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -20,7 +21,9 @@ from ._dtypes import torch_dtype, torch_shape
 
 __all__ = ["Offload", "offload", "choose_layers", "find_blocks"]
 
-_live: Dict[int, "Offload"] = {}
+# handle -> Offload, for the ops (which take plain ints). Weak: the hooks hold their Offload, so
+# a model dropped without undo() frees its arena and slots.
+_live: "weakref.WeakValueDictionary[int, Offload]" = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
 
 
@@ -205,8 +208,9 @@ def _first_tensor(value: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def _hook(block: torch.nn.Module, handle: int, group: int) -> None:
+def _hook(block: torch.nn.Module, owner: "Offload", group: int) -> None:
     inner = block.forward
+    handle = owner.handle
 
     def forward(*args, **kwargs):
         x = _first_tensor((args, kwargs))
@@ -223,6 +227,7 @@ def _hook(block: torch.nn.Module, handle: int, group: int) -> None:
         _release_call(y.detach(), handle, group)
         return out
 
+    forward._ferry_offload = owner  # keeps the stream alive as long as the hook
     block.forward = forward
 
 
@@ -346,5 +351,5 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     _live[off.handle] = off
     stream.prime(_compute_stream(device))
     for g, block in enumerate(off._blocks):
-        _hook(block, off.handle, g)
+        _hook(block, off, g)
     return off

@@ -116,6 +116,18 @@ def test_undo_restores_resident_parameters():
     assert torch.equal(model(x), reference(x))
 
 
+def test_a_dropped_model_frees_its_stream():
+    import gc
+    from ferry import _offload
+
+    model = make()
+    handle = ferry.torch.offload(model, device="cpu").handle
+    assert handle in _offload._live
+    del model
+    gc.collect()
+    assert handle not in _offload._live
+
+
 def test_disk_source_with_other_weights_gives_the_checkpoints_outputs(tmp_path):
     reference = make()
     path = tmp_path / "model.safetensors"
