@@ -11,7 +11,7 @@ from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
 from ._experts import ExpertOffload, offload_experts
-from ._offload import Offload, offload
+from ._offload import Offload, offload, plan_offload
 from ._open import check_backend, open_checkpoint, safe_open
 from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
@@ -19,8 +19,8 @@ from ._save import torch_save as save, torch_save_file as save_file, torch_write
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 __all__ = ["ExpertOffload", "Offload", "SafetensorError", "iterate_weights", "load", "load_file",
-           "load_into", "load_model", "load_with_stats", "offload", "offload_experts", "safe_open",
-           "save", "save_file"]
+           "load_into", "load_model", "load_with_stats", "offload", "offload_experts", "plan_offload",
+           "safe_open", "save", "save_file"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:

@@ -18,6 +18,7 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/expert_cache.hpp"
+#include "ferry/stream_plan.hpp"
 #include "ferry/weight_stream.hpp"
 
 namespace nb = nanobind;
@@ -78,6 +79,33 @@ nb::dict stats_dict(const StreamStats& s) {
 
 void bind_stream(nb::module_& m) {
   using Release = nb::call_guard<nb::gil_scoped_release>;
+  m.def("every_nth_blocks", &every_nth_blocks, "count"_a, "group_size"_a, "last"_a);
+  m.def(
+      "plan_stream",
+      [](std::vector<std::uint64_t> block_bytes, std::vector<double> block_seconds,
+         std::uint64_t other_bytes, double link, unsigned prefetch,
+         std::optional<std::vector<std::size_t>> streamed,
+         std::optional<std::uint64_t> gpu_budget) {
+        StreamPlanInput input{std::move(block_bytes), std::move(block_seconds), other_bytes, link,
+                              prefetch};
+        FERRY_EXPECT(streamed.has_value() != gpu_budget.has_value(), std::invalid_argument,
+                     "plan_stream: give streamed or gpu_budget");
+        const StreamPlan p =
+            streamed ? plan_stream(input, *streamed) : plan_for_budget(input, *gpu_budget);
+        nb::dict d;
+        d["streamed"] = p.streamed;
+        d["streamed_bytes"] = p.streamed_bytes;
+        d["slot_bytes"] = p.slot_bytes;
+        d["gpu_bytes"] = p.gpu_bytes;
+        d["compute_seconds"] = p.compute_seconds;
+        d["copy_seconds"] = p.copy_seconds;
+        d["step_seconds"] = p.step_seconds;
+        d["stall_seconds"] = p.stall_seconds;
+        return d;
+      },
+      "block_bytes"_a, "block_seconds"_a, "other_bytes"_a, "link_bytes_per_second"_a,
+      "prefetch"_a, "streamed"_a.none() = nb::none(), "gpu_budget"_a.none() = nb::none(),
+      "The stream planner (ferry/stream_plan.hpp): a dict of the plan.");
   m.def(
       "slot_offsets",
       [](const std::vector<std::uint64_t>& sizes) {

@@ -64,6 +64,24 @@ def test_choose_layers():
         choose_layers([10] * 8, group_size=2, budget_bytes=5)
 
 
+def test_plan_offload_times_blocks_and_simulates():
+    model = make()
+    x = inputs(1)[0]
+    fast = ferry.torch.plan_offload(model, lambda: model(x), group_size=2, last=1, prefetch=1,
+                                    link_bytes_per_second=1e15)
+    assert fast["layers"] == [1, 3, 5]
+    assert fast["compute_seconds"] > 0
+    assert fast["streamed_bytes"] == 3 * sum(p.numel() * 4 for p in model.layers[0].parameters())
+    assert fast["gpu_bytes"] < sum(p.numel() * 4 for p in model.parameters())
+    # A link of 1 byte/s: every step waits for copies far longer than its compute.
+    slow = ferry.torch.plan_offload(model, lambda: model(x), group_size=2, last=1, prefetch=1,
+                                    link_bytes_per_second=1.0)
+    assert slow["stall_seconds"] > 1000 * slow["compute_seconds"]
+    assert "forward" not in model.layers[0].__dict__ and not model.layers[0]._forward_hooks
+    with pytest.raises(ValueError, match="link"):
+        ferry.torch.plan_offload(model, lambda: model(x))
+
+
 def test_find_blocks():
     model = make()
     assert find_blocks(model) is model.layers
