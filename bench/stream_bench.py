@@ -45,11 +45,14 @@ def sync():
     torch.cuda.synchronize()
 
 
-def timed(fn, runs):
+def timed(fn, runs, before=None):
+    """Median seconds of fn over `runs` after a warm-up; `before` runs untimed before each."""
     fn()  # warm-up
     sync()
     times = []
     for _ in range(runs):
+        if before:
+            before()
         start = time.perf_counter()
         fn()
         sync()
@@ -84,20 +87,16 @@ def measure(model, args, device, label, before_step=None, runs=None):
             ids = torch.randint(0, vocab, (batch, 1), generator=gen).to(device)
 
             def step():
-                if before_step:
-                    before_step()
                 model(input_ids=ids, use_cache=False)
-            t = timed(step, runs)
+            t = timed(step, runs, before_step)
             out[f"decode_b{batch}_s"] = t
             out[f"decode_b{batch}_tok_s"] = batch / t
         if args.prefill:
             ids = torch.randint(0, vocab, (1, args.prefill), generator=gen).to(device)
 
             def prefill():
-                if before_step:
-                    before_step()
                 model(input_ids=ids, use_cache=False)
-            out["prefill_s"] = timed(prefill, max(1, runs // 2))
+            out["prefill_s"] = timed(prefill, max(1, runs // 2), before_step)
     out["gpu_bytes"] = torch.cuda.memory_allocated(device)
     print(f"  {label}: " + ", ".join(f"{k}={v:.4g}" for k, v in out.items() if isinstance(v, float)),
           flush=True)
