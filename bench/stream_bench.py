@@ -162,7 +162,7 @@ def main():
     ap.add_argument("--prefetch", type=int, default=2)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32])
     ap.add_argument("--prefill", type=int, default=2048)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--modes", default="resident,cpu,disk,cold,sync,accelerate")
     ap.add_argument("--dir", default="/tmp/stream-bench")
     ap.add_argument("--json")
