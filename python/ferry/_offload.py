@@ -106,6 +106,16 @@ def _uses(root: torch.nn.Module, ids=None, outside=False) -> "Counter[int]":
     return out
 
 
+def _replace_parameter(block: torch.nn.Module, old: torch.nn.Parameter,
+                       data: torch.Tensor) -> torch.nn.Parameter:
+    new = torch.nn.Parameter(data, requires_grad=old.requires_grad)
+    for module in block.modules():
+        for name, p in module._parameters.items():
+            if p is old:
+                module._parameters[name] = new
+    return new
+
+
 def _aligned_bytes(n: int, device: torch.device) -> torch.Tensor:
     """n bytes at a 256-byte aligned address (CUDA allocations are; host ones may not be)."""
     raw = torch.empty(n + 255, dtype=torch.uint8, device=device)
@@ -343,7 +353,9 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     `group_size`/`last`, or `budget_bytes` (see choose_layers); default every block. `source`:
     "cpu" (ferry's pinned arena, filled from the parameters' current bytes) or "disk" (read
     from `checkpoint`, a safetensors/GGUF path whose names are the model's parameter names,
-    after `prefix`, at every use). Every other parameter and buffer moves to `device`.
+    after `prefix`, at every use; the streamed parameters may then be on the meta device).
+    Every other parameter and buffer moves to `device`. Host memory grows by the streamed bytes
+    (the arena) while each streamed parameter's own memory is freed as its bytes move there.
     Returns an Offload; its undo() makes the model resident again."""
     if source not in ("cpu", "disk"):
         raise ValueError(f'offload: source must be "cpu" or "disk", not {source!r}')
@@ -402,18 +414,22 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     engine_device = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
     stream = _ferry.WeightStream(groups, prefetch, engine_device, checkpoint_handle,
                                  [s.data_ptr() for s in off._slots], io)
-    if source == "cpu":  # the parameters' bytes into the arena, one block at a time
-        for g, ps in enumerate(off._params):
-            for t, p in enumerate(ps):
-                n = _nbytes(p)
+    # Block by block: the bytes into the arena (cpu source), then the parameter onto its slot,
+    # so each parameter's own memory is freed as soon as the arena holds it.
+    for g, ps in enumerate(off._params):
+        for t, p in enumerate(ps):
+            n = _nbytes(p)
+            if source == "cpu":
                 arena = torch.frombuffer((ctypes.c_uint8 * n).from_address(stream.host_address(g, t)),
                                          dtype=torch.uint8)
                 arena.copy_(p.data.detach().contiguous().reshape(-1).view(torch.uint8))
-    for g, ps in enumerate(off._params):
-        for t, p in enumerate(ps):
             slot = off._slots[stream.slot_of(g)]
             at = stream.tensor_address(g, t) - slot.data_ptr()
-            p.data = slot[at:at + _nbytes(p)].view(p.dtype).view(p.shape)
+            view = slot[at:at + n].view(p.dtype).view(p.shape)
+            if p.device.type == "meta":  # set_data cannot leave the meta device: a new Parameter
+                ps[t] = _replace_parameter(off._blocks[g], p, view)
+            else:
+                p.data = view
     for module in model.modules():  # the rest: resident on the device
         for name, p in module.named_parameters(recurse=False):
             if id(p) not in streamed_ids and p.device != device:

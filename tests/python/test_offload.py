@@ -168,6 +168,22 @@ def test_disk_source_with_other_weights_gives_the_checkpoints_outputs(tmp_path):
         assert off.stats()["bytes"] >= 2 * off.streamed_bytes
 
 
+def test_disk_source_takes_blocks_on_the_meta_device(tmp_path):
+    reference = make()
+    path = tmp_path / "model.safetensors"
+    ferry.torch.save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, path)
+    model = make()
+    model.layers.to("meta")  # never materialised: the blocks come from the file only
+    ferry.torch.offload(model, device="cpu", source="disk", checkpoint=path, prefetch=2)
+    with torch.no_grad():
+        for x in inputs():
+            assert torch.equal(model(x), reference(x))
+    with pytest.raises(ValueError, match="meta"):
+        other = make()
+        other.layers.to("meta")
+        ferry.torch.offload(other, device="cpu")
+
+
 def test_disk_source_shape_mismatch_is_refused(tmp_path):
     other = make(hidden=64)
     path = tmp_path / "model.safetensors"
