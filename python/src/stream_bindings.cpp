@@ -103,8 +103,8 @@ void bind_stream(nb::module_& m) {
         d["stall_seconds"] = p.stall_seconds;
         return d;
       },
-      "block_bytes"_a, "block_seconds"_a, "other_bytes"_a, "link_bytes_per_second"_a,
-      "prefetch"_a, "streamed"_a.none() = nb::none(), "gpu_budget"_a.none() = nb::none(),
+      "block_bytes"_a, "block_seconds"_a, "other_bytes"_a, "link_bytes_per_second"_a, "prefetch"_a,
+      "streamed"_a.none() = nb::none(), "gpu_budget"_a.none() = nb::none(),
       "The stream planner (ferry/stream_plan.hpp): a dict of the plan.");
   m.def(
       "slot_offsets",
