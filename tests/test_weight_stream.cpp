@@ -165,6 +165,8 @@ TEST(WeightStream, BadGroupsAndDistancesAreRefused) {
   WeightStream stream(host.groups, 1, {});
   EXPECT_THROW(stream.wait(3, nullptr), std::out_of_range);
   EXPECT_THROW(stream.tensor_address(0, 1), std::out_of_range);
+  EXPECT_THROW(stream.host_address(3, 0), std::out_of_range);
+  EXPECT_THROW(stream.slot_address(1), std::out_of_range);
 }
 
 // A file of 8 groups x 3 tensors, written in an order unlike the groups' (reversed, with gaps),
