@@ -195,18 +195,19 @@ def test_bad_settings_are_refused():
         ferry.torch.offload_experts(model, slots=2, device="cpu")
 
 
-def test_transformers_mixtral():
+@pytest.mark.parametrize("device", DEVICES)
+def test_transformers_mixtral(device):
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2,
                                         num_local_experts=6, num_experts_per_tok=2,
                                         vocab_size=256, max_position_embeddings=64)
     torch.manual_seed(0)
-    reference = transformers.MixtralForCausalLM(config).eval()
+    reference = transformers.MixtralForCausalLM(config).to(device).eval()
     torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config).eval()
-    off = ferry.torch.offload_experts(model, slots=3, device="cpu")
-    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    model = transformers.MixtralForCausalLM(config).to(device).eval()
+    off = ferry.torch.offload_experts(model, slots=3, device=device)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
         for _ in range(2):
             assert torch.equal(model(ids).logits, reference(ids).logits)
