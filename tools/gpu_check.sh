@@ -52,10 +52,11 @@ build() {
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # --upgrade: a warm machine keeps /tmp/site from an earlier run (another branch's ferry).
   log "python package (pip install .)"
   CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
-    python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
+    python3 -m pip install --no-build-isolation --no-deps --no-index --upgrade --target /tmp/site . \
     >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
   log "doctor"
   "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
