@@ -163,10 +163,10 @@ TEST(WeightStream, BadGroupsAndDistancesAreRefused) {
   EXPECT_THROW(WeightStream({StreamGroup{}}, 1, {}), std::invalid_argument);
   EXPECT_THROW(WeightStream({StreamGroup{{{0, nullptr}}}}, 1, {}), std::invalid_argument);
   WeightStream stream(host.groups, 1, {});
-  EXPECT_THROW(stream.wait(3, nullptr), std::out_of_range);
-  EXPECT_THROW(stream.tensor_address(0, 1), std::out_of_range);
-  EXPECT_THROW(stream.host_address(3, 0), std::out_of_range);
-  EXPECT_THROW(stream.slot_address(1), std::out_of_range);
+  EXPECT_THROW(stream.wait(3, nullptr), std::invalid_argument);
+  EXPECT_THROW(stream.tensor_address(0, 1), std::invalid_argument);
+  EXPECT_THROW(stream.host_address(3, 0), std::invalid_argument);
+  EXPECT_THROW(stream.slot_address(1), std::invalid_argument);
 }
 
 // A file of 8 groups x 3 tensors, written in an order unlike the groups' (reversed, with gaps),

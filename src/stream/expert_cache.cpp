@@ -46,15 +46,15 @@ ExpertCache::~ExpertCache() { synchronize(); }
 std::size_t ExpertCache::expert_count() const noexcept { return _slot_of.size(); }
 std::size_t ExpertCache::slot_count() const noexcept { return _slots.size(); }
 std::uintptr_t ExpertCache::slot_address(std::size_t slot) const {
-  FERRY_EXPECT(slot < _slots.size(), std::out_of_range, "expert cache: slot ", slot, " of ",
+  FERRY_EXPECT(slot < _slots.size(), std::invalid_argument, "expert cache: slot ", slot, " of ",
                _slots.size());
   return _slots[slot].memory;
 }
 std::uint64_t ExpertCache::slot_bytes() const { return _slots.front().bytes; }
 
 long ExpertCache::resident_slot(std::size_t expert) const {
-  FERRY_EXPECT(expert < _slot_of.size(), std::out_of_range, "expert cache: expert ", expert, " of ",
-               _slot_of.size());
+  FERRY_EXPECT(expert < _slot_of.size(), std::invalid_argument, "expert cache: expert ", expert,
+               " of ", _slot_of.size());
   return _slot_of[expert];
 }
 

@@ -122,10 +122,10 @@ SlotFiller::~SlotFiller() = default;
 void* SlotFiller::host_address(std::size_t group, std::size_t tensor) const {
   FERRY_EXPECT(_options.source == StreamSource::Host, std::invalid_argument,
                "weight stream: only the Host source has host addresses");
-  FERRY_EXPECT(group < _layouts.size(), std::out_of_range, "weight stream: group ", group, " of ",
-               _layouts.size());
+  FERRY_EXPECT(group < _layouts.size(), std::invalid_argument, "weight stream: group ", group,
+               " of ", _layouts.size());
   const auto& offsets = _layouts[group].offsets;
-  FERRY_EXPECT(tensor < offsets.size(), std::out_of_range, "weight stream: group ", group,
+  FERRY_EXPECT(tensor < offsets.size(), std::invalid_argument, "weight stream: group ", group,
                " has no tensor ", tensor);
   return _arena.data() + _arena_offsets[group] + offsets[tensor];
 }

@@ -89,19 +89,19 @@ std::size_t WeightStream::group_count() const noexcept { return _slot_of.size();
 std::size_t WeightStream::slot_count() const noexcept { return _slots.size(); }
 
 std::size_t WeightStream::slot_of(std::size_t group) const {
-  FERRY_EXPECT(group < _slot_of.size(), std::out_of_range, "weight stream: group ", group, " of ",
-               _slot_of.size());
+  FERRY_EXPECT(group < _slot_of.size(), std::invalid_argument, "weight stream: group ", group,
+               " of ", _slot_of.size());
   return _slot_of[group];
 }
 
 std::uint64_t WeightStream::slot_bytes(std::size_t slot) const {
-  FERRY_EXPECT(slot < _slots.size(), std::out_of_range, "weight stream: slot ", slot, " of ",
+  FERRY_EXPECT(slot < _slots.size(), std::invalid_argument, "weight stream: slot ", slot, " of ",
                _slots.size());
   return _slots[slot].bytes;
 }
 
 std::uintptr_t WeightStream::slot_address(std::size_t slot) const {
-  FERRY_EXPECT(slot < _slots.size(), std::out_of_range, "weight stream: slot ", slot, " of ",
+  FERRY_EXPECT(slot < _slots.size(), std::invalid_argument, "weight stream: slot ", slot, " of ",
                _slots.size());
   return _slots[slot].memory;
 }
@@ -109,8 +109,8 @@ std::uintptr_t WeightStream::slot_address(std::size_t slot) const {
 std::uintptr_t WeightStream::tensor_address(std::size_t group, std::size_t tensor) const {
   const std::size_t slot = slot_of(group);  // checks the group
   const auto& layout = _filler->layout(group);
-  FERRY_EXPECT(tensor < layout.offsets.size(), std::out_of_range, "weight stream: group ", group,
-               " has no tensor ", tensor);
+  FERRY_EXPECT(tensor < layout.offsets.size(), std::invalid_argument, "weight stream: group ",
+               group, " has no tensor ", tensor);
   return _slots[slot].memory + layout.offsets[tensor];
 }
 
