@@ -8,16 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "c_api_guard.hpp"
+#include "c_api_handles.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
-#include "ferry/expert_cache.hpp"
 #include "ferry/ferry.h"
 #include "ferry/ggml_type.hpp"
 #include "ferry/load_options.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "ferry/transfer.hpp"
-#include "ferry/weight_stream.hpp"
 
 struct ferry_checkpoint {
   std::shared_ptr<const ferry::Checkpoint> checkpoint;
@@ -30,18 +30,6 @@ struct ferry_loaded {
   std::vector<std::string> file_reasons;
 };
 
-struct ferry_file_set {
-  std::shared_ptr<ferry::FileSet> set;
-};
-
-struct ferry_weight_stream {
-  std::unique_ptr<ferry::WeightStream> stream;
-};
-
-struct ferry_expert_cache {
-  std::unique_ptr<ferry::ExpertCache> cache;
-};
-
 struct ferry_ticket {
   ferry::Ticket ticket;
   std::vector<std::string> errors;  // per transfer, kept for ferry_ticket_status
@@ -49,117 +37,21 @@ struct ferry_ticket {
 
 namespace {
 
-thread_local std::string last_error;
-
-ferry_status fail(ferry_status status, std::string message) {
-  last_error = std::move(message);
-  return status;
-}
-
-// Runs `body`, mapping each exception type to its status and recording its message.
-template <class Body>
-ferry_status guarded(Body&& body) noexcept {
-  try {
-    last_error.clear();
-    body();
-    return FERRY_STATUS_OK;
-  } catch (const ferry::FormatError& e) {
-    return fail(FERRY_STATUS_FORMAT_ERROR, e.what());
-  } catch (const ferry::CudaError& e) {
-    return fail(FERRY_STATUS_CUDA_ERROR, e.what());
-  } catch (const std::system_error& e) {
-    const bool missing = e.code() == std::errc::no_such_file_or_directory;
-    return fail(missing ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO_ERROR, e.what());
-  } catch (const std::invalid_argument& e) {
-    return fail(FERRY_STATUS_INVALID_ARGUMENT, e.what());
-  } catch (const std::out_of_range& e) {  // an index past what it indexes
-    return fail(FERRY_STATUS_INVALID_ARGUMENT, e.what());
-  } catch (const ferry::OutOfMemory& e) {
-    return fail(FERRY_STATUS_OUT_OF_MEMORY, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(FERRY_STATUS_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(FERRY_STATUS_INTERNAL_ERROR, e.what());
-  } catch (...) {
-    return fail(FERRY_STATUS_INTERNAL_ERROR, "unknown error");
-  }
-}
-
-void require(const void* pointer, const char* what) {
-  FERRY_EXPECT(pointer != nullptr, std::invalid_argument, what, " must not be NULL");
-}
-
-// A growable struct's struct_size must be one this library can honour: set, and no larger than
-// the struct it knows (a host built against a newer ferry.h would otherwise lose settings).
-template <class Struct>
-void require_size(const Struct& s, const char* what) {
-  FERRY_EXPECT(s.struct_size != 0, std::invalid_argument, what,
-               "->struct_size is 0: set it to sizeof (the *_init functions do)");
-  FERRY_EXPECT(s.struct_size <= sizeof(Struct), std::invalid_argument, what, "->struct_size ",
-               s.struct_size, " is larger than this library's ", sizeof(Struct),
-               " (built against a newer ferry.h?)");
-}
+using ferry::capi::fail;
+using ferry::capi::guarded;
+using ferry::capi::require;
+using ferry::capi::require_size;
 
 // Whether `field` lies inside the caller's struct_size.
 #define FERRY_HAS_FIELD(s, field)                                                \
   (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= \
    (s).struct_size)
 
-std::vector<ferry::StreamGroup> stream_groups(const ferry_stream_tensor* tensors,
-                                              const size_t* counts, size_t group_count) {
-  require(counts, "tensor_counts");
-  std::vector<ferry::StreamGroup> groups(group_count);
-  size_t next = 0;
-  for (size_t g = 0; g < group_count; ++g) {
-    FERRY_EXPECT(tensors != nullptr || counts[g] == 0, std::invalid_argument,
-                 "tensors must not be NULL");
-    for (size_t t = 0; t < counts[g]; ++t, ++next) {
-      const ferry_stream_tensor& in = tensors[next];
-      groups[g].tensors.push_back({in.size, in.host, in.file, in.file_offset});
-    }
-  }
-  return groups;
-}
-
-ferry::StreamOptions stream_options(const ferry_stream_options* options,
-                                    std::vector<std::uintptr_t>& slot_memory) {
-  ferry_stream_options given;
-  ferry_stream_options_init(&given);
-  if (options) {
-    require_size(*options, "options");
-    std::memcpy(&given, options, options->struct_size);
-  }
-  ferry::StreamOptions o;
-  o.device = given.device ? ferry::Device::parse(given.device) : ferry::Device::cpu();
-  if (given.files) {
-    o.source = ferry::StreamSource::Files;
-    o.files = given.files->set;
-  }
-  FERRY_EXPECT(given.io_mode >= FERRY_IO_MODE_AUTO && given.io_mode <= FERRY_IO_MODE_BUFFERED,
-               std::invalid_argument, "unknown io_mode ", given.io_mode);
-  o.transfer.io = static_cast<ferry::IoMode>(given.io_mode);
-  FERRY_EXPECT(given.slot_memory != nullptr || given.slot_memory_count == 0,
-               std::invalid_argument, "slot_memory must not be NULL");
-  for (size_t i = 0; i < given.slot_memory_count; ++i)
-    slot_memory.push_back(reinterpret_cast<std::uintptr_t>(given.slot_memory[i]));
-  return o;
-}
-
-void stream_stats(const ferry::StreamStats& s, ferry_stream_stats* out) {
-  require(out, "out");
-  require_size(*out, "out");
-  ferry_stream_stats all{sizeof(ferry_stream_stats), s.fills,  s.bytes,     s.demand_fills,
-                         s.hits,                     s.misses, s.evictions, s.skipped_waits};
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t),
-              reinterpret_cast<const char*>(&all) + sizeof(size_t),
-              out->struct_size - sizeof(size_t));
-}
-
 }  // namespace
 
 extern "C" {
 
-const char* ferry_last_error(void) { return last_error.c_str(); }
+const char* ferry_last_error(void) { return ferry::capi::last_error.c_str(); }
 
 const char* ferry_version(void) { return FERRY_VERSION; }
 
@@ -431,164 +323,5 @@ ferry_status ferry_ticket_status(ferry_ticket* ticket, size_t index, ferry_trans
 }
 
 void ferry_ticket_free(ferry_ticket* ticket) { delete ticket; }  // ~Ticket waits
-
-void ferry_stream_options_init(ferry_stream_options* options) {
-  if (options == nullptr) return;
-  *options = ferry_stream_options{};
-  options->struct_size = sizeof(ferry_stream_options);
-  options->io_mode = FERRY_IO_MODE_AUTO;
-}
-
-ferry_status ferry_weight_stream_create(const ferry_stream_tensor* tensors,
-                                        const size_t* tensor_counts, size_t group_count,
-                                        unsigned prefetch, const ferry_stream_options* options,
-                                        ferry_weight_stream** out) {
-  return guarded([&] {
-    require(out, "out");
-    std::vector<std::uintptr_t> slots;
-    auto o = stream_options(options, slots);
-    auto handle = std::make_unique<ferry_weight_stream>();
-    handle->stream = std::make_unique<ferry::WeightStream>(
-        stream_groups(tensors, tensor_counts, group_count), prefetch, std::move(o),
-        std::move(slots));
-    *out = handle.release();
-  });
-}
-
-void ferry_weight_stream_free(ferry_weight_stream* stream) { delete stream; }
-
-ferry_status ferry_weight_stream_slots(const ferry_weight_stream* stream, size_t* count,
-                                       uint64_t* bytes, size_t bytes_capacity) {
-  return guarded([&] {
-    require(stream, "stream");
-    const size_t n = stream->stream->slot_count();
-    if (count) *count = n;
-    FERRY_EXPECT(bytes != nullptr || bytes_capacity == 0, std::invalid_argument,
-                 "bytes must not be NULL");
-    for (size_t i = 0; i < std::min(n, bytes_capacity); ++i)
-      bytes[i] = stream->stream->slot_bytes(i);
-  });
-}
-
-ferry_status ferry_weight_stream_tensor_address(const ferry_weight_stream* stream, size_t group,
-                                                size_t tensor, void** address) {
-  return guarded([&] {
-    require(stream, "stream");
-    require(address, "address");
-    *address = reinterpret_cast<void*>(stream->stream->tensor_address(group, tensor));
-  });
-}
-
-ferry_status ferry_weight_stream_host_address(const ferry_weight_stream* stream, size_t group,
-                                              size_t tensor, void** address) {
-  return guarded([&] {
-    require(stream, "stream");
-    require(address, "address");
-    *address = stream->stream->host_address(group, tensor);
-  });
-}
-
-ferry_status ferry_weight_stream_prime(ferry_weight_stream* stream, void* cu_stream) {
-  return guarded([&] {
-    require(stream, "stream");
-    stream->stream->prime(cu_stream);
-  });
-}
-
-ferry_status ferry_weight_stream_wait(ferry_weight_stream* stream, size_t group,
-                                      void* cu_stream) {
-  return guarded([&] {
-    require(stream, "stream");
-    stream->stream->wait(group, cu_stream);
-  });
-}
-
-ferry_status ferry_weight_stream_release(ferry_weight_stream* stream, size_t group,
-                                         void* cu_stream) {
-  return guarded([&] {
-    require(stream, "stream");
-    stream->stream->release(group, cu_stream);
-  });
-}
-
-ferry_status ferry_weight_stream_join(ferry_weight_stream* stream, void* cu_stream) {
-  return guarded([&] {
-    require(stream, "stream");
-    stream->stream->join(cu_stream);
-  });
-}
-
-ferry_status ferry_weight_stream_stats(const ferry_weight_stream* stream,
-                                       ferry_stream_stats* out) {
-  return guarded([&] {
-    require(stream, "stream");
-    stream_stats(stream->stream->stats(), out);
-  });
-}
-
-ferry_status ferry_expert_cache_create(const ferry_stream_tensor* tensors,
-                                       const size_t* tensor_counts, size_t expert_count,
-                                       unsigned slots, ferry_eviction_policy policy,
-                                       const ferry_stream_options* options,
-                                       ferry_expert_cache** out) {
-  return guarded([&] {
-    require(out, "out");
-    FERRY_EXPECT(policy == FERRY_EVICTION_LRU || policy == FERRY_EVICTION_FREQUENCY,
-                 std::invalid_argument, "unknown eviction policy ", static_cast<int>(policy));
-    std::vector<std::uintptr_t> memory;
-    auto o = stream_options(options, memory);
-    auto handle = std::make_unique<ferry_expert_cache>();
-    handle->cache = std::make_unique<ferry::ExpertCache>(
-        stream_groups(tensors, tensor_counts, expert_count), slots, std::move(o),
-        policy == FERRY_EVICTION_LRU ? ferry::EvictionPolicy::Lru
-                                     : ferry::EvictionPolicy::Frequency,
-        std::move(memory));
-    *out = handle.release();
-  });
-}
-
-void ferry_expert_cache_free(ferry_expert_cache* cache) { delete cache; }
-
-ferry_status ferry_expert_cache_acquire(ferry_expert_cache* cache, const size_t* experts,
-                                        size_t count, const size_t* speculative,
-                                        size_t speculative_count, void* cu_stream,
-                                        size_t* slots_out) {
-  return guarded([&] {
-    require(cache, "cache");
-    FERRY_EXPECT((experts != nullptr && slots_out != nullptr) || count == 0,
-                 std::invalid_argument, "experts and slots_out must not be NULL");
-    FERRY_EXPECT(speculative != nullptr || speculative_count == 0, std::invalid_argument,
-                 "speculative must not be NULL");
-    const auto slots = cache->cache->acquire({experts, count}, cu_stream,
-                                             {speculative, speculative_count});
-    std::copy(slots.begin(), slots.end(), slots_out);
-  });
-}
-
-ferry_status ferry_expert_cache_release(ferry_expert_cache* cache, const size_t* experts,
-                                        size_t count) {
-  return guarded([&] {
-    require(cache, "cache");
-    FERRY_EXPECT(experts != nullptr || count == 0, std::invalid_argument,
-                 "experts must not be NULL");
-    cache->cache->release({experts, count});
-  });
-}
-
-ferry_status ferry_expert_cache_slot_address(const ferry_expert_cache* cache, size_t slot,
-                                             void** address) {
-  return guarded([&] {
-    require(cache, "cache");
-    require(address, "address");
-    *address = reinterpret_cast<void*>(cache->cache->slot_address(slot));
-  });
-}
-
-ferry_status ferry_expert_cache_stats(const ferry_expert_cache* cache, ferry_stream_stats* out) {
-  return guarded([&] {
-    require(cache, "cache");
-    stream_stats(cache->cache->stats(), out);
-  });
-}
 
 }  // extern "C"
