@@ -182,6 +182,9 @@ engine_benches() {
 # layers streamed; a Mixtral-shaped MoE decoding through expert caches).
 stream_checks() {
   log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
+  python3 -c "import ferry.torch as t; t.offload, t.offload_experts" 2>&1 || {
+    echo "the ferry in /tmp/site has no weight streaming: run the build stage" | tee -a "$OUT/summary.txt"
+    status=1; return; }
   ninja -C /tmp/build test_gpu_stream test_weight_stream >>"$OUT/build.log" 2>&1 || { status=1; return; }
   for t in test_weight_stream test_gpu_stream; do
     /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B2 -A12 "Failure\|FAILED" "$OUT/$t.log" | head -60 || true; }
