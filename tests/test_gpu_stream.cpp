@@ -1,6 +1,7 @@
 // Weight streaming into GPU slots: every group's bytes are in its slot when the compute stream
-// reads them after wait() (host arena and file sources, several passes, prefetch 1 to 3), and
-// the expert cache's hits and misses land the right experts. Reads go on the compute stream
+// reads them after wait() (host arena and file sources, several passes, prefetch 1 to 3), a slot
+// is never refilled under a read still queued, and the expert cache's hits and misses land the
+// right experts. Reads go on the compute stream
 // itself, so they are ordered exactly as a kernel would be. Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -73,6 +74,33 @@ TEST_F(GpuStream, HostSourceEveryPass) {
       }
     EXPECT_EQ(ws.stats().demand_fills, 0u);
   }
+}
+
+// Prefetch 1: one slot for every group. Eight 64 MiB reads of group 0 are queued on the compute
+// stream (into pinned memory: asynchronous, on another copy engine than the fill's), then
+// release(0) refills the slot with group 1. The fill must wait for every read: were it not
+// ordered after them, the later reads would see group 1's bytes.
+TEST_F(GpuStream, ASlotIsNotRefilledWhileTheComputeStreamStillReadsIt) {
+  constexpr std::uint64_t kBytes = 64ull << 20;
+  auto host = make_groups(3, {kBytes});
+  StreamOptions options;
+  options.device = Device::cuda(0);
+  WeightStream ws(host.groups, 1, options);
+  ws.prime(stream());
+  ws.wait(0, stream());
+  std::vector<detail::HostBuffer> reads;
+  for (int i = 0; i < 8; ++i) {
+    reads.emplace_back(kBytes, &detail::device_context(0));
+    FERRY_CU(cuMemcpyDtoHAsync, reads.back().data(), ws.tensor_address(0, 0), kBytes,
+             compute->get());
+  }
+  ws.release(0, stream());
+  ws.wait(1, stream());
+  const auto after = read(ws.tensor_address(1, 0), kBytes);
+  for (const auto& r : reads)
+    ASSERT_EQ(std::memcmp(r.data(), host.bytes[0][0].data(), kBytes), 0)
+        << "the slot was refilled under a read";
+  ASSERT_EQ(after, host.bytes[1][0]);
 }
 
 TEST_F(GpuStream, FilesSourceEveryPass) {
