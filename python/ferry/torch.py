@@ -11,8 +11,9 @@ from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
 from ._experts import ExpertOffload, offload_experts
-from ._offload import Offload, offload, plan_offload
+from ._offload import Offload, offload
 from ._open import check_backend, open_checkpoint, safe_open
+from ._plan import plan_offload
 from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 
