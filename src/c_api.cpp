@@ -2,10 +2,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <memory>
-#include <type_traits>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/checkpoint.hpp"
@@ -40,6 +41,17 @@ struct ferry_ticket {
 namespace {
 
 thread_local std::string last_error;
+
+// Paths cross the C ABI as UTF-8 on every system: on Windows they become UTF-16 here, where a
+// plain std::string would be read in the ANSI code page by some standard libraries (MSVC's).
+std::filesystem::path utf8_path(const char* path) {
+  return std::filesystem::path(std::u8string(reinterpret_cast<const char8_t*>(path)));
+}
+
+std::string utf8_of(const std::filesystem::path& path) {
+  const std::u8string text = path.u8string();
+  return std::string(text.begin(), text.end());
+}
 
 ferry_status fail(ferry_status status, std::string message) {
   last_error = std::move(message);
@@ -89,9 +101,8 @@ void require_size(const Struct& s, const char* what) {
 }
 
 // Whether `field` lies inside the caller's struct_size.
-#define FERRY_HAS_FIELD(s, field)                                                \
-  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= \
-   (s).struct_size)
+#define FERRY_HAS_FIELD(s, field) \
+  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= (s).struct_size)
 
 }  // namespace
 
@@ -106,8 +117,8 @@ ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
     require(path, "path");
     require(out, "out");
     auto handle = std::make_unique<ferry_checkpoint>();
-    handle->checkpoint = ferry::Checkpoint::open_shared(path);
-    for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(f.path.string());
+    handle->checkpoint = ferry::Checkpoint::open_shared(utf8_path(path));
+    for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(utf8_of(f.path));
     *out = handle.release();
   });
 }
@@ -180,7 +191,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     auto handle = std::make_unique<ferry_loaded>(
         ferry_loaded{ferry::load(checkpoint->checkpoint, cpp), {}, {}});
     for (const auto& f : handle->loaded.stats().files) {
-      handle->file_paths.push_back(f.path.string());
+      handle->file_paths.push_back(utf8_of(f.path));
       handle->file_reasons.push_back(f.reason);
     }
     *out = handle.release();
@@ -274,8 +285,8 @@ ferry_status ferry_file_set_add(ferry_file_set* set, const char* path, int writa
   return guarded([&] {
     require(set, "set");
     require(path, "path");
-    const std::uint32_t i =
-        set->set->add(path, writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
+    const std::uint32_t i = set->set->add(
+        utf8_path(path), writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
     if (index) *index = i;
   });
 }

@@ -43,7 +43,17 @@ struct CufileFacts {
 };
 CufileFacts cufile_facts(const std::filesystem::path& path = {});
 
-// The file system type of the mount holding `path` ("ext4", "tmpfs", ...).
+// Whether DirectStorage (Windows, dstorage.dll) can run in this process, and why not.
+struct DirectStorageFacts {
+  bool available = false;
+  std::string reason;
+};
+DirectStorageFacts directstorage_facts();
+
+// This machine's physical memory in bytes.
+std::uint64_t physical_memory_bytes();
+
+// The file system type of the mount holding `path` ("ext4", "tmpfs", "NTFS", ...).
 std::string filesystem_name(const std::filesystem::path& path);
 
 // Fraction of `file`'s pages in the page cache (sampled on large files, as loads do).

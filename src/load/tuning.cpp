@@ -1,21 +1,20 @@
 #include "ferry/tuning.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <system_error>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "io/file_descriptor.hpp"
+#include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace ferry {
@@ -28,8 +27,7 @@ constexpr std::uint64_t kMiB = 1ull << 20;
 
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  ::gmtime_r(&now, &utc);
+  const std::tm utc = detail::utc_time(now);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;
@@ -50,8 +48,8 @@ constexpr std::uint64_t kMaxTuningFileBytes = 1 << 20;
 
 [[noreturn]] void malformed(const fs::path& file, const std::string& why) {
   detail::fail<FormatError>(file.string(), ": not a usable ferry tuning file (", why,
-                                      "); delete it, or measure again with `ferry doctor "
-                                      "CHECKPOINT --tune`");
+                            "); delete it, or measure again with `ferry doctor "
+                            "CHECKPOINT --tune`");
 }
 
 std::uint64_t staging_of(const Tuning& t) {
@@ -63,10 +61,7 @@ std::uint64_t staging_of(const Tuning& t) {
 fs::path tuning_file() {
   if (const char* explicit_file = std::getenv("FERRY_TUNING_FILE"); explicit_file && *explicit_file)
     return explicit_file;
-  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache && *cache)
-    return fs::path(cache) / "ferry" / "tuning.json";
-  const char* home = std::getenv("HOME");
-  return fs::path(home && *home ? home : "/tmp") / ".cache" / "ferry" / "tuning.json";
+  return detail::user_cache_directory() / "ferry" / "tuning.json";
 }
 
 std::string this_machine() {
@@ -87,8 +82,8 @@ std::optional<Tuning> read_tuning(const fs::path& file) {
   }
   const std::uint64_t size = detail::file_size(fd, file);  // refuses all but regular files
   if (size > kMaxTuningFileBytes)
-    malformed(file, detail::concat(size, " bytes; a tuning file holds less than ",
-                                   kMaxTuningFileBytes));
+    malformed(file,
+              detail::concat(size, " bytes; a tuning file holds less than ", kMaxTuningFileBytes));
   std::string text(size, '\0');
   detail::read_exact(fd, text.data(), size, 0, file);
   Json j;
@@ -124,11 +119,12 @@ void write_tuning(const fs::path& file, const Tuning& t) {
                   {"gigabytes_per_second", t.gigabytes_per_second},
                   {"checkpoint", t.checkpoint}};
   // Written aside and renamed, so that a concurrent load never reads half a file.
-  const fs::path partial = file.string() + ".partial." + std::to_string(::getpid());
+  const fs::path partial = file.string() + ".partial." + std::to_string(detail::process_id());
   {
-    std::ofstream out(partial);
+    std::ofstream out(partial, std::ios::binary);
     out << j.dump(2) << "\n";
-    FERRY_EXPECT(out.good(), std::runtime_error, partial.string(), ": cannot write the tuning file");
+    FERRY_EXPECT(out.good(), std::runtime_error, partial.string(),
+                 ": cannot write the tuning file");
   }
   fs::rename(partial, file);
 }
@@ -146,8 +142,8 @@ ActiveTuning active_tuning() {
     return {std::nullopt, "built-in defaults (no tuning file at " + file.string() +
                               "; `ferry doctor CHECKPOINT --tune` measures one)"};
   if (t->machine != this_machine())
-    return {std::nullopt, "built-in defaults (" + file.string() + " was measured on " +
-                              t->machine + ", this is " + this_machine() + ")"};
+    return {std::nullopt, "built-in defaults (" + file.string() + " was measured on " + t->machine +
+                              ", this is " + this_machine() + ")"};
   std::ostringstream source;
   source.precision(3);
   source << "measured by ferry doctor --tune on " << t->measured << " (" << t->gigabytes_per_second

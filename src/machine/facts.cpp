@@ -2,12 +2,14 @@
 #include <algorithm>
 
 #include "cufile/gds_mode.hpp"
+#include "dstorage/availability.hpp"
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
-#include "shim/cuda_driver.hpp"
 #include "load/settings.hpp"
+#include "platform/system.hpp"
+#include "shim/cuda_driver.hpp"
 
 namespace ferry {
 namespace {
@@ -72,6 +74,13 @@ CufileFacts cufile_facts(const std::filesystem::path& path) {
     out.path_reason = v.reason;
   }
   return out;
+}
+
+std::uint64_t physical_memory_bytes() { return detail::physical_memory_bytes(); }
+
+DirectStorageFacts directstorage_facts() {
+  const auto& a = dstorage::availability();
+  return {a.usable, a.reason};
 }
 
 std::string filesystem_name(const std::filesystem::path& path) {

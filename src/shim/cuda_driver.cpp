@@ -6,7 +6,11 @@
 namespace ferry::shim {
 namespace {
 
+#ifdef _WIN32
+constexpr const char* kLibrary = "nvcuda.dll";
+#else
 constexpr const char* kLibrary = "libcuda.so.1";
+#endif
 
 template <class Fn>
 bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {

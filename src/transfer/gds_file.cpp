@@ -4,6 +4,7 @@
 #include "cufile/cufile_files.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/system.hpp"
 
 namespace ferry {
 
