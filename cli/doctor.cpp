@@ -162,6 +162,9 @@ void print_text(const Json& r) {
               ds["available"].get<bool>()
                   ? "reads through it into host staging; auto never chooses it"
                   : "fails here unless --allow-compat lets the staged path stand in");
+  if (ds.contains("cuda0_adapter"))
+    std::printf("  D3D12 adapter of cuda:0: %s\n",
+                printable(ds["cuda0_adapter"].get<std::string>()).c_str());
   const Json& e = r["engine"];
   std::printf(
       "engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
@@ -217,6 +220,7 @@ void add_doctor(CLI::App& app) {
     report["cufile"] = cufile_section(path);
     const DirectStorageFacts ds = directstorage_facts();
     report["directstorage"] = {{"available", ds.available}, {"reason", ds.reason}};
+    if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},

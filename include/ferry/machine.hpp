@@ -47,6 +47,9 @@ CufileFacts cufile_facts(const std::filesystem::path& path = {});
 struct DirectStorageFacts {
   bool available = false;
   std::string reason;
+  // Windows: the D3D12 adapter that is cuda:0, matched by LUID (never the default adapter by
+  // chance: a laptop's default is often its integrated GPU), or why none is. Empty elsewhere.
+  std::string cuda0_adapter;
 };
 DirectStorageFacts directstorage_facts();
 

@@ -3,6 +3,9 @@
 
 #include "cufile/gds_mode.hpp"
 #include "dstorage/availability.hpp"
+#ifdef _WIN32
+#include "dstorage/adapters.hpp"
+#endif
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
 #include "io/file_descriptor.hpp"
@@ -80,7 +83,11 @@ std::uint64_t physical_memory_bytes() { return detail::physical_memory_bytes(); 
 
 DirectStorageFacts directstorage_facts() {
   const auto& a = dstorage::availability();
-  return {a.usable, a.reason};
+#ifdef _WIN32
+  return {a.usable, a.reason, dstorage::adapter_for_cuda_device(0)};
+#else
+  return {a.usable, a.reason, {}};
+#endif
 }
 
 std::string filesystem_name(const std::filesystem::path& path) {

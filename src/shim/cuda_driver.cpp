@@ -56,6 +56,8 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
   ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
   if (!ok) return d;
+  d.cuDeviceGetLuid =
+      reinterpret_cast<decltype(d.cuDeviceGetLuid)>(find_symbol(library, "cuDeviceGetLuid"));
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;
