@@ -34,8 +34,10 @@ struct ReleaseCom {
 template <class T>
 using Com = std::unique_ptr<T, ReleaseCom>;
 
+// `out` by reference: it is read here, after the call that filled it (argument order is
+// unspecified).
 template <class T>
-Com<T> create(HRESULT hr, void* out, const std::string& what) {
+Com<T> create(HRESULT hr, void* const& out, const std::string& what) {
   if (FAILED(hr) || out == nullptr)
     fail<std::runtime_error>(what, " failed (", shim::hresult_text(hr), ")");
   return Com<T>(static_cast<T*>(out));
@@ -94,6 +96,7 @@ void work(Run& run) {
   TicketState& t = *run.ticket;
   const auto& ds = shim::DirectStorageLibrary::get();
   std::size_t next = 0;
+  std::size_t settled = 0;  // pieces before this one have landed or failed
   try {
     FERRY_EXPECT(t.direction == Direction::FileToMemory, std::invalid_argument,
                  "the directstorage backend reads files only; writes take the staged path");
@@ -121,8 +124,8 @@ void work(Run& run) {
     while (next < run.pieces.size() && !t.cancel) {
       // One batch: the pieces that fit the staging buffer, end to end.
       const std::size_t first = next;
+      settled = first;
       std::uint64_t used = 0;
-      std::size_t requests = 0;
       for (; next < run.pieces.size() && used + run.pieces[next].size <= staging.size(); ++next) {
         const Piece& p = run.pieces[next];
         const Extent& x = t.extents[p.extent];
@@ -141,7 +144,6 @@ void work(Run& run) {
           request.Destination.Memory = {staging.data() + r.destination_offset, r.size};
           request.UncompressedSize = r.size;
           queue->EnqueueRequest(&request);
-          ++requests;
         }
         used += p.size;
       }
@@ -156,6 +158,7 @@ void work(Run& run) {
                                std::runtime_error(t.files->path(t.extents[p.extent].file).string() +
                                                   ": DirectStorage read failed: " + why)));
         }
+        settled = next;
         continue;
       }
       std::uint64_t offset = 0;
@@ -170,10 +173,11 @@ void work(Run& run) {
         run.file_bytes[t.extents[p.extent].file] += p.size;
         t.landed(p.extent, p.size);
       }
+      settled = next;
     }
   } catch (...) {
     const auto error = std::current_exception();
-    for (; next < run.pieces.size(); ++next) t.fail(run.pieces[next].extent, error);
+    for (std::size_t i = settled; i < run.pieces.size(); ++i) t.fail(run.pieces[i].extent, error);
   }
 }
 
