@@ -13,6 +13,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/safetensors_writer.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/utf8_path.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -100,7 +101,7 @@ void add_demo(CLI::App& app) {
                   "where to write the temporary checkpoint (default: $TMPDIR or /tmp)");
   cmd->callback([] {
     const char* tmp = std::getenv("TMPDIR");
-    TemporaryDirectory work(!dir.empty() ? fs::path(dir)
+    TemporaryDirectory work(!dir.empty() ? path_from_utf8(dir)
                             : tmp        ? fs::path(tmp)
                                          : fs::temp_directory_path());
     const fs::path file = work.path() / "model.safetensors";

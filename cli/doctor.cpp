@@ -10,6 +10,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/tuning.hpp"
+#include "ferry/utf8_path.hpp"
 #include "report.hpp"
 
 namespace ferry::cli {
@@ -59,7 +60,7 @@ Json cuda_section() {
 }
 
 Json cufile_section(const std::string& path) {
-  const CufileFacts f = cufile_facts(path);
+  const CufileFacts f = cufile_facts(path_from_utf8(path));
   Json out = {{"library_loaded", f.library_loaded},
               {"driver_opened", f.driver_opened},
               {"nvidia_fs_loaded", f.nvidia_fs_loaded},
@@ -108,7 +109,7 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
 // tuning file. Progress goes to stderr, so that --json output stays one document.
 void tune(const std::string& path, bool json) {
   FERRY_EXPECT(!path.empty(), std::invalid_argument, "doctor --tune needs a checkpoint PATH");
-  auto checkpoint = Checkpoint::open_shared(path);
+  auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
   const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
   std::FILE* out = json ? stderr : stdout;
   std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",
@@ -229,7 +230,8 @@ void add_doctor(CLI::App& app) {
                         {"settings_source", engine.source},
                         {"staging_bytes", kDefaultStagingBytes}};
     if (!path.empty())
-      report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
+      report["path"] = path_section(path_from_utf8(path),
+                                    static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
                                     engine.reader_threads);
     if (json)
       std::cout << report.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";

@@ -11,6 +11,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/utf8_path.hpp"
 #include "host_memory.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
@@ -104,7 +105,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
     set_load_option(options, "threads", threads);
     set_load_option(options, "slots", slots);
-    auto checkpoint = Checkpoint::open_shared(path);
+    auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)

@@ -17,6 +17,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "ferry/transfer.hpp"
+#include "ferry/utf8_path.hpp"
 
 struct ferry_checkpoint {
   std::shared_ptr<const ferry::Checkpoint> checkpoint;
@@ -41,17 +42,6 @@ struct ferry_ticket {
 namespace {
 
 thread_local std::string last_error;
-
-// Paths cross the C ABI as UTF-8 on every system: on Windows they become UTF-16 here, where a
-// plain std::string would be read in the ANSI code page by some standard libraries (MSVC's).
-std::filesystem::path utf8_path(const char* path) {
-  return std::filesystem::path(std::u8string(reinterpret_cast<const char8_t*>(path)));
-}
-
-std::string utf8_of(const std::filesystem::path& path) {
-  const std::u8string text = path.u8string();
-  return std::string(text.begin(), text.end());
-}
 
 ferry_status fail(ferry_status status, std::string message) {
   last_error = std::move(message);
@@ -117,8 +107,9 @@ ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
     require(path, "path");
     require(out, "out");
     auto handle = std::make_unique<ferry_checkpoint>();
-    handle->checkpoint = ferry::Checkpoint::open_shared(utf8_path(path));
-    for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(utf8_of(f.path));
+    handle->checkpoint = ferry::Checkpoint::open_shared(ferry::path_from_utf8(path));
+    for (const auto& f : handle->checkpoint->files())
+      handle->file_names.push_back(ferry::utf8_of(f.path));
     *out = handle.release();
   });
 }
@@ -191,7 +182,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     auto handle = std::make_unique<ferry_loaded>(
         ferry_loaded{ferry::load(checkpoint->checkpoint, cpp), {}, {}});
     for (const auto& f : handle->loaded.stats().files) {
-      handle->file_paths.push_back(utf8_of(f.path));
+      handle->file_paths.push_back(ferry::utf8_of(f.path));
       handle->file_reasons.push_back(f.reason);
     }
     *out = handle.release();
@@ -285,8 +276,9 @@ ferry_status ferry_file_set_add(ferry_file_set* set, const char* path, int writa
   return guarded([&] {
     require(set, "set");
     require(path, "path");
-    const std::uint32_t i = set->set->add(
-        utf8_path(path), writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
+    const std::uint32_t i =
+        set->set->add(ferry::path_from_utf8(path),
+                      writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
     if (index) *index = i;
   });
 }

@@ -8,6 +8,7 @@
 #endif
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
+#include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
 #include "load/settings.hpp"
@@ -91,7 +92,7 @@ DirectStorageFacts directstorage_facts() {
 }
 
 std::string filesystem_name(const std::filesystem::path& path) {
-  return detail::filesystem_name(path.string());
+  return detail::filesystem_name(utf8_of(path));
 }
 
 double page_cache_fraction(const std::filesystem::path& file) {
