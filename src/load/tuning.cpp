@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "io/file_descriptor.hpp"
+#include "platform/file.hpp"
 #include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"
 
@@ -129,8 +132,48 @@ void write_tuning(const fs::path& file, const Tuning& t) {
   fs::rename(partial, file);
 }
 
+namespace {
+
+// What a tuning file was when it was last read: a server's loads read an unchanged file once.
+struct TuningFileState {
+  fs::path path;
+  detail::FileIdentity identity;  // device, inode, size, mtime
+  bool operator==(const TuningFileState& other) const {
+    return path == other.path && identity.same_contents(other.identity);
+  }
+};
+
+// The file's state, or nullopt where it is not a regular file (those are read, never kept).
+std::optional<TuningFileState> tuning_file_state(const fs::path& file) {
+  const std::optional<detail::FileIdentity> identity = detail::identity_at(file);
+  if (!identity) return std::nullopt;
+  return TuningFileState{file, *identity};
+}
+
+ActiveTuning read_active_tuning(const fs::path& file);
+
+}  // namespace
+
 ActiveTuning active_tuning() {
+  static std::mutex mutex;
+  static std::optional<std::pair<TuningFileState, ActiveTuning>> kept;
   const fs::path file = tuning_file();
+  const std::optional<TuningFileState> state = tuning_file_state(file);
+  {
+    std::lock_guard lock(mutex);
+    if (state && kept && kept->first == *state) return kept->second;
+  }
+  ActiveTuning active = read_active_tuning(file);
+  if (state) {
+    std::lock_guard lock(mutex);
+    kept.emplace(*state, active);
+  }
+  return active;
+}
+
+namespace {
+
+ActiveTuning read_active_tuning(const fs::path& file) {
   std::optional<Tuning> t;
   // An unusable tuning location never stops a load: the defaults apply and say why.
   try {
@@ -150,6 +193,8 @@ ActiveTuning active_tuning() {
          << " GB/s), " << file.string();
   return {t, source.str()};
 }
+
+}  // namespace
 
 Tuning tune(const std::shared_ptr<const Checkpoint>& checkpoint, const Device& device,
             unsigned runs, const std::function<void(const Tuning&)>& report) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "ferry/file_set.hpp"
@@ -79,6 +80,11 @@ class PlatformFile {
     return direct ? _direct.load(std::memory_order_acquire) : _buffered;
   }
 
+  // page_cache_fraction() of this file, measured again only once the last measurement is older
+  // than `max_age_seconds`: residency drifts slowly, and measuring a large file costs up to a
+  // millisecond, far more than a small transfer. A file closed and reopened measures afresh.
+  double residency(double max_age_seconds) const;
+
  private:
   std::filesystem::path _path;
   FileAccess _access = FileAccess::Read;
@@ -86,6 +92,9 @@ class PlatformFile {
   std::atomic<NativeFile> _direct{kNoNativeFile};
   FileIdentity _identity;
   std::string _direct_refusal;
+  // The last residency measurement and when it was taken (steady clock, ns; -1: never).
+  mutable std::atomic<double> _residency{0};
+  mutable std::atomic<std::int64_t> _residency_at{-1};
 };
 
 // Fraction of the file's pages resident in the page cache, sampled (at most
@@ -93,6 +102,10 @@ class PlatformFile {
 // per 4 GB, a third of a warm 16 GB load on an H200 host). 0 where it cannot be measured.
 inline constexpr std::uint64_t kResidencySamplePages = 16384;
 double page_cache_fraction(NativeFile file, std::uint64_t size);
+
+// The identity of the regular file `path` names now (stat; on Windows its handle's information),
+// or nullopt where there is none or it is not a regular file.
+std::optional<FileIdentity> identity_at(const std::filesystem::path& path);
 
 // The most descriptors this process may hold (RLIMIT_NOFILE), or 0 for no limit.
 std::uint64_t open_file_limit();

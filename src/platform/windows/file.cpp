@@ -89,6 +89,8 @@ PlatformFile& PlatformFile::operator=(PlatformFile&& other) noexcept {
     _direct.store(other._direct.exchange(kNoNativeFile));
     _identity = other._identity;
     _direct_refusal = std::move(other._direct_refusal);
+    _residency.store(other._residency.load());
+    _residency_at.store(other._residency_at.exchange(-1));
   }
   return *this;
 }
@@ -167,6 +169,19 @@ void PlatformFile::sync() const {
 // Windows offers no documented way to ask which pages of a file its cache holds: residency is
 // "unknown" (0), so auto reads unbuffered, the choice that is right for a cold cache.
 double page_cache_fraction(NativeFile, std::uint64_t size) { return size == 0 ? 1.0 : 0.0; }
+
+// Nothing to cache: page_cache_fraction answers at once on Windows.
+double PlatformFile::residency(double) const {
+  return page_cache_fraction(_buffered, _identity.size);
+}
+
+std::optional<FileIdentity> identity_at(const std::filesystem::path& path) {
+  // No access rights asked: only the file's information is read.
+  win32::Handle h(::CreateFileW(path.c_str(), 0, kShareAll, nullptr, OPEN_EXISTING,
+                                FILE_FLAG_BACKUP_SEMANTICS, nullptr));
+  if (!h || ::GetFileType(h.get()) != FILE_TYPE_DISK || is_directory(h.get())) return std::nullopt;
+  return identity_of(h.get(), path);
+}
 
 // Windows has no per-process handle limit in the range that matters (about 16 million).
 std::uint64_t open_file_limit() { return 0; }
