@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
@@ -12,6 +13,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/safetensors_writer.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/utf8_path.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -65,9 +67,15 @@ void fill_random(std::span<std::byte> out, std::uint64_t seed) {
 class TemporaryDirectory {
  public:
   explicit TemporaryDirectory(const fs::path& parent) {
-    std::string pattern = (parent / "ferry-demo-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) FERRY_SYSCALL_FAIL(parent.string(), ": mkdtemp failed");
-    _path = pattern;
+    // mkdtemp's contract, portably: a fresh directory of a random name that we created.
+    std::random_device seed;
+    std::mt19937_64 random(seed());
+    for (int attempt = 0; attempt < 100 && _path.empty(); ++attempt) {
+      const fs::path candidate = parent / ("ferry-demo-" + std::to_string(random()));
+      if (fs::create_directory(candidate)) _path = candidate;
+    }
+    FERRY_EXPECT(!_path.empty(), std::runtime_error, parent.string(),
+                 ": cannot create a temporary directory");
   }
   TemporaryDirectory(const TemporaryDirectory&) = delete;
   TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
@@ -89,15 +97,19 @@ void add_demo(CLI::App& app) {
   static std::string device = "auto";
   static std::string dir;
   cmd->add_option("--device", device, "cuda:N, cpu, or auto")->capture_default_str();
-  cmd->add_option("--dir", dir, "where to write the temporary checkpoint (default: $TMPDIR or /tmp)");
+  cmd->add_option("--dir", dir,
+                  "where to write the temporary checkpoint (default: $TMPDIR or /tmp)");
   cmd->callback([] {
     const char* tmp = std::getenv("TMPDIR");
-    TemporaryDirectory work(dir.empty() ? fs::path(tmp ? tmp : "/tmp") : fs::path(dir));
+    TemporaryDirectory work(!dir.empty() ? path_from_utf8(dir)
+                            : tmp        ? fs::path(tmp)
+                                         : fs::temp_directory_path());
     const fs::path file = work.path() / "model.safetensors";
     const auto specs = qwen3_0_6b_shapes();
     std::map<std::string, std::uint64_t> expected;
     std::uint64_t seed = 0;
-    std::printf("writing %zu bf16 tensors shaped like Qwen3-0.6B to %s\n", specs.size(), file.c_str());
+    std::printf("writing %zu bf16 tensors shaped like Qwen3-0.6B to %s\n", specs.size(),
+                file.string().c_str());
     write_safetensors(file, specs, [&](const TensorSpec& spec, std::span<std::byte> bytes) {
       fill_random(bytes, ++seed);
       expected[spec.name] = bytes_digest(bytes);

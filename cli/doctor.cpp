@@ -1,5 +1,4 @@
 // ferry doctor [PATH]: what this machine offers for loading, measured rather than assumed.
-#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -11,6 +10,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/tuning.hpp"
+#include "ferry/utf8_path.hpp"
 #include "report.hpp"
 
 namespace ferry::cli {
@@ -46,20 +46,28 @@ Json cuda_section() {
                            std::to_string(facts.driver_version % 1000 / 10);
   Json gpus = Json::array();
   for (const auto& g : facts.gpus)
-    gpus.push_back({{"index", g.index}, {"name", g.name}, {"memory_bytes", g.memory_bytes},
+    gpus.push_back({{"index", g.index},
+                    {"name", g.name},
+                    {"memory_bytes", g.memory_bytes},
                     {"pci_bus", g.pci_bus}});
   cuda["gpus"] = gpus;
   const auto bw = measure_host_to_device(0, kCopyProbeBytes, 5);
-  cuda["host_to_device_gbps"] = {{"pinned", bw.pinned_gbps}, {"pageable", bw.pageable_gbps},
-                                 {"copy_bytes", kCopyProbeBytes}, {"device", "cuda:0"}};
+  cuda["host_to_device_gbps"] = {{"pinned", bw.pinned_gbps},
+                                 {"pageable", bw.pageable_gbps},
+                                 {"copy_bytes", kCopyProbeBytes},
+                                 {"device", "cuda:0"}};
   return cuda;
 }
 
 Json cufile_section(const std::string& path) {
-  const CufileFacts f = cufile_facts(path);
-  Json out = {{"library_loaded", f.library_loaded}, {"driver_opened", f.driver_opened},
-              {"nvidia_fs_loaded", f.nvidia_fs_loaded}, {"compat_allowed", f.compat_allowed},
-              {"compat_forced", f.compat_forced}, {"version", f.version}, {"mode", f.mode},
+  const CufileFacts f = cufile_facts(path_from_utf8(path));
+  Json out = {{"library_loaded", f.library_loaded},
+              {"driver_opened", f.driver_opened},
+              {"nvidia_fs_loaded", f.nvidia_fs_loaded},
+              {"compat_allowed", f.compat_allowed},
+              {"compat_forced", f.compat_forced},
+              {"version", f.version},
+              {"mode", f.mode},
               {"reason", f.reason}};
   if (!f.path_mode.empty()) {
     out["path_mode"] = f.path_mode;
@@ -90,7 +98,8 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
   // O_DIRECT first: it leaves the page cache as it was, so the buffered figure that follows
   // reads whatever was cached before plus what buffered reading itself brings in.
   Json reads = {{"threads", threads}, {"limit_bytes", read_limit}};
-  if (direct.works) reads["odirect_gbps"] = measure_read(files, IoMode::Direct, threads, read_limit);
+  if (direct.works)
+    reads["odirect_gbps"] = measure_read(files, IoMode::Direct, threads, read_limit);
   reads["buffered_gbps"] = measure_read(files, IoMode::Buffered, threads, read_limit);
   out["read"] = reads;
   return out;
@@ -100,7 +109,7 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
 // tuning file. Progress goes to stderr, so that --json output stays one document.
 void tune(const std::string& path, bool json) {
   FERRY_EXPECT(!path.empty(), std::invalid_argument, "doctor --tune needs a checkpoint PATH");
-  auto checkpoint = Checkpoint::open_shared(path);
+  auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
   const Device device = cuda_available() ? Device::cuda(0) : Device::cpu();
   std::FILE* out = json ? stderr : stdout;
   std::fprintf(out, "tuning on %s (%s, warm page cache), to %s; 3 loads per setting after one:\n",
@@ -112,8 +121,9 @@ void tune(const std::string& path, bool json) {
     std::fflush(out);
   });
   write_tuning(tuning_file(), best);
-  std::fprintf(out, "chose %u threads, %s reads, %u slots (%.2f GB/s; within 2%% of the fastest, the "
-                    "most threads, then the smallest staging); written to %s\n",
+  std::fprintf(out,
+               "chose %u threads, %s reads, %u slots (%.2f GB/s; within 2%% of the fastest, the "
+               "most threads, then the smallest staging); written to %s\n",
                best.reader_threads, human_bytes(best.chunk_bytes).c_str(), best.slots_per_thread,
                best.gigabytes_per_second, printable(tuning_file().string()).c_str());
 }
@@ -133,8 +143,9 @@ void print_text(const Json& r) {
                   human_bytes(g["memory_bytes"].get<std::uint64_t>()).c_str(),
                   g["pci_bus"].get<int>());
     const Json& bw = c["host_to_device_gbps"];
-    std::printf("  host->cuda:0 copy (256 MiB, median of 5): pinned %.1f GB/s, pageable %.1f GB/s\n",
-                bw["pinned"].get<double>(), bw["pageable"].get<double>());
+    std::printf(
+        "  host->cuda:0 copy (256 MiB, median of 5): pinned %.1f GB/s, pageable %.1f GB/s\n",
+        bw["pinned"].get<double>(), bw["pageable"].get<double>());
   }
   const Json& g = r["cufile"];
   std::printf("cuFile: %s (%s)\n", g["mode"].get<std::string>().c_str(),
@@ -142,18 +153,29 @@ void print_text(const Json& r) {
   if (g.contains("path_mode"))
     std::printf("  for PATH: %s (%s)\n", g["path_mode"].get<std::string>().c_str(),
                 g["path_reason"].get<std::string>().c_str());
-  std::printf("  --backend auto takes cuFile only where it does GPUDirect Storage: %s\n",
-              g.value("path_mode", g["mode"].get<std::string>()) == "gds" ? "it would here"
-                                                                          : "not here");
+  std::printf(
+      "  --backend auto takes cuFile only where it does GPUDirect Storage: %s\n",
+      g.value("path_mode", g["mode"].get<std::string>()) == "gds" ? "it would here" : "not here");
+  const Json& ds = r["directstorage"];
+  std::printf("DirectStorage: %s (%s)\n  --backend directstorage %s\n",
+              ds["available"].get<bool>() ? "available" : "not available",
+              printable(ds["reason"].get<std::string>()).c_str(),
+              ds["available"].get<bool>()
+                  ? "reads through it into host staging; auto never chooses it"
+                  : "fails here unless --allow-compat lets the staged path stand in");
+  if (ds.contains("cuda0_adapter"))
+    std::printf("  D3D12 adapter of cuda:0: %s\n",
+                printable(ds["cuda0_adapter"].get<std::string>()).c_str());
   const Json& e = r["engine"];
-  std::printf("engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
-              "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
-              "page-cache residency\n",
-              e["reader_threads"].get<unsigned>(),
-              human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
-              e["slots_per_thread"].get<unsigned>(),
-              human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
-              printable(e["settings_source"].get<std::string>()).c_str());
+  std::printf(
+      "engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
+      "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
+      "page-cache residency\n",
+      e["reader_threads"].get<unsigned>(),
+      human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
+      e["slots_per_thread"].get<unsigned>(),
+      human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
+      printable(e["settings_source"].get<std::string>()).c_str());
   if (!r.contains("path")) return;
   const Json& p = r["path"];
   std::printf("path: %s\n  file system: %s\n", printable(p["path"].get<std::string>()).c_str(),
@@ -176,8 +198,9 @@ void print_text(const Json& r) {
 }  // namespace
 
 void add_doctor(CLI::App& app) {
-  auto* cmd = app.add_subcommand("doctor", "Show and measure what this machine offers: GPUs, "
-                                           "driver, copy bandwidth, file system, O_DIRECT, reads");
+  auto* cmd = app.add_subcommand("doctor",
+                                 "Show and measure what this machine offers: GPUs, "
+                                 "driver, copy bandwidth, file system, O_DIRECT, reads");
   static std::string path;
   static bool json = false;
   static double read_limit_gib = 4;
@@ -193,10 +216,12 @@ void add_doctor(CLI::App& app) {
   cmd->callback([] {
     Json report;
     report["cores"] = std::thread::hardware_concurrency();
-    report["memory_bytes"] = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                             static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    report["memory_bytes"] = physical_memory_bytes();
     report["cuda"] = cuda_section();
     report["cufile"] = cufile_section(path);
+    const DirectStorageFacts ds = directstorage_facts();
+    report["directstorage"] = {{"available", ds.available}, {"reason", ds.reason}};
+    if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},
@@ -205,7 +230,8 @@ void add_doctor(CLI::App& app) {
                         {"settings_source", engine.source},
                         {"staging_bytes", kDefaultStagingBytes}};
     if (!path.empty())
-      report["path"] = path_section(path, static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
+      report["path"] = path_section(path_from_utf8(path),
+                                    static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),
                                     engine.reader_threads);
     if (json)
       std::cout << report.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";

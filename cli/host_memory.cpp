@@ -1,9 +1,38 @@
 #include "host_memory.hpp"
 
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+// windows.h first: psapi.h needs its types.
+#include <psapi.h>
+#else
 #include <fstream>
 #include <string>
+#endif
 
 namespace ferry::cli {
+#ifdef _WIN32
+
+namespace {
+PROCESS_MEMORY_COUNTERS counters() {
+  PROCESS_MEMORY_COUNTERS c{};
+  c.cb = sizeof c;
+  if (!::GetProcessMemoryInfo(::GetCurrentProcess(), &c, sizeof c)) c = {};
+  return c;
+}
+}  // namespace
+
+std::uint64_t resident_bytes() { return counters().WorkingSetSize; }
+std::uint64_t peak_resident_bytes() { return counters().PeakWorkingSetSize; }
+// Windows cannot reset the peak working set: the peak since the process started is reported.
+bool reset_peak_resident() { return false; }
+
+#else
 namespace {
 
 std::uint64_t status_field_bytes(const std::string& field) {
@@ -30,5 +59,7 @@ bool reset_peak_resident() {
   refs << "5";
   return static_cast<bool>(refs.flush());
 }
+
+#endif
 
 }  // namespace ferry::cli

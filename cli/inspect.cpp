@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/ggml_type.hpp"
+#include "ferry/utf8_path.hpp"
 #include "report.hpp"
 
 namespace ferry::cli {
@@ -104,16 +105,18 @@ void print_text(const Checkpoint& c) {
                   static_cast<unsigned long long>(t.size),
                   static_cast<unsigned long long>(t.offset));
     else
-      std::printf("%s\t%s\t%s\t%llu\n", printable(t.name).c_str(), std::string(dtype_name(t.dtype)).c_str(),
-                  shape_text(t.shape).c_str(), static_cast<unsigned long long>(t.size));
+      std::printf("%s\t%s\t%s\t%llu\n", printable(t.name).c_str(),
+                  std::string(dtype_name(t.dtype)).c_str(), shape_text(t.shape).c_str(),
+                  static_cast<unsigned long long>(t.size));
   }
 }
 
 }  // namespace
 
 void add_inspect(CLI::App& app) {
-  auto* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors, dtypes, shapes, sizes, "
-                                            "metadata and files");
+  auto* cmd = app.add_subcommand("inspect",
+                                 "List a checkpoint's tensors, dtypes, shapes, sizes, "
+                                 "metadata and files");
   static std::string path;
   static bool json = false;
   cmd->add_option("path", path,
@@ -121,7 +124,7 @@ void add_inspect(CLI::App& app) {
       ->required();
   cmd->add_flag("--json", json, "print JSON");
   cmd->callback([] {
-    Checkpoint c = Checkpoint::open(path);
+    Checkpoint c = Checkpoint::open(path_from_utf8(path));
     if (json)
       // GGUF names and strings are UTF-8 by the spec but unchecked: bad bytes print as U+FFFD.
       std::cout << checkpoint_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)

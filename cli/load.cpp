@@ -6,12 +6,13 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "host_memory.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/utf8_path.hpp"
+#include "host_memory.hpp"
 #include "load_command.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -67,7 +68,8 @@ void add_load(CLI::App& app) {
   static std::string threads = "0";
   static std::string slots = "0";
   static unsigned repeat = 1;
-  cmd->add_option("path", path, "a .safetensors or .gguf file, a directory of them, or an index .json")
+  cmd->add_option("path", path,
+                  "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
   cmd->add_option("--device", device, "cuda:N, cpu, or auto (the first GPU, else host memory)")
       ->capture_default_str();
@@ -79,10 +81,12 @@ void add_load(CLI::App& app) {
   cmd->add_option("--io", io, "staged path: auto, direct (O_DIRECT) or buffered")
       ->capture_default_str();
   cmd->add_option("--backend", backend,
-                  "auto (cuFile only where it does GPUDirect Storage), cufile or posix (staged)")
+                  "auto (cuFile only where it does GPUDirect Storage), cufile, posix (staged) or "
+                  "directstorage (Windows)")
       ->capture_default_str();
   cmd->add_flag("--allow-compat", allow_compat,
-                "let --backend cufile run in cuFile's compatibility mode");
+                "let --backend cufile run in cuFile's compatibility mode, and --backend "
+                "directstorage fall back to the staged path where DirectStorage cannot run");
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
       ->capture_default_str();
   cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)");
@@ -101,11 +105,15 @@ void add_load(CLI::App& app) {
     set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
     set_load_option(options, "threads", threads);
     set_load_option(options, "slots", slots);
-    auto checkpoint = Checkpoint::open_shared(path);
+    auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
+#ifdef _WIN32
+    std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)
+#else
     struct sigaction on_int {};
     on_int.sa_handler = on_interrupt;
     ::sigaction(SIGINT, &on_int, nullptr);
+#endif
     options.keep_going = [] { return interrupted == 0; };
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
     prepare_device(options.device);
@@ -113,7 +121,8 @@ void add_load(CLI::App& app) {
     nlohmann::json runs = nlohmann::json::array();
     for (unsigned r = 0; r < repeat; ++r) {
       auto progress = std::make_shared<Progress>("loading " + printable(path));
-      if (!json) options.progress = [progress](auto done, auto total) { progress->update(done, total); };
+      if (!json)
+        options.progress = [progress](auto done, auto total) { progress->update(done, total); };
       const bool peak_known = reset_peak_resident();
       const std::uint64_t before = resident_bytes();
       LoadedCheckpoint loaded = load(checkpoint, options);

@@ -3,6 +3,20 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
+#include <vector>
+
+#ifdef _WIN32
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+// windows.h first: shellapi.h needs its types.
+#include <shellapi.h>
+#endif
 
 #include "commands.hpp"
 #include "ferry/error.hpp"
@@ -22,17 +36,53 @@ int check_stdout() {
   return 1;
 }
 
+#ifdef _WIN32
+// The arguments as UTF-8, ferry's one encoding for names: main's argv is in the ANSI code page,
+// which cannot spell most non-ASCII file names.
+std::vector<std::string> utf8_arguments() {
+  int count = 0;
+  wchar_t** wide = ::CommandLineToArgvW(::GetCommandLineW(), &count);
+  std::vector<std::string> out;
+  for (int i = 0; wide && i < count; ++i) {
+    const int n = ::WideCharToMultiByte(CP_UTF8, 0, wide[i], -1, nullptr, 0, nullptr, nullptr);
+    std::string arg(n > 0 ? static_cast<std::size_t>(n) : 1, '\0');
+    if (n > 0) ::WideCharToMultiByte(CP_UTF8, 0, wide[i], -1, arg.data(), n, nullptr, nullptr);
+    arg.resize(arg.size() - 1);  // the terminator WideCharToMultiByte counted
+    out.push_back(std::move(arg));
+  }
+  if (wide) ::LocalFree(wide);
+  return out;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef _WIN32
+  std::vector<std::string> arguments = utf8_arguments();
+  std::vector<char*> utf8_argv;
+  for (auto& a : arguments) utf8_argv.push_back(a.data());
+  utf8_argv.push_back(nullptr);
+  if (!arguments.empty()) {
+    argc = static_cast<int>(arguments.size());
+    argv = utf8_argv.data();
+  }
+  // Names and messages are printed as UTF-8; the console shows them so.
+  ::SetConsoleOutputCP(CP_UTF8);
+#endif
   CLI::App app{"ferry: moves tensors between storage and GPU memory at the speed of the hardware"};
   app.require_subcommand(1);
+  // CLI11 reads "/name" as an option on Windows by default: paths such as /data/m.gguf (valid on
+  // Windows too, and what Wine passes) must stay paths. Subcommands inherit this.
+  app.allow_windows_style_options(false);
   app.set_version_flag("--version", "ferry " FERRY_VERSION);
   ferry::cli::add_inspect(app);
   ferry::cli::add_load(app);
   ferry::cli::add_doctor(app);
   ferry::cli::add_demo(app);
+#ifndef _WIN32
   ferry::cli::add_kv(app);
+#endif
   ferry::cli::add_plan(app);
   try {
     app.parse(argc, argv);

@@ -1,6 +1,10 @@
 #include "progress.hpp"
 
+#ifdef _WIN32
+#include <io.h>
+#else
 #include <unistd.h>
+#endif
 
 #include <cstdio>
 
@@ -10,9 +14,14 @@ namespace ferry::cli {
 
 Progress::Progress(std::string label)
     : _label(std::move(label)),
+#ifdef _WIN32
+      _terminal(::_isatty(::_fileno(stderr)) != 0),
+#else
       _terminal(::isatty(STDERR_FILENO) == 1),
+#endif
       _start(std::chrono::steady_clock::now()),
-      _last_draw(_start) {}
+      _last_draw(_start) {
+}
 
 void Progress::update(std::uint64_t done, std::uint64_t total) {
   const auto now = std::chrono::steady_clock::now();

@@ -2,10 +2,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <memory>
-#include <type_traits>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "c_api_guard.hpp"
@@ -18,6 +19,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "ferry/transfer.hpp"
+#include "ferry/utf8_path.hpp"
 
 struct ferry_checkpoint {
   std::shared_ptr<const ferry::Checkpoint> checkpoint;
@@ -43,9 +45,8 @@ using ferry::capi::require;
 using ferry::capi::require_size;
 
 // Whether `field` lies inside the caller's struct_size.
-#define FERRY_HAS_FIELD(s, field)                                                \
-  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= \
-   (s).struct_size)
+#define FERRY_HAS_FIELD(s, field) \
+  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= (s).struct_size)
 
 }  // namespace
 
@@ -60,8 +61,9 @@ ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out) {
     require(path, "path");
     require(out, "out");
     auto handle = std::make_unique<ferry_checkpoint>();
-    handle->checkpoint = ferry::Checkpoint::open_shared(path);
-    for (const auto& f : handle->checkpoint->files()) handle->file_names.push_back(f.path.string());
+    handle->checkpoint = ferry::Checkpoint::open_shared(ferry::path_from_utf8(path));
+    for (const auto& f : handle->checkpoint->files())
+      handle->file_names.push_back(ferry::utf8_of(f.path));
     *out = handle.release();
   });
 }
@@ -134,7 +136,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     auto handle = std::make_unique<ferry_loaded>(
         ferry_loaded{ferry::load(checkpoint->checkpoint, cpp), {}, {}});
     for (const auto& f : handle->loaded.stats().files) {
-      handle->file_paths.push_back(f.path.string());
+      handle->file_paths.push_back(ferry::utf8_of(f.path));
       handle->file_reasons.push_back(f.reason);
     }
     *out = handle.release();
@@ -229,7 +231,8 @@ ferry_status ferry_file_set_add(ferry_file_set* set, const char* path, int writa
     require(set, "set");
     require(path, "path");
     const std::uint32_t i =
-        set->set->add(path, writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
+        set->set->add(ferry::path_from_utf8(path),
+                      writable ? ferry::FileAccess::ReadWrite : ferry::FileAccess::Read);
     if (index) *index = i;
   });
 }

@@ -23,7 +23,8 @@ class CApi : public ::testing::Test {
                                                     {"a", ferry::DType::F32, {7}},
                                                     {"c", ferry::DType::U8, {4099}}},
                                                    31);
-    ASSERT_EQ(ferry_checkpoint_open((dir / "m.safetensors").c_str(), &checkpoint), FERRY_STATUS_OK)
+    ASSERT_EQ(ferry_checkpoint_open((dir / "m.safetensors").string().c_str(), &checkpoint),
+              FERRY_STATUS_OK)
         << ferry_last_error();
   }
   void TearDown() override { ferry_checkpoint_free(checkpoint); }
@@ -97,13 +98,13 @@ TEST_F(CApi, LoadsASubset) {
 
 TEST_F(CApi, ErrorsAreStatusesWithMessages) {
   ferry_checkpoint* other = nullptr;
-  EXPECT_EQ(ferry_checkpoint_open((dir / "missing.safetensors").c_str(), &other),
+  EXPECT_EQ(ferry_checkpoint_open((dir / "missing.safetensors").string().c_str(), &other),
             FERRY_STATUS_NOT_FOUND);
   EXPECT_NE(std::string(ferry_last_error()).find("missing.safetensors"), std::string::npos);
   EXPECT_EQ(other, nullptr);
 
   ferry::test::write_file(dir / "bad.safetensors", ferry::test::raw_safetensors("{not json", ""));
-  EXPECT_EQ(ferry_checkpoint_open((dir / "bad.safetensors").c_str(), &other),
+  EXPECT_EQ(ferry_checkpoint_open((dir / "bad.safetensors").string().c_str(), &other),
             FERRY_STATUS_FORMAT_ERROR);
   EXPECT_NE(std::string(ferry_last_error()).find("bad.safetensors"), std::string::npos);
 
@@ -138,16 +139,15 @@ TEST_F(CApi, NullLoadedHandleIsAnErrorForEveryLookup) {
 // Through a C string "a\0b" would read as "a": the reader must refuse such a name, not hand
 // back another tensor's bytes for it.
 TEST_F(CApi, NulInsideATensorNameIsAFormatError) {
-  const std::string header =
-      R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-      R"("a\u0000b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
-  ferry::test::write_file(dir / "nul.safetensors", ferry::test::raw_safetensors(header, "xy"));
+  const std::string header = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                             R"("a\u0000b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  ferry::test::write_file(dir / "with-nul.safetensors", ferry::test::raw_safetensors(header, "xy"));
   ferry_checkpoint* other = nullptr;
-  EXPECT_EQ(ferry_checkpoint_open((dir / "nul.safetensors").c_str(), &other),
+  EXPECT_EQ(ferry_checkpoint_open((dir / "with-nul.safetensors").string().c_str(), &other),
             FERRY_STATUS_FORMAT_ERROR);
   EXPECT_EQ(other, nullptr);
   const std::string error = ferry_last_error();
-  EXPECT_NE(error.find("nul.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("with-nul.safetensors"), std::string::npos) << error;
   EXPECT_NE(error.find("NUL"), std::string::npos) << error;
 }
 
@@ -158,7 +158,7 @@ TEST_F(CApi, GgufTensorsCarryTheirGgmlTypeAndDims) {
   file.data = std::string(2 * 2 * 34, '\x5a');
   write_file(dir / "m.gguf", file.build());
   ferry_checkpoint* gguf = nullptr;
-  ASSERT_EQ(ferry_checkpoint_open((dir / "m.gguf").c_str(), &gguf), FERRY_STATUS_OK)
+  ASSERT_EQ(ferry_checkpoint_open((dir / "m.gguf").string().c_str(), &gguf), FERRY_STATUS_OK)
       << ferry_last_error();
   ferry_tensor_info info{};
   ASSERT_EQ(ferry_checkpoint_tensor_info(gguf, 0, &info), FERRY_STATUS_OK);
@@ -267,7 +267,7 @@ TEST(CApiTransfer, RoundTripWithPerTransferStatus) {
   ferry_file_set* set = nullptr;
   ASSERT_EQ(ferry_file_set_create(0, &set), FERRY_STATUS_OK) << ferry_last_error();
   uint32_t file = 99;
-  ASSERT_EQ(ferry_file_set_add(set, (dir / "kv.bin").c_str(), 1, &file), FERRY_STATUS_OK)
+  ASSERT_EQ(ferry_file_set_add(set, (dir / "kv.bin").string().c_str(), 1, &file), FERRY_STATUS_OK)
       << ferry_last_error();
   EXPECT_EQ(file, 0u);
   auto a = ferry::test::random_bytes(10000, 1), b = ferry::test::random_bytes(333, 2);

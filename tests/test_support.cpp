@@ -1,11 +1,9 @@
 #include "test_support.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 
 #include "cuda/cuda_resources.hpp"
@@ -14,10 +12,20 @@
 namespace ferry::test {
 
 TempDir::TempDir() {
+  // mkdtemp's contract, portably: a fresh directory of a random name, created by us alone.
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp ? tmp : "/tmp") + "/ferry-test-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  _path = pattern;
+  const std::filesystem::path base =
+      tmp ? std::filesystem::path(tmp) : std::filesystem::temp_directory_path();
+  std::random_device seed;
+  std::mt19937_64 random(seed());
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::filesystem::path candidate = base / ("ferry-test-" + std::to_string(random()));
+    if (std::filesystem::create_directory(candidate)) {
+      _path = candidate;
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temporary directory in " + base.string());
 }
 
 TempDir::~TempDir() {

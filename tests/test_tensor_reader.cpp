@@ -57,7 +57,13 @@ TEST(TensorReader, HoldsTheFileItOpened) {
   const TensorReader reader(checkpoint);
   // A new file renamed over the path, as save_file, downloads and git checkouts do.
   test::write_random_checkpoint(dir / "new.safetensors", {{"a", DType::U8, {4096}}}, 2);
-  fs::rename(dir / "new.safetensors", path);
+  std::error_code refused;
+  fs::rename(dir / "new.safetensors", path, refused);
+#ifdef _WIN32
+  // Windows (and Wine) refuse to replace a file that is open: the reader can only keep it.
+  if (refused) GTEST_SKIP() << "the system refuses to rename over an open file: " << refused;
+#endif
+  ASSERT_FALSE(refused) << refused.message();
   std::vector<std::byte> got(4096);
   reader.read(*checkpoint->find("a"), 0, got.size(), got.data());
   EXPECT_EQ(got, first.at("a"));

@@ -48,4 +48,9 @@ echo "== tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
   -DFERRY_CUFILE_INCLUDE_DIR="$cufile_include"
 cmake --build build
+
+echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to this build's"
+tools/windows_check.sh build/cli/ferry
+
+echo "== tests"
 ctest --test-dir build --output-on-failure -j2

@@ -45,6 +45,14 @@ class OutOfMemory : public std::bad_alloc {
 
 namespace detail {
 
+// The errno for "the file changed underneath ferry" (replaced or removed since it was opened):
+// ESTALE, which Windows' C runtime lacks (EIO there; the message says what happened).
+#ifdef ESTALE
+inline constexpr int kFileChangedErrno = ESTALE;
+#else
+inline constexpr int kFileChangedErrno = EIO;
+#endif
+
 template <class... Parts>
 std::string concat(Parts&&... parts) {
   std::ostringstream out;

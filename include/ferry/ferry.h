@@ -14,7 +14,13 @@
 extern "C" {
 #endif
 
-#if defined(__GNUC__)
+// On Windows ferry.dll exports what ferry.def lists (made from src/ferry.map at build time); on
+// ELF systems the version script picks from the symbols marked visible here. Every entry point
+// uses the platform's one C calling convention (x64: the Microsoft x64 ABI), plain C types only,
+// so a host without a C compiler (Go's syscall.LoadDLL) can call it.
+#if defined(_WIN32)
+#define FERRY_API
+#elif defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
 #else
 #define FERRY_API
@@ -99,7 +105,9 @@ FERRY_API const char* ferry_last_error(void);
 /* The library's version, "MAJOR.MINOR.PATCH". */
 FERRY_API const char* ferry_version(void);
 
-/* Opens and validates a .safetensors file, a shard directory or an index .json.
+/* Opens and validates a .safetensors file, a shard directory or an index .json. Paths, here and
+ * everywhere in this API, are UTF-8 on every system (Windows included), and so are the names
+ * ferry returns.
  * Returns OK, INVALID_ARGUMENT, NOT_FOUND, IO_ERROR or FORMAT_ERROR. */
 FERRY_API ferry_status ferry_checkpoint_open(const char* path, ferry_checkpoint** out);
 /* Releases a checkpoint; NULL is ignored. Loaded results keep what they need. */

@@ -23,13 +23,15 @@ enum class IoMode {
 IoMode parse_io_mode(std::string_view text);
 
 enum class Backend {
-  Auto,    // cuFile where it really does GPUDirect Storage for every file, else staged
-  Cufile,  // cuFile; an error where it cannot run, or would run in compatibility mode unless
-           // allow_compat is set
-  Posix,   // the staged path: reads into pinned host memory, then asynchronous copies
+  Auto,           // cuFile where it really does GPUDirect Storage for every file, else staged
+  Cufile,         // cuFile; an error where it cannot run, or would run in compatibility mode unless
+                  // allow_compat is set
+  Posix,          // the staged path: reads into pinned host memory, then asynchronous copies
+  DirectStorage,  // Windows' DirectStorage (dstorage.dll); an error where it cannot run unless
+                  // allow_compat lets the staged path stand in (said so per file)
 };
 
-// "auto" | "cufile" | "posix"; throws std::invalid_argument otherwise.
+// "auto" | "cufile" | "posix" | "directstorage"; throws std::invalid_argument otherwise.
 Backend parse_backend(std::string_view text);
 
 inline constexpr std::uint64_t kDefaultStagingBytes = 256ull << 20;
@@ -37,9 +39,11 @@ inline constexpr std::uint64_t kDefaultStagingBytes = 256ull << 20;
 struct LoadOptions {
   Device device = Device::cpu();
   std::vector<std::string> names;  // tensors to load; empty loads all
-  IoMode io = IoMode::Auto;  // for the staged path
+  IoMode io = IoMode::Auto;        // for the staged path
   Backend backend = Backend::Auto;
-  bool allow_compat = false;  // let Backend::Cufile run in cuFile's compatibility mode
+  // Let Backend::Cufile run in cuFile's compatibility mode; let Backend::DirectStorage fall
+  // back to the staged path where DirectStorage cannot run (reported per file, never silent).
+  bool allow_compat = false;
   std::uint64_t staging_bytes = kDefaultStagingBytes;  // upper bound on host staging memory
   std::uint64_t chunk_bytes = 0;                       // largest read; 0 = chosen
   unsigned reader_threads = 0;                         // 0 = chosen

@@ -11,10 +11,11 @@
 namespace ferry {
 
 enum class IoPath {
-  Direct,        // O_DIRECT reads into pinned staging ("odirect")
-  Buffered,      // reads through the page cache into pinned staging ("buffered")
-  CufileGds,     // cuFile with true GPUDirect Storage DMA into GPU memory ("cufile-gds")
-  CufileCompat,  // cuFile in compatibility mode: POSIX reads inside cuFile ("cufile-compat")
+  Direct,         // O_DIRECT reads into pinned staging ("odirect")
+  Buffered,       // reads through the page cache into pinned staging ("buffered")
+  CufileGds,      // cuFile with true GPUDirect Storage DMA into GPU memory ("cufile-gds")
+  CufileCompat,   // cuFile in compatibility mode: POSIX reads inside cuFile ("cufile-compat")
+  DirectStorage,  // Windows DirectStorage requests into host staging ("directstorage")
 };
 
 std::string_view io_path_name(IoPath path);
@@ -27,18 +28,18 @@ struct FileLoadStats {
 };
 
 struct LoadStats {
-  std::string device;               // "cuda:0" or "cpu"
-  std::uint64_t tensor_bytes = 0;   // bytes that landed in destination memory
+  std::string device;                 // "cuda:0" or "cpu"
+  std::uint64_t tensor_bytes = 0;     // bytes that landed in destination memory
   std::uint64_t allocated_bytes = 0;  // destination memory ferry allocated (0 for load_into)
-  std::uint64_t bytes_read = 0;     // bytes read from files (alignment and holes included)
-  double seconds = 0;               // from planning to the last copy finished
-  double allocate_seconds = 0;      // of which: allocating destination memory
-  double staging_seconds = 0;       // of which: allocating staging memory
-  double open_seconds = 0;          // of which: opening files, probing their page-cache residency
+  std::uint64_t bytes_read = 0;       // bytes read from files (alignment and holes included)
+  double seconds = 0;                 // from planning to the last copy finished
+  double allocate_seconds = 0;        // of which: allocating destination memory
+  double staging_seconds = 0;         // of which: allocating staging memory
+  double open_seconds = 0;            // of which: opening files, probing their page-cache residency
   unsigned reader_threads = 0;
   unsigned slots_per_thread = 0;
   std::uint64_t chunk_bytes = 0;
-  std::string settings_source;  // where threads, read size and slots came from (see tuning.hpp)
+  std::string settings_source;      // where threads, read size and slots came from (see tuning.hpp)
   std::uint64_t staging_bytes = 0;  // host staging actually allocated
   bool staging_pinned = false;
   // Where the reader threads' time went, summed over threads (the staged path only): reading

@@ -43,7 +43,20 @@ struct CufileFacts {
 };
 CufileFacts cufile_facts(const std::filesystem::path& path = {});
 
-// The file system type of the mount holding `path` ("ext4", "tmpfs", ...).
+// Whether DirectStorage (Windows, dstorage.dll) can run in this process, and why not.
+struct DirectStorageFacts {
+  bool available = false;
+  std::string reason;
+  // Windows: the D3D12 adapter that is cuda:0, matched by LUID (never the default adapter by
+  // chance: a laptop's default is often its integrated GPU), or why none is. Empty elsewhere.
+  std::string cuda0_adapter;
+};
+DirectStorageFacts directstorage_facts();
+
+// This machine's physical memory in bytes.
+std::uint64_t physical_memory_bytes();
+
+// The file system type of the mount holding `path` ("ext4", "tmpfs", "NTFS", ...).
 std::string filesystem_name(const std::filesystem::path& path);
 
 // Fraction of `file`'s pages in the page cache (sampled on large files, as loads do).

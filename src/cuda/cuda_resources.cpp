@@ -1,7 +1,5 @@
 #include "cuda/cuda_resources.hpp"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -9,6 +7,7 @@
 #include <new>
 
 #include "ferry/error.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -22,10 +21,9 @@ const shim::CudaDriver& usable_driver() {
 }
 
 std::byte* allocate_aligned(std::size_t bytes) {
-  void* p = nullptr;
   const std::size_t rounded = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-  if (::posix_memalign(&p, kPageBytes, rounded == 0 ? kPageBytes : rounded) != 0)
-    throw std::bad_alloc();
+  void* p = aligned_malloc(kPageBytes, rounded == 0 ? kPageBytes : rounded);
+  if (p == nullptr) throw std::bad_alloc();
   return static_cast<std::byte*>(p);
 }
 
@@ -70,15 +68,14 @@ void Event::synchronize() const {
 
 HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(bytes) {
   const std::size_t mapped = std::max<std::size_t>(bytes, kPageBytes);
-  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  void* p = allocate_pages(mapped);
+  if (p == nullptr) throw std::bad_alloc();
   _data = static_cast<std::byte*>(p);
-  ::madvise(p, mapped, MADV_HUGEPAGE);  // advice only: no huge pages is still correct
   if (pin_in == nullptr) return;
   try {
     pin(*pin_in);
   } catch (...) {
-    ::munmap(p, mapped);
+    free_pages(p, mapped);
     _data = nullptr;
     throw;
   }
@@ -107,7 +104,7 @@ HostBuffer::~HostBuffer() { release(); }
 void HostBuffer::release() noexcept {
   if (_data == nullptr) return;
   if (_pinned) shim::CudaDriver::get().cuMemHostUnregister(_data);
-  ::munmap(_data, std::max<std::size_t>(_size, kPageBytes));
+  free_pages(_data, std::max<std::size_t>(_size, kPageBytes));
   _data = nullptr;
 }
 
@@ -138,7 +135,7 @@ std::shared_ptr<void> allocate_device_memory(std::shared_ptr<PrimaryContext> con
 }
 
 std::shared_ptr<void> allocate_host_memory(std::size_t bytes) {
-  return std::shared_ptr<void>(allocate_aligned(bytes), [](void* p) { std::free(p); });
+  return std::shared_ptr<void>(allocate_aligned(bytes), [](void* p) { aligned_free(p); });
 }
 
 }  // namespace ferry::detail

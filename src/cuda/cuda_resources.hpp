@@ -61,9 +61,9 @@ class Event {
   bool _recorded = false;
 };
 
-// Page-aligned host memory from mmap, pinned (registered with the driver) when a context is
-// given, so copies to the GPU run asynchronously at full speed. Transparent huge pages are asked
-// for first: they halve the time pinning takes (measured: 256 MiB in 40 ms instead of 90 ms).
+// Page-aligned host memory (platform/system.hpp: mmap; VirtualAlloc on Windows), pinned
+// (registered with the driver) when a context is given, so copies to the GPU run asynchronously
+// at full speed. Transparent huge pages are asked for first: they halve the time pinning takes (measured: 256 MiB in 40 ms instead of 90 ms).
 class HostBuffer {
  public:
   HostBuffer() = default;

@@ -1,7 +1,5 @@
 #include "cufile/gds_mode.hpp"
 
-#include <sys/statfs.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,8 +17,8 @@ struct FsSupport {
 
 // Local block file systems need NVMe support; the others carry their own bit.
 constexpr FsSupport kGdsFileSystems[] = {
-    {"ext4", 4}, {"xfs", 4}, {"lustre", 0}, {"wekafs", 1}, {"nfs", 2}, {"gpfs", 3},
-    {"beegfs", 9}, {"virtiofs", 13},
+    {"ext4", 4}, {"xfs", 4},  {"lustre", 0}, {"wekafs", 1},
+    {"nfs", 2},  {"gpfs", 3}, {"beegfs", 9}, {"virtiofs", 13},
 };
 
 }  // namespace
@@ -28,7 +26,8 @@ constexpr FsSupport kGdsFileSystems[] = {
 CuFileVerdict driver_verdict(const CuFileFacts& f) {
   if (!f.library_loaded) return {CuFileMode::Unavailable, f.problem};
   if (!f.driver_opened) return {CuFileMode::Unavailable, f.problem};
-  if (f.compat_forced) return {CuFileMode::Compat, "compatibility mode is forced by cuFile's configuration"};
+  if (f.compat_forced)
+    return {CuFileMode::Compat, "compatibility mode is forced by cuFile's configuration"};
   if (!f.nvidia_fs_loaded || f.nvfs_major == 0)
     return {CuFileMode::Compat,
             "the nvidia-fs kernel driver is not loaded: cuFile can only run in compatibility mode "
@@ -93,33 +92,6 @@ const CuFileFacts& probe_cufile() {
 bool nvidia_fs_present() {
   std::error_code ec;
   return std::filesystem::exists("/proc/driver/nvidia-fs/version", ec);
-}
-
-std::string filesystem_name(const std::string& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return std::string("unknown (") + std::strerror(errno) + ")";
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x01021994: return "tmpfs";
-    case 0x9123683E: return "btrfs";
-    case 0x794C7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0x0BD00BD0: return "lustre";
-    case 0x47504653: return "gpfs";
-    case 0x19830326: return "beegfs";
-    case 0x6A656A63: return "virtiofs";
-    case 0x65735546: return "fuse";
-    case 0x01021997: return "9p";
-    case 0x2FC12FC1: return "zfs";
-    case 0xFF534D42: return "cifs";
-    case 0x73717368: return "squashfs";
-    default: {
-      char text[40];
-      std::snprintf(text, sizeof text, "unknown (0x%lx)", static_cast<unsigned long>(fs.f_type));
-      return text;
-    }
-  }
 }
 
 }  // namespace ferry::detail

@@ -43,7 +43,4 @@ const CuFileFacts& probe_cufile();
 // checked before paying for cuFile's start-up.
 bool nvidia_fs_present();
 
-// "ext4", "xfs", "tmpfs", ... for the file system holding `path`.
-std::string filesystem_name(const std::string& path);
-
 }  // namespace ferry::detail

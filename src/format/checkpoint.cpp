@@ -26,7 +26,8 @@ fs::path find_index(const fs::path& dir) {
   if (fs::exists(standard)) return standard;
   std::vector<fs::path> found;
   for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.is_regular_file() && ends_with(entry.path().filename().string(), ".safetensors.index.json"))
+    if (entry.is_regular_file() &&
+        ends_with(entry.path().filename().string(), ".safetensors.index.json"))
       found.push_back(entry.path());
   FERRY_EXPECT(found.size() <= 1, FormatError, dir.string(),
                ": several *.safetensors.index.json files; name the one to load");
@@ -61,8 +62,8 @@ void expect_complete_splits(const std::vector<fs::path>& ggufs, const fs::path& 
       char name[32];
       std::snprintf(name, sizeof name, "-%05u-of-%05u.gguf", n, count);
       FERRY_FORMAT_EXPECT(found.count(n) == 1, (dir / (prefix + name)).string(),
-                          ": missing: split GGUF part ", n, " of ", count, " (found ",
-                          found.size(), " of its parts in ", dir.string(), ")");
+                          ": missing: split GGUF part ", n, " of ", count, " (found ", found.size(),
+                          " of its parts in ", dir.string(), ")");
     }
   }
 }
@@ -111,8 +112,10 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   ckpt._path = path;
   ckpt._file_set = FileSet::create();
   // The system calls below would see only the part before a NUL: another file.
-  FERRY_EXPECT(path.native().find('\0') == std::string::npos, std::invalid_argument, "path \"",
-               path.native().substr(0, path.native().find('\0')), "\\0...\" holds a NUL character");
+  const auto& native = path.native();
+  const auto nul = native.find(fs::path::value_type{0});
+  FERRY_EXPECT(nul == native.npos, std::invalid_argument, "path \"",
+               fs::path(native.substr(0, nul)).string(), "\\0...\" holds a NUL character");
   std::error_code ec;
   auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
@@ -213,7 +216,8 @@ void Checkpoint::add_file_unguarded(const fs::path& file) {
   std::error_code ec;
   const auto parsed_size = fs::file_size(file, ec);
   if (ec || parsed_size != entry.size)
-    detail::fail_errno(ESTALE, file.string(), ": the file changed while it was being opened");
+    detail::fail_errno(detail::kFileChangedErrno, file.string(),
+                       ": the file changed while it was being opened");
   const auto file_index = static_cast<std::uint32_t>(_files.size());
   // Doubling, not exact: a reserve per shard would move every tensor again for each one.
   if (_tensors.capacity() < _tensors.size() + tensors.size())

@@ -1,8 +1,5 @@
 #include "ferry/safetensors_writer.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
@@ -62,19 +59,6 @@ int safetensors_rank(DType dtype) {
       return 21;
   }
   return -1;
-}
-
-void write_all(int fd, const void* data, std::size_t size, const std::filesystem::path& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      FERRY_SYSCALL_FAIL(path.string(), ": write failed");
-    }
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
 }
 
 }  // namespace
@@ -140,14 +124,15 @@ std::vector<TensorInfo> write_safetensors(
   } catch (const std::invalid_argument& e) {
     detail::fail<std::invalid_argument>(path.string(), ": ", e.what());
   }
-  detail::FileDescriptor fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) FERRY_SYSCALL_FAIL(path.string(), ": cannot create");
-  write_all(fd.get(), header.bytes.data(), header.bytes.size(), path);
+  const detail::FileDescriptor fd = detail::create_for_writing(path);
+  detail::write_exact(fd, header.bytes.data(), header.bytes.size(), 0, path);
+  std::uint64_t offset = header.bytes.size();
   std::vector<std::byte> buffer;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     buffer.resize(header.layout[i].size);
     fill(tensors[i], buffer);
-    write_all(fd.get(), buffer.data(), buffer.size(), path);
+    detail::write_exact(fd, buffer.data(), buffer.size(), offset, path);
+    offset += buffer.size();
   }
   return header.layout;
 }

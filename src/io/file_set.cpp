@@ -74,7 +74,7 @@ std::size_t default_max_open() {
 }
 
 [[noreturn]] void changed_underneath(const std::filesystem::path& path, const std::string& how) {
-  detail::fail_errno(ESTALE, path.string(),
+  detail::fail_errno(detail::kFileChangedErrno, path.string(),
                      ": the file changed underneath ferry since it was "
                      "opened (",
                      how, "); open it again");

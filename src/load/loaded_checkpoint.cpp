@@ -128,8 +128,9 @@ Backend parse_backend(std::string_view text) {
   if (text == "auto") return Backend::Auto;
   if (text == "cufile") return Backend::Cufile;
   if (text == "posix") return Backend::Posix;
+  if (text == "directstorage") return Backend::DirectStorage;
   detail::fail<std::invalid_argument>("unknown backend \"", text,
-                                      "\": expected auto, cufile or posix");
+                                      "\": expected auto, cufile, posix or directstorage");
 }
 
 std::string_view io_path_name(IoPath path) {
@@ -142,6 +143,8 @@ std::string_view io_path_name(IoPath path) {
       return "cufile-gds";
     case IoPath::CufileCompat:
       return "cufile-compat";
+    case IoPath::DirectStorage:
+      return "directstorage";
   }
   return "unknown";
 }

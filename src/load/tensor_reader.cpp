@@ -1,7 +1,5 @@
 #include "ferry/tensor_reader.hpp"
 
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
 #include <mutex>

@@ -1,8 +1,5 @@
 #include "ferry/tuning.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -11,14 +8,16 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <system_error>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "io/file_descriptor.hpp"
+#include "platform/file.hpp"
+#include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"
 
 namespace ferry {
@@ -31,8 +30,7 @@ constexpr std::uint64_t kMiB = 1ull << 20;
 
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  ::gmtime_r(&now, &utc);
+  const std::tm utc = detail::utc_time(now);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;
@@ -53,8 +51,8 @@ constexpr std::uint64_t kMaxTuningFileBytes = 1 << 20;
 
 [[noreturn]] void malformed(const fs::path& file, const std::string& why) {
   detail::fail<FormatError>(file.string(), ": not a usable ferry tuning file (", why,
-                                      "); delete it, or measure again with `ferry doctor "
-                                      "CHECKPOINT --tune`");
+                            "); delete it, or measure again with `ferry doctor "
+                            "CHECKPOINT --tune`");
 }
 
 std::uint64_t staging_of(const Tuning& t) {
@@ -66,10 +64,7 @@ std::uint64_t staging_of(const Tuning& t) {
 fs::path tuning_file() {
   if (const char* explicit_file = std::getenv("FERRY_TUNING_FILE"); explicit_file && *explicit_file)
     return explicit_file;
-  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache && *cache)
-    return fs::path(cache) / "ferry" / "tuning.json";
-  const char* home = std::getenv("HOME");
-  return fs::path(home && *home ? home : "/tmp") / ".cache" / "ferry" / "tuning.json";
+  return detail::user_cache_directory() / "ferry" / "tuning.json";
 }
 
 std::string this_machine() {
@@ -90,8 +85,8 @@ std::optional<Tuning> read_tuning(const fs::path& file) {
   }
   const std::uint64_t size = detail::file_size(fd, file);  // refuses all but regular files
   if (size > kMaxTuningFileBytes)
-    malformed(file, detail::concat(size, " bytes; a tuning file holds less than ",
-                                   kMaxTuningFileBytes));
+    malformed(file,
+              detail::concat(size, " bytes; a tuning file holds less than ", kMaxTuningFileBytes));
   std::string text(size, '\0');
   detail::read_exact(fd, text.data(), size, 0, file);
   Json j;
@@ -127,11 +122,12 @@ void write_tuning(const fs::path& file, const Tuning& t) {
                   {"gigabytes_per_second", t.gigabytes_per_second},
                   {"checkpoint", t.checkpoint}};
   // Written aside and renamed, so that a concurrent load never reads half a file.
-  const fs::path partial = file.string() + ".partial." + std::to_string(::getpid());
+  const fs::path partial = file.string() + ".partial." + std::to_string(detail::process_id());
   {
-    std::ofstream out(partial);
+    std::ofstream out(partial, std::ios::binary);
     out << j.dump(2) << "\n";
-    FERRY_EXPECT(out.good(), std::runtime_error, partial.string(), ": cannot write the tuning file");
+    FERRY_EXPECT(out.good(), std::runtime_error, partial.string(),
+                 ": cannot write the tuning file");
   }
   fs::rename(partial, file);
 }
@@ -141,19 +137,17 @@ namespace {
 // What a tuning file was when it was last read: a server's loads read an unchanged file once.
 struct TuningFileState {
   fs::path path;
-  dev_t device = 0;
-  ino_t inode = 0;
-  off_t size = 0;
-  std::int64_t mtime_ns = 0;
-  bool operator==(const TuningFileState&) const = default;
+  detail::FileIdentity identity;  // device, inode, size, mtime
+  bool operator==(const TuningFileState& other) const {
+    return path == other.path && identity.same_contents(other.identity);
+  }
 };
 
 // The file's state, or nullopt where it is not a regular file (those are read, never kept).
 std::optional<TuningFileState> tuning_file_state(const fs::path& file) {
-  struct stat st {};
-  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return TuningFileState{file, st.st_dev, st.st_ino, st.st_size,
-                         std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+  const std::optional<detail::FileIdentity> identity = detail::identity_at(file);
+  if (!identity) return std::nullopt;
+  return TuningFileState{file, *identity};
 }
 
 ActiveTuning read_active_tuning(const fs::path& file);
@@ -191,8 +185,8 @@ ActiveTuning read_active_tuning(const fs::path& file) {
     return {std::nullopt, "built-in defaults (no tuning file at " + file.string() +
                               "; `ferry doctor CHECKPOINT --tune` measures one)"};
   if (t->machine != this_machine())
-    return {std::nullopt, "built-in defaults (" + file.string() + " was measured on " +
-                              t->machine + ", this is " + this_machine() + ")"};
+    return {std::nullopt, "built-in defaults (" + file.string() + " was measured on " + t->machine +
+                              ", this is " + this_machine() + ")"};
   std::ostringstream source;
   source.precision(3);
   source << "measured by ferry doctor --tune on " << t->measured << " (" << t->gigabytes_per_second

@@ -2,12 +2,18 @@
 #include <algorithm>
 
 #include "cufile/gds_mode.hpp"
+#include "dstorage/availability.hpp"
+#ifdef _WIN32
+#include "dstorage/adapters.hpp"
+#endif
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
+#include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
-#include "shim/cuda_driver.hpp"
 #include "load/settings.hpp"
+#include "platform/system.hpp"
+#include "shim/cuda_driver.hpp"
 
 namespace ferry {
 namespace {
@@ -74,8 +80,19 @@ CufileFacts cufile_facts(const std::filesystem::path& path) {
   return out;
 }
 
+std::uint64_t physical_memory_bytes() { return detail::physical_memory_bytes(); }
+
+DirectStorageFacts directstorage_facts() {
+  const auto& a = dstorage::availability();
+#ifdef _WIN32
+  return {a.usable, a.reason, dstorage::adapter_for_cuda_device(0)};
+#else
+  return {a.usable, a.reason, {}};
+#endif
+}
+
 std::string filesystem_name(const std::filesystem::path& path) {
-  return detail::filesystem_name(path.string());
+  return detail::filesystem_name(utf8_of(path));
 }
 
 double page_cache_fraction(const std::filesystem::path& file) {

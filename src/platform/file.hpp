@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "ferry/file_set.hpp"
@@ -101,6 +102,10 @@ class PlatformFile {
 // per 4 GB, a third of a warm 16 GB load on an H200 host). 0 where it cannot be measured.
 inline constexpr std::uint64_t kResidencySamplePages = 16384;
 double page_cache_fraction(NativeFile file, std::uint64_t size);
+
+// The identity of the regular file `path` names now (stat; on Windows its handle's information),
+// or nullopt where there is none or it is not a regular file.
+std::optional<FileIdentity> identity_at(const std::filesystem::path& path);
 
 // The most descriptors this process may hold (RLIMIT_NOFILE), or 0 for no limit.
 std::uint64_t open_file_limit();

@@ -6,7 +6,11 @@
 namespace ferry::shim {
 namespace {
 
+#ifdef _WIN32
+constexpr const char* kLibrary = "nvcuda.dll";
+#else
 constexpr const char* kLibrary = "libcuda.so.1";
+#endif
 
 template <class Fn>
 bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {
@@ -54,6 +58,8 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
   ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
   if (!ok) return d;
+  d.cuDeviceGetLuid =
+      reinterpret_cast<decltype(d.cuDeviceGetLuid)>(find_symbol(library, "cuDeviceGetLuid"));
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

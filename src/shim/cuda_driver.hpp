@@ -47,6 +47,9 @@ struct CudaDriver {
   cu::Result (*cuDeviceGet)(cu::Device*, int) = nullptr;
   cu::Result (*cuDeviceGetName)(char*, int, cu::Device) = nullptr;
   cu::Result (*cuDeviceGetAttribute)(int*, int, cu::Device) = nullptr;
+  // Optional (null where the driver lacks it): the device's adapter LUID, meaningful on Windows,
+  // where DirectStorage must use the D3D12 adapter of the same GPU.
+  cu::Result (*cuDeviceGetLuid)(char*, unsigned int*, cu::Device) = nullptr;
   cu::Result (*cuDeviceTotalMem)(std::size_t*, cu::Device) = nullptr;
   cu::Result (*cuDevicePrimaryCtxRetain)(cu::Context*, cu::Device) = nullptr;
   cu::Result (*cuDevicePrimaryCtxRelease)(cu::Device) = nullptr;

@@ -78,6 +78,7 @@ FERRY_CHECK_ABI(cuDeviceGetCount, cuDeviceGetCount);
 FERRY_CHECK_ABI(cuDeviceGet, cuDeviceGet);
 FERRY_CHECK_ABI(cuDeviceGetName, cuDeviceGetName);
 FERRY_CHECK_ABI(cuDeviceGetAttribute, cuDeviceGetAttribute);
+FERRY_CHECK_ABI(cuDeviceGetLuid, cuDeviceGetLuid);
 FERRY_CHECK_ABI(cuDeviceTotalMem_v2, cuDeviceTotalMem);
 FERRY_CHECK_ABI(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
 FERRY_CHECK_ABI(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease);

@@ -12,6 +12,10 @@ bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {
 
 CuFileLibrary load_library() {
   CuFileLibrary l;
+#ifdef _WIN32
+  l.why_not_loaded = "cuFile is not available on Windows (NVIDIA ships it for Linux only)";
+  return l;
+#else
   void* library = open_vendor_library({"libcufile.so.0", "libcufile.so"}, l.why_not_loaded);
   if (library == nullptr) return l;
   std::string& why = l.why_not_loaded;
@@ -27,6 +31,7 @@ CuFileLibrary load_library() {
   ok &= resolve(library, "cuFileGetVersion", l.cuFileGetVersion, why);
   l.loaded = ok;
   return l;
+#endif
 }
 
 }  // namespace

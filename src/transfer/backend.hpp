@@ -31,10 +31,12 @@ class TransferBackend {
   virtual void start(const std::shared_ptr<TicketState>& ticket) const = 0;
 };
 
-// The compiled-in backends, the preferred first: cuFile, then staged.
+// The compiled-in backends, the preferred first: cuFile, DirectStorage, then staged. Where one
+// cannot exist (cuFile on Windows, DirectStorage elsewhere) its entry says so when probed.
 std::span<const TransferBackend* const> backends();
 const TransferBackend& staged_backend();
 const TransferBackend& cufile_backend();
+const TransferBackend& dstorage_backend();
 
 // The route: which backend serves this submission (options.backend, the probes), and a note for
 // the statistics when auto passed cuFile over. Throws where options.backend cannot be honoured.

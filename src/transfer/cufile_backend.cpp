@@ -10,6 +10,7 @@
 #include "cufile/cufile_files.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/system.hpp"
 #include "platform/file.hpp"
 #include "shim/cufile.hpp"
 #include "transfer/backend.hpp"

@@ -7,6 +7,7 @@
 #include "cufile/cufile_files.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/system.hpp"
 #include "ferry/transfer.hpp"
 
 namespace ferry {

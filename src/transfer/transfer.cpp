@@ -74,6 +74,16 @@ Ticket start(const TransferBackend& backend, std::shared_ptr<TicketState> state)
 Route choose_route(const FileSet& files, const Device& device, const TransferOptions& options) {
   Route route{&staged_backend(), {}};
   if (options.backend == Backend::Posix) return route;
+  if (options.backend == Backend::DirectStorage) {
+    const Verdict v = dstorage_backend().probe(files, device, options);
+    if (v.usable) return {&dstorage_backend(), {}};
+    // Never silent: without explicit permission the load fails with the reason.
+    FERRY_EXPECT(options.allow_compat, std::invalid_argument, v.reason,
+                 "; to take the staged path instead, allow it explicitly (allow_compat, "
+                 "--allow-compat)");
+    route.note = "DirectStorage not used (the staged path was allowed instead): " + v.reason;
+    return route;
+  }
   FERRY_EXPECT(device.is_cuda() || options.backend != Backend::Cufile, std::invalid_argument,
                "the cufile backend moves GPU memory: it needs --device cuda:N");
   if (!device.is_cuda()) return route;
@@ -96,7 +106,8 @@ Route choose_route(const FileSet& files, const Device& device, const TransferOpt
 }
 
 std::span<const TransferBackend* const> backends() {
-  static const TransferBackend* const table[] = {&cufile_backend(), &staged_backend()};
+  static const TransferBackend* const table[] = {&cufile_backend(), &dstorage_backend(),
+                                                 &staged_backend()};
   return table;
 }
 

@@ -1,9 +1,9 @@
 #include "transfer/worker_pool.hpp"
 
-#include <pthread.h>
-
 #include <new>
 #include <system_error>
+
+#include "platform/system.hpp"
 
 namespace ferry::detail {
 
@@ -118,11 +118,11 @@ WorkerPool& transfer_workers() {
     // A child of fork() gets a pool with no threads, which makes them again on demand; the
     // lock is held across the fork so that the child never inherits it mid-change.
     static WorkerPool* forked = p;
-    ::pthread_atfork([] { forked->_mutex.lock(); }, [] { forked->_mutex.unlock(); },
-                     [] {
-                       forked->forget_threads_after_fork();
-                       forked->_mutex.unlock();
-                     });
+    at_fork([] { forked->_mutex.lock(); }, [] { forked->_mutex.unlock(); },
+            [] {
+              forked->forget_threads_after_fork();
+              forked->_mutex.unlock();
+            });
     return p;
   }();
   return *pool;

@@ -204,6 +204,12 @@ double PlatformFile::residency(double max_age_seconds) const {
   return fraction;
 }
 
+std::optional<FileIdentity> identity_at(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return identity_of(st);
+}
+
 std::uint64_t open_file_limit() {
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
