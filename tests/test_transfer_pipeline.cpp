@@ -175,6 +175,14 @@ TEST(WorkerPool, ABatchPostedRightAfterReserveMakesNoExtraThreads) {
   pool.post([&] { ++ran; }, 2);
   EXPECT_EQ(pool.threads(), 2u);
   while (ran < 2) std::this_thread::yield();
+  // One worker asked for (`--threads 1`), one job: one thread.
+  detail::WorkerPool single(64);
+  ASSERT_EQ(single.reserve(1), 1u);
+  single.post([&] { ++ran; }, 1);
+  EXPECT_EQ(single.threads(), 1u);
+  single.post([&] { ++ran; });
+  EXPECT_LE(single.threads(), 2u);
+  while (ran < 4) std::this_thread::yield();
 }
 
 class Pipeline : public ::testing::TestWithParam<IoMode> {};
