@@ -166,6 +166,25 @@ TEST(WorkerPool, ABatchRunsEveryCopyOnThreadsOrOnTheCaller) {
   EXPECT_EQ(ran_on, std::vector<std::thread::id>(5, std::this_thread::get_id()));
 }
 
+// Threads made but not yet waiting count as idle: a batch posted right after reserve() runs on
+// the threads reserved instead of making more, up to the cap (64 stacks of address space).
+TEST(WorkerPool, ABatchPostedRightAfterReserveMakesNoExtraThreads) {
+  detail::WorkerPool pool(64);
+  ASSERT_EQ(pool.reserve(2), 2u);
+  std::atomic<int> ran{0};
+  pool.post([&] { ++ran; }, 2);
+  EXPECT_EQ(pool.threads(), 2u);
+  while (ran < 2) std::this_thread::yield();
+  // One worker asked for (`--threads 1`), one job: one thread.
+  detail::WorkerPool single(64);
+  ASSERT_EQ(single.reserve(1), 1u);
+  single.post([&] { ++ran; }, 1);
+  EXPECT_EQ(single.threads(), 1u);
+  single.post([&] { ++ran; });
+  EXPECT_LE(single.threads(), 2u);
+  while (ran < 4) std::this_thread::yield();
+}
+
 class Pipeline : public ::testing::TestWithParam<IoMode> {};
 
 TEST_P(Pipeline, ManyUnalignedExtentsWriteAndReadBackExactly) {

@@ -28,14 +28,37 @@ class HostCopier final : public Copier {
   void drain() noexcept override {}
 };
 
-// One stream per device and thread, made on first use and kept: the pool's threads live for
-// the process, so their streams are never made twice. Leaked on purpose, never destroyed from a
-// thread-exit or static destructor that could run after the driver.
-Stream& thread_stream(int ordinal) {
-  thread_local auto* streams = new std::map<int, std::unique_ptr<Stream>>;
-  auto& s = (*streams)[ordinal];
-  if (!s) s = std::make_unique<Stream>();
-  return *s;
+// Streams per device, made on first need and kept: a copier borrows one for a job and gives it
+// back drained, so a worker thread the pool makes late (several submissions at once) costs no
+// stream creation, a driver call that can take milliseconds while other threads copy. Leaked on
+// purpose, never destroyed from a static destructor that could run after the driver.
+class StreamPool {
+ public:
+  Stream* take(int ordinal) {
+    {
+      std::lock_guard lock(_mutex);
+      auto& free = _free[ordinal];
+      if (!free.empty()) {
+        Stream* s = free.back();
+        free.pop_back();
+        return s;
+      }
+    }
+    return new Stream;  // in the device's context, made current by the caller
+  }
+  void give(int ordinal, Stream* stream) {
+    std::lock_guard lock(_mutex);
+    _free[ordinal].push_back(stream);
+  }
+
+ private:
+  std::mutex _mutex;
+  std::map<int, std::vector<Stream*>> _free;
+};
+
+StreamPool& stream_pool() {
+  static auto* pool = new StreamPool;  // leaked: see above
+  return *pool;
 }
 
 // Events cost a driver call to make; submissions borrow them and give them back.
@@ -70,7 +93,7 @@ class EventPool {
 };
 
 EventPool& event_pool() {
-  static auto* pool = new EventPool;  // leaked: see thread_stream
+  static auto* pool = new EventPool;  // leaked: see StreamPool
   return *pool;
 }
 
@@ -78,12 +101,18 @@ class CudaCopier final : public Copier {
  public:
   CudaCopier(int ordinal, unsigned slots) : _ordinal(ordinal) {
     device_context(ordinal).make_current();
-    _stream = &thread_stream(ordinal);
-    _fences = event_pool().take(ordinal, slots);
+    _stream = stream_pool().take(ordinal);
+    try {
+      _fences = event_pool().take(ordinal, slots);
+    } catch (...) {
+      stream_pool().give(ordinal, _stream);
+      throw;
+    }
   }
   ~CudaCopier() override {
     drain();
     event_pool().give(_ordinal, _fences);
+    stream_pool().give(_ordinal, _stream);
   }
   void put(std::uintptr_t memory, const std::byte* staging, std::uint64_t size) override {
     FERRY_CU(cuMemcpyHtoDAsync, memory, staging, size, _stream->get());
@@ -125,7 +154,5 @@ std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots) {
   if (!device.is_cuda()) return std::make_unique<HostCopier>();
   return std::make_unique<CudaCopier>(device.index, slots);
 }
-
-void wait_for_event(const Device& device, void* event) { make_copier(device, 0)->after(event); }
 
 }  // namespace ferry::detail

@@ -39,11 +39,8 @@ class Copier {
   virtual void drain() noexcept = 0;
 };
 
-// For memory on `device`, with `slots` fences. A GPU copier uses this thread's cached stream
-// for the device (kept between submissions) and pooled events.
+// For memory on `device`, with `slots` fences. A GPU copier borrows a stream of the device and
+// events from the process's pools (kept between submissions) and gives them back when dropped.
 std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots);
-
-// Makes this thread's stream for `device` wait for `event` (a CUevent); on the host, waits.
-void wait_for_event(const Device& device, void* event);
 
 }  // namespace ferry::detail

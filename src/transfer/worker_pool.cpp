@@ -24,6 +24,7 @@ WorkerPool::~WorkerPool() {
 bool WorkerPool::grow_locked() {
   try {
     _threads.push_back(_start([this] { run_thread(); }));
+    ++_starting;
     return true;
   } catch (const std::system_error& e) {
     _failure = "the system refused a thread (" + std::string(e.what()) + ") beyond " +
@@ -44,7 +45,7 @@ void WorkerPool::post(std::function<void()> job) {
   {
     std::unique_lock lock(_mutex);
     _jobs.push_back(std::move(job));
-    if (_jobs.size() > _idle && _threads.size() < _cap) grow_locked();
+    if (_jobs.size() > _idle + _starting && _threads.size() < _cap) grow_locked();
     if (!_threads.empty()) {
       lock.unlock();
       _wake.notify_one();
@@ -61,7 +62,7 @@ void WorkerPool::post(const std::function<void()>& job, unsigned count) {
   {
     std::lock_guard lock(_mutex);
     for (unsigned i = 0; i < count; ++i) _jobs.push_back(job);
-    while (_jobs.size() > _idle && _threads.size() < _cap && grow_locked()) {
+    while (_jobs.size() > _idle + _starting && _threads.size() < _cap && grow_locked()) {
     }
     if (!_threads.empty()) {
       if (count == 1) {
@@ -78,6 +79,7 @@ void WorkerPool::post(const std::function<void()>& job, unsigned count) {
 
 void WorkerPool::run_thread() {
   std::unique_lock lock(_mutex);
+  --_starting;
   for (;;) {
     ++_idle;
     _wake.wait(lock, [&] { return _stopping || !_jobs.empty(); });
@@ -107,6 +109,7 @@ void WorkerPool::forget_threads_after_fork() noexcept {
   _threads.clear();
   _jobs.clear();
   _idle = 0;
+  _starting = 0;
   // The condition variable still counts the parent's waiting threads, which the child lacks:
   // a notify could go to one of them. A fresh one starts clean (the old state is dropped).
   new (&_wake) std::condition_variable();

@@ -54,6 +54,7 @@ class WorkerPool {
   std::deque<std::function<void()>> _jobs;
   std::vector<std::thread> _threads;
   unsigned _idle = 0;
+  unsigned _starting = 0;  // made, not yet waiting for work: counted as idle when posting
   bool _stopping = false;
   std::string _failure;
 };
