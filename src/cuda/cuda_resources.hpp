@@ -45,7 +45,8 @@ class Stream {
 
 class Event {
  public:
-  Event();
+  // Timed events cost more to record; only they can be passed to elapsed_seconds.
+  explicit Event(bool timed = false);
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   Event(Event&& other) noexcept
@@ -55,6 +56,8 @@ class Event {
   // Waits for the last recorded work; returns at once if nothing was recorded.
   void synchronize() const;
   shim::cu::Event get() const noexcept { return _event; }
+  // Seconds between two recorded, completed, timed events; 0 where the driver cannot say.
+  static double elapsed_seconds(const Event& start, const Event& end);
 
  private:
   shim::cu::Event _event = nullptr;

@@ -52,6 +52,9 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
   ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
   if (!ok) return d;
+  std::string optional;
+  if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
+    resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

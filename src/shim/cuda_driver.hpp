@@ -22,6 +22,7 @@ using Event = EventState*;
 inline constexpr Result kSuccess = 0;
 inline constexpr unsigned kMemHostRegisterPortable = 0x01;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
+inline constexpr unsigned kEventDefault = 0x0;
 inline constexpr unsigned kEventDisableTiming = 0x2;
 inline constexpr int kAttributePciBusId = 33;
 }  // namespace cu
@@ -69,6 +70,8 @@ struct CudaDriver {
   cu::Result (*cuEventRecord)(cu::Event, cu::Stream) = nullptr;
   cu::Result (*cuEventSynchronize)(cu::Event) = nullptr;
   cu::Result (*cuEventQuery)(cu::Event) = nullptr;
+  // Optional (null where the driver lacks it): timing only, never needed to move bytes.
+  cu::Result (*cuEventElapsedTime)(float*, cu::Event, cu::Event) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

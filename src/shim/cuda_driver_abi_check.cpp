@@ -95,6 +95,8 @@ FERRY_CHECK_ABI(cuEventCreate, cuEventCreate);
 FERRY_CHECK_ABI(cuEventDestroy_v2, cuEventDestroy);
 FERRY_CHECK_ABI(cuEventRecord, cuEventRecord);
 FERRY_CHECK_ABI(cuEventSynchronize, cuEventSynchronize);
+FERRY_CHECK_ABI(cuEventElapsedTime, cuEventElapsedTime);  // cuda.h maps it to the current version
+static_assert(CU_EVENT_DEFAULT == cu::kEventDefault);
 
 }  // namespace
 }  // namespace ferry::shim

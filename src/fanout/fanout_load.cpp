@@ -1,0 +1,230 @@
+// Executes a fanout plan: per round, one transfer-core submission whose extents scatter into
+// every rank's allocation, then the round's all-gather, queued while the next round's reads run.
+// At most two submissions are in flight, each with half the staging bound.
+#include "ferry/fanout_load.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "cuda/cuda_resources.hpp"
+#include "fanout/collective.hpp"
+#include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
+#include "load/settings.hpp"
+
+namespace ferry {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void check_devices(const std::vector<Device>& devices) {
+  FERRY_EXPECT(!devices.empty(), std::invalid_argument, "multi-device load: no device given");
+  std::set<int> seen;
+  const bool cuda = devices.front().is_cuda();
+  for (const Device& d : devices) {
+    FERRY_EXPECT(d.is_cuda() == cuda, std::invalid_argument,
+                 "multi-device load: cpu cannot be mixed with cuda devices");
+    FERRY_EXPECT(!cuda || seen.insert(d.index).second, std::invalid_argument,
+                 "multi-device load: ", d.to_string(), " is listed twice");
+  }
+}
+
+// One read becomes one extent: its copies are back to back in the chunk; neighbours that are
+// contiguous on the same rank become one span.
+std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
+                            const std::vector<std::uintptr_t>& bases,
+                            const std::vector<Device>& devices) {
+  std::vector<Extent> out;
+  out.reserve(reads.size());
+  for (const FanoutRead& read : reads) {
+    Extent x{read.file_index, read.file_offset, {}};
+    std::uint64_t at = 0;
+    for (const FanoutCopy& c : read.copies) {
+      if (c.chunk_offset > at) x.spans.push_back({Device::cpu(), nullptr, c.chunk_offset - at});
+      const std::uintptr_t dst = bases[c.rank] + c.dest_offset;
+      MemorySpan* last = x.spans.empty() ? nullptr : &x.spans.back();
+      if (last && last->data && c.chunk_offset == at && last->device == devices[c.rank] &&
+          reinterpret_cast<std::uintptr_t>(last->data) + last->size == dst) {
+        last->size += c.size;
+      } else {
+        x.spans.push_back({devices[c.rank], reinterpret_cast<void*>(dst), c.size});
+      }
+      at = c.chunk_offset + c.size;
+    }
+    if (read.size > at) x.spans.push_back({Device::cpu(), nullptr, read.size - at});
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+double RankLoadStats::gigabytes_per_second() const {
+  return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1e9 : 0.0;
+}
+
+const LoadedShard* LoadedRank::find(std::string_view name) const {
+  auto it = _by_name.find(name);
+  return it == _by_name.end() ? nullptr : &_tensors[it->second];
+}
+
+class FanoutLoader {
+ public:
+  FanoutLoader(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options)
+      : _checkpoint(std::move(checkpoint)), _options(options) {}
+
+  FanoutLoad run() {
+    FERRY_EXPECT(_checkpoint != nullptr, std::invalid_argument, "load: no checkpoint given");
+    const std::vector<Device>& devices = _options.devices;
+    check_devices(devices);
+    FERRY_EXPECT(_options.load.backend != Backend::Cufile, std::invalid_argument,
+                 "multi-device load: only the staged path runs (cuFile registers one destination "
+                 "per load); use --backend auto or posix");
+    const unsigned n = static_cast<unsigned>(devices.size());
+    // Declared first so that it is freed last, after tickets and collectives have drained.
+    FanoutLoad result;
+    // Start-up outside the clock, as CUDA's: a server has its GPUs and NCCL up already.
+    std::vector<std::shared_ptr<detail::PrimaryContext>> contexts;
+    for (const Device& d : devices) {
+      if (!d.is_cuda()) continue;
+      prepare_device(d);
+      contexts.push_back(std::make_shared<detail::PrimaryContext>(d.index));
+    }
+    std::unique_ptr<detail::Collective> collective =
+        devices.front().is_cuda() && n > 1 ? detail::nccl_collective(devices)
+                                           : detail::host_collective(n);
+    FanoutStats& stats = result._stats;
+    stats.collective = collective->name();
+    stats.collective_setup_seconds = devices.front().is_cuda() && n > 1
+                                         ? detail::last_collective_setup_seconds()
+                                         : 0;
+
+    const ActiveTuning tuning = detail::tuning_for(_options.load);
+    const auto started = Clock::now();
+    const detail::EngineSettings settings = detail::choose_settings(_options.load, tuning);
+    FanoutPlanOptions plan_options;
+    plan_options.chunk_bytes = settings.chunk_bytes;
+    if (_options.round_bytes) plan_options.round_bytes = _options.round_bytes;
+    auto plan = std::make_shared<const FanoutPlan>(
+        plan_fanout(*_checkpoint, n, _options.rule, _options.load.names, plan_options));
+    result._checkpoint = _checkpoint;
+    result._plan = plan;
+
+    const auto allocating = Clock::now();
+    std::vector<std::uintptr_t> bases;
+    std::vector<void*> base_pointers;
+    for (unsigned r = 0; r < n; ++r) {
+      LoadedRank& rank = result._ranks.emplace_back();
+      rank._device = devices[r];
+      const std::uint64_t bytes = plan->layouts[r].dest_bytes;
+      rank._memory = devices[r].is_cuda() ? detail::allocate_device_memory(contexts[r], bytes)
+                                          : detail::allocate_host_memory(bytes);
+      bases.push_back(reinterpret_cast<std::uintptr_t>(rank._memory.get()));
+      base_pointers.push_back(rank._memory.get());
+      for (const ShardPiece& p : plan->layouts[r].pieces) {
+        rank._by_name.emplace(p.info->name, rank._tensors.size());
+        rank._tensors.push_back({&p, reinterpret_cast<void*>(bases.back() + p.dest_offset)});
+      }
+    }
+    stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
+
+    TransferOptions t;
+    t.backend = Backend::Posix;
+    t.io = _options.load.io;
+    t.threads = settings.threads;
+    t.chunk_bytes = settings.chunk_bytes;
+    t.slots_per_thread = settings.slots_per_thread;
+    t.staging_bytes = std::max<std::uint64_t>(_options.load.staging_bytes / 2, 1);
+    t.stop_at_first_error = true;
+    auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
+    const std::uint64_t total = plan->read_bytes;
+
+    // Round k's reads are submitted before round k-1's gather is queued, so that they overlap.
+    Ticket previous;
+    std::size_t previous_round = 0;
+    for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
+      const FanoutRound& round = plan->rounds[k];
+      if (_options.load.progress) {
+        auto seen = std::make_shared<std::uint64_t>(0);
+        t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
+                                                                             std::uint64_t) {
+          progress(done->fetch_add(d - *seen) + d - *seen, total);
+          *seen = d;
+        };
+      }
+      Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
+                              resolve(round.reads, bases, devices), t);
+      if (k > 0) finish(previous, plan->rounds[previous_round], *collective, base_pointers, stats);
+      previous = std::move(current);
+      previous_round = k;
+    }
+    if (!plan->rounds.empty())
+      finish(previous, plan->rounds[previous_round], *collective, base_pointers, stats);
+    collective->wait();
+    stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    stats.collective_seconds = collective->busy_seconds();
+    stats.rounds = plan->rounds.size();
+    stats.settings_source = settings.source;
+    for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
+    for (const TensorInfo* seen : selected(*plan)) stats.checkpoint_bytes += seen->size;
+    for (unsigned r = 0; r < n; ++r) {
+      RankLoadStats rs;
+      rs.device = devices[r].to_string();
+      rs.tensor_bytes = plan->layouts[r].tensor_bytes;
+      rs.link_bytes = plan->link_bytes[r];
+      rs.gather_bytes = n > 1 ? plan->gather_bytes[r] : 0;
+      rs.seconds = stats.seconds;
+      stats.tensor_bytes += rs.tensor_bytes;
+      stats.ranks.push_back(rs);
+    }
+    return result;
+  }
+
+ private:
+  static std::vector<const TensorInfo*> selected(const FanoutPlan& plan) {
+    std::vector<const TensorInfo*> out;
+    if (!plan.layouts.empty())
+      for (const ShardPiece& p : plan.layouts.front().pieces) out.push_back(p.info);
+    return out;
+  }
+
+  // Waits for a round's reads (every copy landed), then queues its gather.
+  void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
+              const std::vector<void*>& bases, FanoutStats& stats) {
+    if (_options.load.keep_going)
+      while (!ticket.wait_for(0.05))
+        if (!_options.load.keep_going()) {
+          ticket.cancel();
+          break;
+        }
+    ticket.wait();
+    ticket.rethrow_if_failed();
+    const TransferStats& ts = ticket.stats();
+    stats.reader_threads = std::max(stats.reader_threads, ts.threads);
+    stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
+    for (const FileLoadStats& f : ts.files) {
+      auto it = std::find_if(stats.files.begin(), stats.files.end(),
+                             [&](const FileLoadStats& g) { return g.path == f.path; });
+      if (it == stats.files.end()) {
+        stats.files.push_back(f);
+      } else {
+        it->bytes_read += f.bytes_read;
+      }
+    }
+    if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
+      collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+  }
+
+  std::shared_ptr<const Checkpoint> _checkpoint;
+  const FanoutOptions& _options;
+};
+
+FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
+  return FanoutLoader(std::move(checkpoint), options).run();
+}
+
+}  // namespace ferry
