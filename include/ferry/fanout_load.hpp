@@ -59,7 +59,7 @@ struct RankLoadStats {
 };
 
 struct FanoutStats {
-  std::string collective;           // "nccl 2.27.3", "host memcpy"
+  std::string collective;  // "nccl 2.27.3 (libnccl.so.2)" (where it was found), "host memcpy"
   double seconds = 0;               // from planning until every rank holds its bytes
   double collective_setup_seconds = 0;  // starting NCCL, the first time (outside `seconds`)
   double collective_seconds = 0;    // device time in all-gathers (overlapping reads)

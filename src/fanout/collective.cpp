@@ -142,9 +142,10 @@ class NcclCollective final : public Collective {
   }
   double busy_seconds() const override { return _busy; }
   std::string name() const override {
-    const int v = shim::NcclLibrary::get().version;
+    const auto& nccl = shim::NcclLibrary::get();
+    const int v = nccl.version;
     return "nccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-           std::to_string(v % 100);
+           std::to_string(v % 100) + " (" + nccl.path + ")";
   }
   double setup() const { return _setup; }
 

@@ -1,6 +1,7 @@
 // Executes a fanout plan: per round, one transfer-core submission whose extents scatter into
 // every rank's allocation, then the round's all-gather, queued while the next round's reads run.
-// At most two submissions are in flight, each with half the staging bound.
+// At most two submissions are in flight, each within the staging bound (and all of them within
+// the process's staging limit).
 #include "ferry/fanout_load.hpp"
 
 #include <algorithm>
@@ -138,7 +139,7 @@ class FanoutLoader {
     t.threads = settings.threads;
     t.chunk_bytes = settings.chunk_bytes;
     t.slots_per_thread = settings.slots_per_thread;
-    t.staging_bytes = std::max<std::uint64_t>(_options.load.staging_bytes / 2, 1);
+    t.staging_bytes = _options.load.staging_bytes;
     t.stop_at_first_error = true;
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
     const std::uint64_t total = plan->read_bytes;
