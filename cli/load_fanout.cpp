@@ -35,9 +35,9 @@ void print_stats(std::FILE* out, const FanoutStats& s, bool tensor_parallel) {
                human_bytes(s.bytes_read).c_str(),
                s.checkpoint_bytes ? static_cast<double>(s.bytes_read) / s.checkpoint_bytes : 0.0);
   for (const auto& r : s.ranks)
-    std::fprintf(out, "%s: holds %s (%.2f GB/s); host link %s, all-gathered in %s\n",
+    std::fprintf(out, "%s: holds %s (%.2f GB/s); host link %s, from other GPUs %s\n",
                  r.device.c_str(), human_bytes(r.tensor_bytes).c_str(), r.gigabytes_per_second(),
-                 human_bytes(r.link_bytes).c_str(), human_bytes(r.gather_bytes).c_str());
+                 human_bytes(r.link_bytes).c_str(), human_bytes(r.peer_bytes).c_str());
   std::fprintf(out, "collectives: %s, %.3f s of device time in %zu rounds (started in %.3f s)\n",
                s.collective.c_str(), s.collective_seconds, s.rounds, s.collective_setup_seconds);
   std::fprintf(out, "engine: %u reader threads, %s reads; settings: %s\n", s.reader_threads,

@@ -53,7 +53,7 @@ struct RankLoadStats {
   std::string device;
   std::uint64_t tensor_bytes = 0;  // what the rank holds
   std::uint64_t link_bytes = 0;    // copied into it from host memory
-  std::uint64_t gather_bytes = 0;  // received from other ranks by all-gathers
+  std::uint64_t peer_bytes = 0;    // received from other ranks (all-gathers and scatters)
   double gigabytes_per_second() const;  // tensor_bytes over the load's seconds
   double seconds = 0;
 };
@@ -62,7 +62,7 @@ struct FanoutStats {
   std::string collective;  // "nccl 2.27.3 (libnccl.so.2)" (where it was found), "host memcpy"
   double seconds = 0;               // from planning until every rank holds its bytes
   double collective_setup_seconds = 0;  // starting NCCL, the first time (outside `seconds`)
-  double collective_seconds = 0;    // device time in all-gathers (overlapping reads)
+  double collective_seconds = 0;    // device time in all-gathers and scatters (overlapping reads)
   double allocate_seconds = 0;      // of `seconds`: the ranks' allocations
   std::uint64_t bytes_read = 0;     // from storage, counted by the engine
   std::uint64_t checkpoint_bytes = 0;  // the selected tensors, once

@@ -4,7 +4,10 @@
 // rank's host link carries about 1/N of the bytes. Bytes every rank holds (replicated) lie in one
 // region at the same offset on every rank and are read in rounds: in each round rank r reads its
 // 1/N of the round's range into its own memory, then one in-place all-gather gives every rank the
-// whole range. Sliced bytes go straight from the read to the rank that holds them. Pure: no I/O.
+// whole range. A split of the outermost dimension is one contiguous range per rank, which that
+// rank reads itself. A split of an inner dimension is strided in the file: one rank (the one
+// whose link carries least so far) reads the tensor whole into scratch memory and cuts every
+// rank's slice from it over the GPUs' links (a 2-D copy per rank). Pure: no I/O.
 #pragma once
 
 #include <cstdint>
@@ -69,17 +72,18 @@ struct RankLayout {
   std::uint64_t tensor_bytes = 0;  // sum of its pieces
 };
 
-// `size` bytes at `chunk_offset` of a read land at `dest_offset` of rank `rank`'s allocation.
+// `size` bytes at `chunk_offset` of a read land at `dest_offset` of rank `rank`'s allocation, or
+// of its scratch memory when `to_scratch`.
 struct FanoutCopy {
   std::uint32_t rank = 0;
   std::uint64_t dest_offset = 0;
   std::uint64_t chunk_offset = 0;
   std::uint64_t size = 0;
+  bool to_scratch = false;
 };
 
-// One read of [file_offset, file_offset + size) of one file, by `reader` (whose host link carries
-// it when every copy is its own; a read of a tensor split along an inner dimension scatters to
-// several ranks, which one process driving every GPU can do directly).
+// One read of [file_offset, file_offset + size) of one file, by `reader`, whose host link carries
+// it: every copy goes to the reader's own memory.
 struct FanoutRead {
   std::uint32_t file_index = 0;
   std::uint64_t file_offset = 0;
@@ -88,12 +92,34 @@ struct FanoutRead {
   std::vector<FanoutCopy> copies;  // in chunk order, not overlapping
 };
 
-// A batch of reads, then (when gather_bytes_per_rank > 0) the in-place all-gather of the
+// One rank's slice of a tensor split along an inner dimension: of each of the tensor's rows (in
+// the reader's scratch), `width` bytes from `row_begin`, packed at `dest_offset` of `rank`.
+struct ScatterPart {
+  std::uint32_t rank = 0;
+  std::uint64_t dest_offset = 0;
+  std::uint64_t row_begin = 0;
+  std::uint64_t width = 0;
+};
+
+// A tensor read whole into `reader`'s scratch at `scratch_offset`: `rows` rows of `row_bytes`
+// (the product of the dimensions before the split one, and the bytes from the split dimension
+// on), cut into every rank's slice.
+struct FanoutScatter {
+  const TensorInfo* info = nullptr;
+  std::uint32_t reader = 0;
+  std::uint64_t scratch_offset = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t row_bytes = 0;
+  std::vector<ScatterPart> parts;  // one per rank with a non-empty slice
+};
+
+// A batch of reads, then its scatters, then (when gather_bytes_per_rank > 0) the in-place all-gather of the
 // replicated bytes [gather_offset, gather_offset + ranks * gather_bytes_per_rank): before it,
 // rank r holds its own part [gather_offset + r * gather_bytes_per_rank, ...); after it every rank
 // holds the whole range. Rounds run in order; a round's reads may overlap the previous gather.
 struct FanoutRound {
   std::vector<FanoutRead> reads;  // interleaved across readers, so that every link stays busy
+  std::vector<FanoutScatter> scatters;
   std::uint64_t gather_offset = 0;
   std::uint64_t gather_bytes_per_rank = 0;
 };
@@ -104,8 +130,12 @@ struct FanoutPlan {
   std::uint64_t replicated_bytes = 0;  // the region at offset 0 of every rank (padding included)
   std::vector<FanoutRound> rounds;
   std::uint64_t read_bytes = 0;         // from storage: every tensor byte exactly once
-  std::vector<std::uint64_t> link_bytes;    // per rank: bytes copied from host memory into it
-  std::vector<std::uint64_t> gather_bytes;  // per rank: bytes it receives from all-gathers
+  std::vector<std::uint64_t> link_bytes;   // per rank: bytes copied from host memory into it
+  std::vector<std::uint64_t> peer_bytes;   // per rank: bytes it receives from other ranks
+  // Per rank: scratch memory for scatters, two banks that rounds use in turn (round k uses bank
+  // k % 2, which begins at 0 or at scratch_bank_bytes[rank]): round k's reads may start only
+  // after round k - 2's scatters finished.
+  std::vector<std::uint64_t> scratch_bank_bytes;
 };
 
 // Plans a load of the named tensors (all when `names` is empty) onto `ranks` ranks. Throws

@@ -22,6 +22,7 @@ class PrimaryContext {
   // Each thread that calls the driver must make the context current first.
   void make_current() const;
   int ordinal() const noexcept { return _ordinal; }
+  shim::cu::Context get() const noexcept { return _context; }
 
  private:
   int _ordinal;

@@ -1,6 +1,8 @@
-// The collective a multi-device load fans replicated bytes out with: an in-place all-gather over
-// the ranks' allocations. NCCL for GPUs (one process driving them all), memcpy for host memory
-// (tests, and the same code path without a GPU).
+// How a multi-device load moves bytes between ranks: an in-place all-gather of replicated bytes
+// over the ranks' allocations, and scatters that cut a tensor read whole on one rank into every
+// rank's slice. GPUs (one process driving them all): NCCL all-gathers and peer-to-peer 2-D copies
+// over NVLink (peer access enabled between every pair), each rank's on a stream of its own. Host
+// memory (tests, and the same code path without a GPU): memcpy.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,17 @@ class Collective {
   // caller waited for them), on streams of its own; returns before it finishes.
   virtual void all_gather(std::span<void* const> bases, std::uint64_t offset,
                           std::uint64_t bytes_per_rank) = 0;
+  // One rank's slice of a scatter: of each row, `width` bytes from `row_begin`, packed at `dst`.
+  struct Slice {
+    unsigned rank = 0;
+    void* dst = nullptr;
+    std::uint64_t row_begin = 0;
+    std::uint64_t width = 0;
+  };
+  // Queues, after the reader's earlier copies landed: `rows` rows of `row_bytes` at `src` on rank
+  // `reader`, cut into each slice.
+  virtual void scatter(unsigned reader, const void* src, std::uint64_t rows,
+                       std::uint64_t row_bytes, std::span<const Slice> slices) = 0;
   // Until everything queued finished; throws CudaError where a collective failed.
   virtual void wait() = 0;
   // Device time spent in collectives so far (from the first queued to the last finished of each).

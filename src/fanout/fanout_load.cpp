@@ -38,6 +38,7 @@ void check_devices(const std::vector<Device>& devices) {
 // contiguous on the same rank become one span.
 std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
                             const std::vector<std::uintptr_t>& bases,
+                            const std::vector<std::uintptr_t>& scratch,
                             const std::vector<Device>& devices) {
   std::vector<Extent> out;
   out.reserve(reads.size());
@@ -46,7 +47,7 @@ std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
     std::uint64_t at = 0;
     for (const FanoutCopy& c : read.copies) {
       if (c.chunk_offset > at) x.spans.push_back({Device::cpu(), nullptr, c.chunk_offset - at});
-      const std::uintptr_t dst = bases[c.rank] + c.dest_offset;
+      const std::uintptr_t dst = (c.to_scratch ? scratch : bases)[c.rank] + c.dest_offset;
       MemorySpan* last = x.spans.empty() ? nullptr : &x.spans.back();
       if (last && last->data && c.chunk_offset == at && last->device == devices[c.rank] &&
           reinterpret_cast<std::uintptr_t>(last->data) + last->size == dst) {
@@ -131,6 +132,20 @@ class FanoutLoader {
         rank._tensors.push_back({&p, reinterpret_cast<void*>(bases.back() + p.dest_offset)});
       }
     }
+    // Scratch for scatters: two banks per rank, freed when the load returns.
+    std::vector<std::shared_ptr<void>> scratch_memory;
+    std::vector<std::uintptr_t> scratch;
+    for (unsigned r = 0; r < n; ++r) {
+      const std::uint64_t bytes = 2 * plan->scratch_bank_bytes[r];
+      if (bytes == 0) {
+        scratch.push_back(0);
+        continue;
+      }
+      scratch_memory.push_back(devices[r].is_cuda()
+                                   ? detail::allocate_device_memory(contexts[r], bytes)
+                                   : detail::allocate_host_memory(bytes));
+      scratch.push_back(reinterpret_cast<std::uintptr_t>(scratch_memory.back().get()));
+    }
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
 
     TransferOptions t;
@@ -157,14 +172,17 @@ class FanoutLoader {
           *seen = d;
         };
       }
+      // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
+      if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
       Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
-                              resolve(round.reads, bases, devices), t);
-      if (k > 0) finish(previous, plan->rounds[previous_round], *collective, base_pointers, stats);
+                              resolve(round.reads, bases, scratch, devices), t);
+      if (k > 0)
+        finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
       previous = std::move(current);
       previous_round = k;
     }
     if (!plan->rounds.empty())
-      finish(previous, plan->rounds[previous_round], *collective, base_pointers, stats);
+      finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
     collective->wait();
     stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     stats.collective_seconds = collective->busy_seconds();
@@ -177,7 +195,7 @@ class FanoutLoader {
       rs.device = devices[r].to_string();
       rs.tensor_bytes = plan->layouts[r].tensor_bytes;
       rs.link_bytes = plan->link_bytes[r];
-      rs.gather_bytes = n > 1 ? plan->gather_bytes[r] : 0;
+      rs.peer_bytes = plan->peer_bytes[r];
       rs.seconds = stats.seconds;
       stats.tensor_bytes += rs.tensor_bytes;
       stats.ranks.push_back(rs);
@@ -193,9 +211,10 @@ class FanoutLoader {
     return out;
   }
 
-  // Waits for a round's reads (every copy landed), then queues its gather.
+  // Waits for a round's reads (every copy landed), then queues its scatters and its gather.
   void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
-              const std::vector<void*>& bases, FanoutStats& stats) {
+              const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
+              FanoutStats& stats) {
     if (_options.load.keep_going)
       while (!ticket.wait_for(0.05))
         if (!_options.load.keep_going()) {
@@ -215,6 +234,15 @@ class FanoutLoader {
       } else {
         it->bytes_read += f.bytes_read;
       }
+    }
+    std::vector<detail::Collective::Slice> slices;
+    for (const FanoutScatter& sc : round.scatters) {
+      slices.clear();
+      for (const ScatterPart& p : sc.parts)
+        slices.push_back({p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset,
+                          p.row_begin, p.width});
+      collective.scatter(sc.reader, reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
+                         sc.rows, sc.row_bytes, slices);
     }
     if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
       collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);

@@ -10,7 +10,7 @@ std::string to_json(const FanoutStats& s) {
     ranks.push_back({{"device", r.device},
                      {"tensor_bytes", r.tensor_bytes},
                      {"link_bytes", r.link_bytes},
-                     {"gather_bytes", r.gather_bytes},
+                     {"peer_bytes", r.peer_bytes},
                      {"seconds", r.seconds},
                      {"gigabytes_per_second", r.gigabytes_per_second()}});
   nlohmann::json files = nlohmann::json::array();

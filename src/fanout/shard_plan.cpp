@@ -85,13 +85,13 @@ class ReadBuilder {
   explicit ReadBuilder(std::uint64_t chunk_bytes) : _chunk(chunk_bytes) {}
 
   void add(std::uint32_t file, std::uint64_t file_offset, std::uint64_t size, std::uint32_t rank,
-           std::uint64_t dest_offset, std::uint32_t reader) {
+           std::uint64_t dest_offset, std::uint32_t reader, bool to_scratch) {
     while (size > 0) {
       if (_reads.empty() || !continues(file, file_offset, reader))
         _reads.push_back({file, file_offset, 0, reader, {}});
       FanoutRead& r = _reads.back();
       const std::uint64_t n = std::min(size, _chunk - r.size);
-      r.copies.push_back({rank, dest_offset, r.size, n});
+      r.copies.push_back({rank, dest_offset, r.size, n, to_scratch});
       r.size += n;
       file_offset += n;
       dest_offset += n;
@@ -169,7 +169,7 @@ struct Planner {
       const std::uint64_t left = end - at;
       const std::uint64_t per_rank =
           left >= share * ranks ? share : align_up((left + ranks - 1) / ranks, options.alignment);
-      plan.rounds.push_back({{}, at, per_rank});
+      plan.rounds.push_back({{}, {}, at, per_rank});
       at += per_rank * ranks;
     }
     plan.replicated_bytes = at;
@@ -191,7 +191,7 @@ struct Planner {
           const std::uint64_t from = std::max(lo, offsets[i]);
           const std::uint64_t to = std::min(hi, offsets[i] + t.size);
           if (from >= to) continue;
-          builder.add(t.file_index, t.offset + (from - offsets[i]), to - from, r, from, r);
+          builder.add(t.file_index, t.offset + (from - offsets[i]), to - from, r, from, r, false);
         }
         queues[r] = builder.take();
       }
@@ -200,17 +200,28 @@ struct Planner {
   }
 
   // Sliced tensors: a split of the outermost dimension is one run per rank, read by that rank;
-  // an inner split is read once, chunk by chunk (readers taking turns), scattering its rows.
+  // an inner split is read whole by the rank whose link carries least so far, into its scratch,
+  // and cut from there.
   void read_sliced(const std::vector<std::pair<const TensorInfo*, std::vector<ShardPiece*>>>& sliced) {
+    std::vector<std::uint64_t> link(ranks, 0);  // what each link carries so far
+    for (const FanoutRound& round : plan.rounds)
+      for (const FanoutRead& read : round.reads) link[read.reader] += read.size;
+    plan.scratch_bank_bytes.assign(ranks, 0);
     std::vector<std::vector<FanoutRead>> queues(ranks);
+    std::vector<FanoutScatter> scatters;
+    std::vector<std::uint64_t> scratch(ranks, 0);  // used in the current round, per rank
     std::uint64_t queued = 0;
-    unsigned turn = 0;
     auto flush = [&] {
       FanoutRound round;
       round.reads = interleave(queues);
-      if (!round.reads.empty()) plan.rounds.push_back(std::move(round));
+      round.scatters = std::move(scatters);
+      scatters.clear();
+      if (round.reads.empty()) return;
+      plan.rounds.push_back(std::move(round));
       queued = 0;
+      scratch.assign(ranks, 0);
     };
+    // Scratch offsets are within the round's bank; fixed up once the bank sizes are known.
     for (const auto& [t, pieces] : sliced) {
       const int dim = pieces.front()->dim;
       const SplitGeometry g = geometry(*t, dim);
@@ -218,30 +229,52 @@ struct Planner {
         for (unsigned r = 0; r < ranks; ++r) {
           const ShardPiece& p = *pieces[r];
           ReadBuilder builder(options.chunk_bytes);
-          builder.add(t->file_index, t->offset + p.begin * g.unit, p.bytes, r, p.dest_offset, r);
+          builder.add(t->file_index, t->offset + p.begin * g.unit, p.bytes, r, p.dest_offset, r,
+                      false);
           for (auto& read : builder.take()) queues[r].push_back(std::move(read));
+          link[r] += p.bytes;
         }
-      } else {
+      } else if (t->size > 0) {
+        const auto reader = static_cast<std::uint32_t>(
+            std::min_element(link.begin(), link.end()) - link.begin());
+        const std::uint64_t at = align_up(scratch[reader], options.alignment);
+        scratch[reader] = at + t->size;
         ReadBuilder builder(options.chunk_bytes);
-        std::uint64_t file_at = t->offset;
-        for (std::uint64_t o = 0; o < g.outer; ++o)
-          for (unsigned r = 0; r < ranks; ++r) {
-            const ShardPiece& p = *pieces[r];
-            const std::uint64_t run = (p.end - p.begin) * g.unit;
-            builder.add(t->file_index, file_at, run, r, p.dest_offset + o * run, 0);
-            file_at += run;
-          }
-        for (auto& read : builder.take()) {
-          read.reader = turn;
-          queues[turn].push_back(std::move(read));
-          turn = (turn + 1) % ranks;
+        builder.add(t->file_index, t->offset, t->size, reader, at, reader, true);
+        for (auto& read : builder.take()) queues[reader].push_back(std::move(read));
+        link[reader] += t->size;
+        FanoutScatter sc{t, reader, at, g.outer, g.length * g.unit, {}};
+        for (unsigned r = 0; r < ranks; ++r) {
+          const ShardPiece& p = *pieces[r];
+          if (p.bytes > 0)
+            sc.parts.push_back({r, p.dest_offset, p.begin * g.unit, (p.end - p.begin) * g.unit});
         }
+        scatters.push_back(std::move(sc));
       }
       queued += t->size;
+      const std::size_t bank = plan.rounds.size() % 2;  // the index the round will have
+      scratch_banks[bank].resize(ranks, 0);
+      for (unsigned r = 0; r < ranks; ++r)
+        scratch_banks[bank][r] = std::max(scratch_banks[bank][r], scratch[r]);
       if (queued >= options.round_bytes * ranks) flush();
     }
     flush();
+    // Both banks take the larger one's size; every copy and scatter of an odd round moves to
+    // the second bank.
+    for (auto& bank : scratch_banks) bank.resize(ranks, 0);
+    for (unsigned r = 0; r < ranks; ++r)
+      plan.scratch_bank_bytes[r] =
+          align_up(std::max(scratch_banks[0][r], scratch_banks[1][r]), options.alignment);
+    for (std::size_t k = 1; k < plan.rounds.size(); k += 2) {
+      FanoutRound& round = plan.rounds[k];
+      for (FanoutRead& read : round.reads)
+        for (FanoutCopy& c : read.copies)
+          if (c.to_scratch) c.dest_offset += plan.scratch_bank_bytes[c.rank];
+      for (FanoutScatter& sc : round.scatters) sc.scratch_offset += plan.scratch_bank_bytes[sc.reader];
+    }
   }
+
+  std::vector<std::uint64_t> scratch_banks[2];
 };
 
 }  // namespace
@@ -256,7 +289,7 @@ FanoutPlan plan_fanout(std::span<const TensorInfo> tensors, unsigned ranks, cons
   FERRY_EXPECT(options.alignment > 0 && (options.alignment & (options.alignment - 1)) == 0,
                std::invalid_argument, "multi-device load: alignment ", options.alignment,
                " is not a power of two");
-  Planner planner{ranks, options, {}};
+  Planner planner{ranks, options, {}, {}};
   FanoutPlan& plan = planner.plan;
   plan.ranks = ranks;
   plan.layouts.resize(ranks);
@@ -313,14 +346,18 @@ FanoutPlan plan_fanout(std::span<const TensorInfo> tensors, unsigned ranks, cons
   planner.read_sliced(sliced);
 
   plan.link_bytes.assign(ranks, 0);
-  plan.gather_bytes.assign(ranks, 0);
+  plan.peer_bytes.assign(ranks, 0);
   for (const FanoutRound& round : plan.rounds) {
     for (const FanoutRead& read : round.reads) {
       plan.read_bytes += read.size;
       for (const FanoutCopy& c : read.copies) plan.link_bytes[c.rank] += c.size;
     }
-    for (unsigned r = 0; r < ranks; ++r)
-      plan.gather_bytes[r] += round.gather_bytes_per_rank * (ranks - 1);
+    for (const FanoutScatter& sc : round.scatters)
+      for (const ScatterPart& part : sc.parts)
+        if (part.rank != sc.reader) plan.peer_bytes[part.rank] += part.width * sc.rows;
+    if (ranks > 1)
+      for (unsigned r = 0; r < ranks; ++r)
+        plan.peer_bytes[r] += round.gather_bytes_per_rank * (ranks - 1);
   }
   return plan;
 }

@@ -51,6 +51,8 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuEventRecord", d.cuEventRecord, why);
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
   ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
+  ok &= resolve(library, "cuCtxEnablePeerAccess", d.cuCtxEnablePeerAccess, why);
+  ok &= resolve(library, "cuMemcpy3DPeerAsync", d.cuMemcpy3DPeerAsync, why);
   if (!ok) return d;
   std::string optional;
   if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
