@@ -103,6 +103,78 @@ TEST(FanoutLoad, SelectedNamesOnly) {
                                            written.at("model.layers.0.mlp.down_proj.weight").size());
 }
 
+// One process per rank, played by one thread: each rank reads its own share of each round
+// (read_fanout_round), then the test moves bytes between ranks as torch.distributed would.
+TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 12);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutPlanOptions po;
+  po.round_bytes = 700;
+  po.chunk_bytes = 1500;
+  for (unsigned n : {2u, 3u}) {
+    const FanoutPlan plan = plan_fanout(*ckpt, n, llama_tensor_parallel, {}, po);
+    std::vector<std::vector<std::byte>> memory(n), scratch(n);
+    for (unsigned r = 0; r < n; ++r) {
+      memory[r].resize(plan.layouts[r].dest_bytes);
+      scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
+    }
+    LoadOptions o;
+    o.io = IoMode::Buffered;
+    std::uint64_t read = 0;
+    for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
+      for (unsigned r = 0; r < n; ++r)
+        read += read_fanout_round(*ckpt, plan, k, r, Device::cpu(), memory[r].data(),
+                                  scratch[r].data(), o)
+                    .bytes_read;
+      const FanoutRound& round = plan.rounds[k];
+      for (const FanoutScatter& sc : round.scatters)
+        for (const ScatterPart& part : sc.parts)
+          for (std::uint64_t row = 0; row < sc.rows; ++row)
+            std::memcpy(memory[part.rank].data() + part.dest_offset + row * part.width,
+                        scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes +
+                            part.row_begin,
+                        part.width);
+      for (unsigned from = 0; from < n; ++from)
+        for (unsigned to = 0; to < n; ++to)
+          if (to != from)
+            std::memcpy(memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                        memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                        round.gather_bytes_per_rank);
+    }
+    EXPECT_EQ(read, plan.read_bytes);
+    for (unsigned r = 0; r < n; ++r)
+      for (const ShardPiece& p : plan.layouts[r].pieces) {
+        const auto want = test::host_slice(written.at(p.info->name), p);
+        EXPECT_EQ(std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()), 0)
+            << p.info->name << " on rank " << r;
+      }
+  }
+  EXPECT_THROW(read_fanout_round(*ckpt, plan_fanout(*ckpt, 2, replicate_all), 99, 0, Device::cpu(),
+                                 nullptr, nullptr, {}),
+               std::invalid_argument);
+}
+
+TEST(FanoutLoad, PlanDigestsDifferWhereRanksWouldDisagree) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "a.safetensors", model_specs(), 13);
+  auto specs = model_specs();
+  specs.back().shape = {36, 24};  // one tensor of another size
+  test::write_random_checkpoint(dir / "b.safetensors", specs, 13);
+  auto a = Checkpoint::open_shared(dir / "a.safetensors");
+  auto b = Checkpoint::open_shared(dir / "b.safetensors");
+  const auto same = fanout_plan_digest(plan_fanout(*a, 2, llama_tensor_parallel));
+  EXPECT_EQ(same, fanout_plan_digest(plan_fanout(*a, 2, llama_tensor_parallel)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 2, replicate_all)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 3, llama_tensor_parallel)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*b, 2, llama_tensor_parallel)));
+  const ShardRule uneven = [](const TensorInfo& t) {
+    return t.name == "lm_head.weight" ? ShardSpec::split(0, {30, 7}) : llama_tensor_parallel(t);
+  };
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 2, uneven)));
+}
+
 TEST(FanoutLoad, BadRequestsAreClearErrors) {
   TempDir dir;
   const auto file = dir / "m.safetensors";

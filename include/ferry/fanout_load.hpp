@@ -96,6 +96,20 @@ class FanoutLoad {
   FanoutStats _stats;
 };
 
+// One process per rank (torch.distributed, MPI): rank `rank`'s reads of round `round`, into its
+// allocation at `memory` (plan.layouts[rank].dest_bytes) and its scratch at `scratch` (2 x
+// plan.scratch_bank_bytes[rank]) on `device`, landed when this returns. The caller then runs the
+// round's scatters and all-gather with its own collectives, and before round k + 2's reads waits
+// for round k's scatters (they share a scratch bank). options.device and names are ignored.
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                            std::size_t round, unsigned rank, const Device& device, void* memory,
+                            void* scratch, const LoadOptions& options);
+
+// XXH3-64 of everything ranks must agree on before they exchange bytes: the rank count, every
+// piece, read, scatter and gather. Ranks that opened different files, or the same file with
+// different slice plans, get different digests.
+std::uint64_t fanout_plan_digest(const FanoutPlan& plan);
+
 // Throws std::invalid_argument for no device, a device listed twice, cpu mixed with cuda, a
 // cuFile backend, and whatever plan_fanout refuses; CudaError where NCCL or a GPU cannot start;
 // what a single load throws for the files.

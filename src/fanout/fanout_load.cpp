@@ -63,6 +63,30 @@ std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
   return out;
 }
 
+TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
+  TransferOptions t;
+  t.backend = Backend::Posix;
+  t.io = load.io;
+  t.threads = settings.threads;
+  t.chunk_bytes = settings.chunk_bytes;
+  t.slots_per_thread = settings.slots_per_thread;
+  t.staging_bytes = load.staging_bytes;
+  t.stop_at_first_error = true;
+  return t;
+}
+
+// Until every copy of the ticket landed; polls keep_going, rethrows the first failure.
+void wait_for(Ticket& ticket, const LoadOptions& load) {
+  if (load.keep_going)
+    while (!ticket.wait_for(0.05))
+      if (!load.keep_going()) {
+        ticket.cancel();
+        break;
+      }
+  ticket.wait();
+  ticket.rethrow_if_failed();
+}
+
 }  // namespace
 
 double RankLoadStats::gigabytes_per_second() const {
@@ -148,14 +172,7 @@ class FanoutLoader {
     }
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
 
-    TransferOptions t;
-    t.backend = Backend::Posix;
-    t.io = _options.load.io;
-    t.threads = settings.threads;
-    t.chunk_bytes = settings.chunk_bytes;
-    t.slots_per_thread = settings.slots_per_thread;
-    t.staging_bytes = _options.load.staging_bytes;
-    t.stop_at_first_error = true;
+    TransferOptions t = transfer_options(_options.load, settings);
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
     const std::uint64_t total = plan->read_bytes;
 
@@ -215,14 +232,7 @@ class FanoutLoader {
   void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
               const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
               FanoutStats& stats) {
-    if (_options.load.keep_going)
-      while (!ticket.wait_for(0.05))
-        if (!_options.load.keep_going()) {
-          ticket.cancel();
-          break;
-        }
-    ticket.wait();
-    ticket.rethrow_if_failed();
+    wait_for(ticket, _options.load);
     const TransferStats& ts = ticket.stats();
     stats.reader_threads = std::max(stats.reader_threads, ts.threads);
     stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
@@ -254,6 +264,49 @@ class FanoutLoader {
 
 FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
   return FanoutLoader(std::move(checkpoint), options).run();
+}
+
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                            std::size_t round, unsigned rank, const Device& device, void* memory,
+                            void* scratch, const LoadOptions& options) {
+  FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
+               "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
+               " of ", plan.ranks, " does not exist");
+  FERRY_EXPECT(options.backend != Backend::Cufile, std::invalid_argument,
+               "multi-device load: only the staged path runs; use backend auto or posix");
+  if (device.is_cuda()) prepare_device(device);
+  const auto started = Clock::now();
+  const detail::EngineSettings settings = detail::choose_settings(options, detail::tuning_for(options));
+  std::vector<FanoutRead> mine;
+  for (const FanoutRead& read : plan.rounds[round].reads)
+    if (read.reader == rank) mine.push_back(read);
+  // Only this rank's entries are read; the others stay zero.
+  std::vector<std::uintptr_t> bases(plan.ranks, 0), scratches(plan.ranks, 0);
+  std::vector<Device> devices(plan.ranks, device);
+  bases[rank] = reinterpret_cast<std::uintptr_t>(memory);
+  scratches[rank] = reinterpret_cast<std::uintptr_t>(scratch);
+  LoadStats stats;
+  stats.device = device.to_string();
+  for (const FanoutRead& read : mine)
+    for (const FanoutCopy& c : read.copies) stats.tensor_bytes += c.size;
+  if (!mine.empty()) {
+    TransferOptions t = transfer_options(options, settings);
+    t.progress = options.progress;
+    Ticket ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
+                           resolve(mine, bases, scratches, devices), t);
+    wait_for(ticket, options);
+    const TransferStats& ts = ticket.stats();
+    stats.reader_threads = ts.threads;
+    stats.chunk_bytes = ts.chunk_bytes;
+    stats.slots_per_thread = ts.slots_per_thread;
+    stats.staging_bytes = ts.staging_bytes;
+    stats.staging_pinned = ts.staging_pinned;
+    stats.files = ts.files;
+    for (const auto& f : ts.files) stats.bytes_read += f.bytes_read;
+  }
+  stats.settings_source = settings.source;
+  stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return stats;
 }
 
 }  // namespace ferry
