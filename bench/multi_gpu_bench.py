@@ -1,6 +1,7 @@
 """Multi-GPU loading (issues 15 and 17): one checkpoint onto N GPUs of this node from one
-process, as replicas and as tensor-parallel slices, warm and cold, beside one single-GPU load,
-N independent single-GPU loads at once, and the NCCL all-gather rate measured in the same run.
+process, as replicas and as tensor-parallel slices, warm and cold, and through ferry.torch.load_file
+with a torch.distributed process group (one process per GPU), beside one single-GPU load, N
+independent single-GPU loads at once, and the NCCL all-gather rate measured in the same run.
 
 usage: multi_gpu_bench.py --ferry BIN --dir CHECKPOINTS [--model llama3-8b] [--gpus N]
                           [--runs 3] [--sources warm cold] [--json OUT]
@@ -128,6 +129,52 @@ def all_gather_rate(n, nbytes):
     return queue.get()
 
 
+def _torch_worker(rank, n, path, shard, runs, cold, port, queue):
+    import torch
+    import torch.distributed as dist
+    import ferry.torch
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=n)
+    times = []
+    for i in range(runs + 1):  # the first builds NCCL's communicators, as a server's start does
+        if cold and i:
+            if rank == 0:
+                drop_page_cache()
+        dist.barrier()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        tensors = ferry.torch.load_file(path, device=f"cuda:{rank}", process_group=dist.group.WORLD,
+                                        shard=shard)
+        torch.cuda.synchronize()
+        took = torch.tensor([time.perf_counter() - t], device=f"cuda:{rank}")
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        if i:
+            times.append(took.item())
+        del tensors
+    if rank == 0:
+        queue.put(min(times))
+    dist.destroy_process_group()
+
+
+def torch_distributed(path, n, shard, runs, cold):
+    """ferry.torch.load_file with a process group: one process per GPU (time until every rank
+    holds its tensors, the slowest rank's)."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = 28500 + (os.getpid() + (7 if shard else 0)) % 1000
+    procs = [ctx.Process(target=_torch_worker, args=(r, n, path, shard, runs, cold, port, queue))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        return None
+    return queue.get()
+
+
 def report(source, n, m, gather_gbps):
     ckpt = m["replicas"]["checkpoint_bytes"]
     single = m["single"]["seconds"]
@@ -143,6 +190,14 @@ def report(source, n, m, gather_gbps):
     for name, sec, read in rows:
         landed = ckpt * (n if "replicas" in name or "independent" in name else 1)
         print(f"{name:28} {sec:8.3f} {sec / single:9.2f} {read / ckpt:12.3f} {landed / sec / 1e9:15.1f}")
+    for name in ("torch_replicas", "torch_tensor_parallel"):
+        sec = m.get(name)
+        if sec:
+            landed = ckpt * (n if name == "torch_replicas" else 1)
+            print(f"{name.replace('_', ' ') + ' (1 proc/GPU)':28} {sec:8.3f} {sec / single:9.2f} "
+                  f"{'':>12} {landed / sec / 1e9:15.1f}")
+        else:
+            print(f"{name}: failed (see the log)")
     r, t = m["replicas"], m["tensor_parallel"]
     print(f"collectives: replicas {r['collective_seconds']:.3f} s device time in {r['rounds']} rounds "
           f"({r['collective']}); per-GPU host link: "
@@ -187,6 +242,9 @@ def main():
         if not cold:
             warm_page_cache(path)
         m = measure(args.ferry, path, n, args.runs, cold)
+        runs = 1 if cold else args.runs
+        m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
+        m["torch_tensor_parallel"] = torch_distributed(path, n, "tensor_parallel", runs, cold)
         m["targets"] = report(source, n, m, gather_gbps)
         results["sources"][source] = m
     if args.json:

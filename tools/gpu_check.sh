@@ -188,6 +188,8 @@ mgpu() {
   (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-mgpu.log" | head -80; }
   grep -E "tests passed|SKIPPED|Skipped" "$OUT/ctest-mgpu.log" | tee -a "$OUT/summary.txt"
+  log "torch.distributed loads (gloo on the CPU, NCCL on the GPUs)"
+  python3 -m pytest -q tests/python/test_distributed.py 2>&1 | tail -5 | tee -a "$OUT/summary.txt" || status=1
   models=llama3-8b checkpoints
   local all="cuda:0"
   for ((i = 1; i < gpus; i++)); do all="$all,cuda:$i"; done

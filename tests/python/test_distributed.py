@@ -54,9 +54,15 @@ def expected_slice(name, tensor, rank, world, shard):
     return torch.tensor_split(tensor, world, dim)[rank]
 
 
-def _worker(rank, world, init, path, shard, result_dir, mode):
+def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+        # NVLink multicast stays off in every process (see ferry/_distributed.py).
+        os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                           "NVSHMEM_DISABLE_NVLS": "1"})
+        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=60))
         import ferry.torch
         from ferry._distributed import load_sharded
@@ -65,12 +71,14 @@ def _worker(rank, world, init, path, shard, result_dir, mode):
             shard = "tensor_parallel" if rank == 0 else None
         if mode == "load_into":
             plan = ferry.torch.slice_plan(path, world, shard)[rank]
-            targets = {n: torch.empty(s, dtype=want[n].dtype) for n, (_, _, _, s) in plan.items()}
+            targets = {n: torch.empty(s, dtype=want[n].dtype, device=device)
+                       for n, (_, _, _, s) in plan.items()}
             ferry.torch.load_into(targets, path, process_group=dist.group.WORLD, shard=shard)
             got, stats = targets, None
         else:
-            got, stats = load_sharded(path, "cpu", dist.group.WORLD, shard, return_stats=True,
+            got, stats = load_sharded(path, device, dist.group.WORLD, shard, return_stats=True,
                                       round_bytes=512)
+        got = {n: t.cpu() for n, t in got.items()}
         assert set(got) == set(want), (set(got) ^ set(want))
         for name, tensor in want.items():
             exp = expected_slice(name, tensor, rank, world, shard)
@@ -89,7 +97,7 @@ def _worker(rank, world, init, path, shard, result_dir, mode):
             dist.destroy_process_group()
 
 
-def run_group(tmp_path, world, shard, mode="load"):
+def run_group(tmp_path, world, shard, mode="load", backend="gloo"):
     path = tmp_path / "m.safetensors"
     if not path.exists():
         llama_like(path)
@@ -97,7 +105,8 @@ def run_group(tmp_path, world, shard, mode="load"):
     results.mkdir()
     init = f"file://{tmp_path / ('rendezvous-' + results.name)}"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world, init, str(path), shard, str(results), mode))
+    procs = [ctx.Process(target=_worker,
+                         args=(r, world, init, str(path), shard, str(results), mode, backend))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -145,3 +154,21 @@ def test_ranks_that_disagree_all_fail_with_the_same_error(tmp_path):
     first_lines = {o.splitlines()[0] for o in outcomes}
     assert len(first_lines) == 1, first_lines
     assert "disagree" in outcomes[0] and str(path) in outcomes[0]
+
+
+def _gpus():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+@pytest.mark.parametrize("shard", [None, "tensor_parallel"])
+def test_nccl_on_every_gpu(tmp_path, shard):
+    outcomes, path = run_group(tmp_path, _gpus(), shard, backend="nccl")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+    assert sum(int(o.split()[1]) for o in outcomes) == checkpoint_bytes(path)
+
+
+@pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+def test_nccl_load_into_sharded_targets(tmp_path):
+    outcomes, _ = run_group(tmp_path, 2, "tensor_parallel", mode="load_into", backend="nccl")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
