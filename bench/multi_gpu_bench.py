@@ -74,7 +74,7 @@ def measure(binary, path, n, runs, cold):
         if not cold:
             return best_of(ferry_json(binary, path, devices, runs, extra))
         rows = []
-        for _ in range(max(1, runs - 1)):
+        for _ in range(1):  # cold loads are long and steady: one each
             drop_page_cache()
             rows.append(ferry_json(binary, path, devices, 1, extra)[0])
         return best_of(rows)
