@@ -58,6 +58,8 @@ struct RankComm {
 
 struct CommSet {
   std::vector<RankComm> ranks;
+  std::mutex in_use;  // one load at a time on these streams
+  std::string note;   // pairs without peer access, if any
 };
 
 std::mutex comm_mutex;
@@ -92,7 +94,11 @@ CommSet& comm_set(std::span<const Device> devices) {
     for (const RankComm& to : set->ranks) {
       if (&from == &to) continue;
       from.context->make_current();
-      driver.cuCtxEnablePeerAccess(to.context->get(), 0);
+      const shim::cu::Result r = driver.cuCtxEnablePeerAccess(to.context->get(), 0);
+      if (r != shim::cu::kSuccess && r != shim::cu::kErrorPeerAccessAlreadyEnabled)
+        set->note += "; no peer access cuda:" + std::to_string(from.context->ordinal()) +
+                     " -> cuda:" + std::to_string(to.context->ordinal()) + " (" +
+                     shim::cuda_error_text(r) + "): its scatters go through host memory";
     }
   setup_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   sets.emplace(ordinals, set);
@@ -102,9 +108,12 @@ CommSet& comm_set(std::span<const Device> devices) {
 class NcclCollective final : public Collective {
  public:
   explicit NcclCollective(std::span<const Device> devices) {
-    std::lock_guard lock(comm_mutex);
-    _set = &comm_set(devices);
-    _setup = setup_seconds;
+    {
+      std::lock_guard lock(comm_mutex);
+      _set = &comm_set(devices);
+      _setup = setup_seconds;
+    }
+    _in_use = std::unique_lock(_set->in_use);
   }
   ~NcclCollective() override {
     try {
@@ -188,7 +197,7 @@ class NcclCollective final : public Collective {
     const auto& nccl = shim::NcclLibrary::get();
     const int v = nccl.version;
     return "nccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-           std::to_string(v % 100) + " (" + nccl.path + ")";
+           std::to_string(v % 100) + " (" + nccl.path + ")" + _set->note;
   }
   double setup() const { return _setup; }
 
@@ -197,6 +206,7 @@ class NcclCollective final : public Collective {
     std::vector<Event> start, end;
   };
   CommSet* _set = nullptr;
+  std::unique_lock<std::mutex> _in_use;
   std::vector<Timing> _timings;  // std::vector<Event> moves its events: handles stay valid
   double _busy = 0;
   double _setup = 0;

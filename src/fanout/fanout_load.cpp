@@ -111,8 +111,9 @@ class FanoutLoader {
                  "multi-device load: only the staged path runs (cuFile registers one destination "
                  "per load); use --backend auto or posix");
     const unsigned n = static_cast<unsigned>(devices.size());
-    // Declared first so that it is freed last, after tickets and collectives have drained.
+    // Declared first so that they are freed last, after tickets and collectives have drained.
     FanoutLoad result;
+    std::vector<std::shared_ptr<void>> scratch_memory;  // two banks per rank, for scatters
     // Start-up outside the clock, as CUDA's: a server has its GPUs and NCCL up already.
     std::vector<std::shared_ptr<detail::PrimaryContext>> contexts;
     for (const Device& d : devices) {
@@ -156,8 +157,6 @@ class FanoutLoader {
         rank._tensors.push_back({&p, reinterpret_cast<void*>(bases.back() + p.dest_offset)});
       }
     }
-    // Scratch for scatters: two banks per rank, freed when the load returns.
-    std::vector<std::shared_ptr<void>> scratch_memory;
     std::vector<std::uintptr_t> scratch;
     for (unsigned r = 0; r < n; ++r) {
       const std::uint64_t bytes = 2 * plan->scratch_bank_bytes[r];
