@@ -4,6 +4,7 @@
 // On machines with NVLink multicast, run with NCCL_NVLS_ENABLE=0 (tools/gpu_check.sh sets it).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "ferry/fanout_load.hpp"
@@ -22,6 +23,10 @@ using test::TempDir;
 class Gpu2 : public ::testing::Test {
  protected:
   void SetUp() override {
+    // NVLink multicast stays off in this process unless the caller chose otherwise.
+    ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+    ::setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
+    ::setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
     const auto& d = shim::CudaDriver::get();
     if (!d.usable) GTEST_SKIP() << "no usable GPU: " << d.why_unusable;
     if (d.device_count < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << d.device_count;

@@ -28,6 +28,9 @@ models="qwen3-0.6b llama3-8b moe-16x64"
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 export PYTHONUNBUFFERED=1
+# NVLink multicast can take a multi-GPU host's GPUs out of service: off in every process of every
+# stage (ferry itself never changes the environment).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # cuFile's configuration: compatibility mode allowed (this machine has no nvidia-fs), logs out
 # of the working tree.
 export CUFILE_ENV_PATH_JSON=$root/tests/data/cufile.json
