@@ -175,6 +175,67 @@ def torch_distributed(path, n, shard, runs, cold):
     return queue.get()
 
 
+def _fast_worker(rank, n, path, tensor_parallel, cold, port, queue):
+    """fastsafetensors' own distributed loading: files spread over the ranks, each tensor then
+    broadcast (replicas) or scattered (get_sharded, for the tensor-parallel names)."""
+    import glob
+    import torch
+    import torch.distributed as dist
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=n)
+    took = None
+    try:
+        from fastsafetensors import SafeTensorsFileLoader
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        rows = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+        times = []
+        for i in range(2):  # the first builds NCCL's communicators
+            if cold and rank == 0:
+                drop_page_cache()
+            dist.barrier()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            loader = SafeTensorsFileLoader(dist.group.WORLD, f"cuda:{rank}", nogds=True)
+            loader.add_filenames({r: files[r::n] for r in range(n)})
+            buffers = loader.copy_files_to_device()
+            out = {}
+            for name in buffers.key_to_rank_lidx:
+                if tensor_parallel and any(r in name for r in rows):
+                    out[name] = buffers.get_sharded(name, 0)
+                elif tensor_parallel and ("o_proj" in name or "down_proj" in name):
+                    out[name] = buffers.get_sharded(name, 1)
+                else:
+                    out[name] = buffers.get_tensor(name)
+            torch.cuda.synchronize()
+            sec = torch.tensor([time.perf_counter() - t], device=f"cuda:{rank}")
+            dist.all_reduce(sec, op=dist.ReduceOp.MAX)
+            times.append(sec.item())
+            del out
+            buffers.close()
+            loader.close()
+        took = times[-1]
+    except Exception as e:  # reported as a row that did not run, with the reason
+        took = f"{type(e).__name__}: {e}"[:200]
+    if rank == 0:
+        queue.put(took)
+    dist.destroy_process_group()
+
+
+def fastsafetensors_distributed(path, n, tensor_parallel, cold):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = 27500 + (os.getpid() + (7 if tensor_parallel else 0)) % 1000
+    procs = [ctx.Process(target=_fast_worker, args=(r, n, path, tensor_parallel, cold, port, queue))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return queue.get() if not queue.empty() else "a rank failed"
+
+
 def report(source, n, m, gather_gbps):
     ckpt = m["replicas"]["checkpoint_bytes"]
     single = m["single"]["seconds"]
@@ -190,14 +251,15 @@ def report(source, n, m, gather_gbps):
     for name, sec, read in rows:
         landed = ckpt * (n if "replicas" in name or "independent" in name else 1)
         print(f"{name:28} {sec:8.3f} {sec / single:9.2f} {read / ckpt:12.3f} {landed / sec / 1e9:15.1f}")
-    for name in ("torch_replicas", "torch_tensor_parallel"):
+    for name in ("torch_replicas", "torch_tensor_parallel", "fastsafetensors_replicas",
+                 "fastsafetensors_tensor_parallel"):
         sec = m.get(name)
-        if sec:
-            landed = ckpt * (n if name == "torch_replicas" else 1)
+        if isinstance(sec, float):
+            landed = ckpt * (n if name.endswith("replicas") else 1)
             print(f"{name.replace('_', ' ') + ' (1 proc/GPU)':28} {sec:8.3f} {sec / single:9.2f} "
                   f"{'':>12} {landed / sec / 1e9:15.1f}")
         else:
-            print(f"{name}: failed (see the log)")
+            print(f"{name}: did not run ({sec or 'see the log'})")
     r, t = m["replicas"], m["tensor_parallel"]
     print(f"collectives: replicas {r['collective_seconds']:.3f} s device time in {r['rounds']} rounds "
           f"({r['collective']}); per-GPU host link: "
@@ -245,6 +307,8 @@ def main():
         runs = 1 if cold else args.runs
         m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
         m["torch_tensor_parallel"] = torch_distributed(path, n, "tensor_parallel", runs, cold)
+        m["fastsafetensors_replicas"] = fastsafetensors_distributed(path, n, False, cold)
+        m["fastsafetensors_tensor_parallel"] = fastsafetensors_distributed(path, n, True, cold)
         m["targets"] = report(source, n, m, gather_gbps)
         results["sources"][source] = m
     if args.json:
