@@ -84,27 +84,9 @@ def _check_agreement(plan, group, device: torch.device, label: str) -> None:
                          f"(different files, sizes or shard specs): {detail}")
 
 
-def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = None,
-                 names: Optional[Iterable[str]] = None, round_bytes: int = 0,
-                 return_stats: bool = False, **engine):
-    """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc."""
-    group = process_group if process_group is not None else dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    checkpoint = open_checkpoint(path)
-    label = str(path)
-    rule, specs = _specs(checkpoint, shard)
-    plan = _ferry.plan_fanout(checkpoint, world, rule, specs,
-                              list(names) if names is not None else None,
-                              engine.get("chunk_bytes") or 0, round_bytes)
-    target = torch.device(normalize_device(device))
-    _check_agreement(plan, group, target, label)
-
-    memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
-    scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
+def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine):
     nccl = dist.get_backend(group) == "nccl"
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
-    stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
-             "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
     for k in range(plan.rounds):
         if k >= 2:  # round k reuses round k - 2's scratch bank
             for work in pending[k - 2]:
@@ -114,7 +96,7 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
         stats["reads"].append(_ferry.read_fanout_round(
             plan, k, rank, engine_device(normalize_device(device)), memory.data_ptr(),
             scratch.data_ptr(), **engine))
-        works = []
+        works: List[Any] = []
         for reader, offset, rows, row_bytes, parts in plan.scatters(k):
             if reader == rank:
                 whole = scratch[offset:offset + rows * row_bytes].view(rows, row_bytes)
@@ -145,6 +127,32 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
         for work in works:
             if not isinstance(work, torch.Tensor):
                 work.wait()
+
+
+def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = None,
+                 names: Optional[Iterable[str]] = None, round_bytes: int = 0,
+                 return_stats: bool = False, **engine):
+    """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    checkpoint = open_checkpoint(path)
+    label = str(path)
+    rule, specs = _specs(checkpoint, shard)
+    plan = _ferry.plan_fanout(checkpoint, world, rule, specs,
+                              list(names) if names is not None else None,
+                              engine.get("chunk_bytes") or 0, round_bytes)
+    target = torch.device(normalize_device(device))
+    _check_agreement(plan, group, target, label)
+
+    memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
+    scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
+    stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
+             "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
+    try:
+        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine)
+    except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
+        raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
+                           f"(did another rank stop or fail?): {e}") from e
     if target.type == "cuda":
         torch.cuda.synchronize(target)
 

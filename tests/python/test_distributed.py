@@ -69,6 +69,11 @@ def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
         want = reference_load(path)
         if mode == "disagree":
             shard = "tensor_parallel" if rank == 0 else None
+        if mode == "die" and rank == 1:  # dies in the middle of its second round's reads
+            import ferry._ferry
+            real = ferry._ferry.read_fanout_round
+            ferry._ferry.read_fanout_round = (
+                lambda plan, k, *a, **kw: os._exit(3) if k == 1 else real(plan, k, *a, **kw))
         if mode == "load_into":
             plan = ferry.torch.slice_plan(path, world, shard)[rank]
             targets = {n: torch.empty(s, dtype=want[n].dtype, device=device)
@@ -112,8 +117,9 @@ def run_group(tmp_path, world, shard, mode="load", backend="gloo"):
         p.start()
     for p in procs:
         p.join(120)
-        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
-    return [(results / f"{r}.txt").read_text() for r in range(world)], path
+        assert p.exitcode == (3 if mode == "die" and p is procs[1] else 0), p.exitcode
+    return [(results / f"{r}.txt").read_text() if (results / f"{r}.txt").exists() else "died"
+            for r in range(world)], path
 
 
 def checkpoint_bytes(path):
@@ -158,6 +164,13 @@ def test_ranks_that_disagree_all_fail_with_the_same_error(tmp_path):
 
 def _gpus():
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def test_a_rank_that_dies_mid_load_fails_the_others_in_bounded_time(tmp_path):
+    outcomes, path = run_group(tmp_path, 2, None, mode="die")
+    assert outcomes[1] == "died"
+    assert outcomes[0].startswith("error RuntimeError"), outcomes[0]
+    assert "did another rank stop or fail" in outcomes[0] and str(path) in outcomes[0]
 
 
 @pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
