@@ -145,6 +145,14 @@ void print_text(const Json& r) {
   std::printf("  --backend auto takes cuFile only where it does GPUDirect Storage: %s\n",
               g.value("path_mode", g["mode"].get<std::string>()) == "gds" ? "it would here"
                                                                           : "not here");
+  const Json& n = r["nccl"];
+  if (n["loaded"].get<bool>()) {
+    const int v = n["version"].get<int>();
+    std::printf("NCCL: %d.%d.%d from %s (multi-GPU loads: --device cuda:0,cuda:1)\n", v / 10000,
+                v / 100 % 100, v % 100, printable(n["path"].get<std::string>()).c_str());
+  } else {
+    std::printf("NCCL: not found (%s)\n", printable(n["why_not_loaded"].get<std::string>()).c_str());
+  }
   const Json& e = r["engine"];
   std::printf("engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
               "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
@@ -197,6 +205,9 @@ void add_doctor(CLI::App& app) {
                              static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     report["cuda"] = cuda_section();
     report["cufile"] = cufile_section(path);
+    const NcclFacts nccl = nccl_facts();
+    report["nccl"] = {{"loaded", nccl.loaded}, {"path", nccl.path},
+                      {"why_not_loaded", nccl.why_not_loaded}, {"version", nccl.version}};
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},

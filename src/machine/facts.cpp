@@ -7,6 +7,7 @@
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
 #include "shim/cuda_driver.hpp"
+#include "shim/nccl.hpp"
 #include "load/settings.hpp"
 
 namespace ferry {
@@ -72,6 +73,11 @@ CufileFacts cufile_facts(const std::filesystem::path& path) {
     out.path_reason = v.reason;
   }
   return out;
+}
+
+NcclFacts nccl_facts() {
+  const auto& l = shim::NcclLibrary::get();
+  return {l.loaded, l.path, l.why_not_loaded, l.version};
 }
 
 std::string filesystem_name(const std::filesystem::path& path) {
