@@ -93,6 +93,10 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
                 if not isinstance(work, torch.Tensor):
                     work.wait()
             pending[k - 2] = []
+            # NCCL's wait only orders the current stream; ferry's copies run on streams of its
+            # own, so the host waits until the sends out of that bank are done.
+            if memory.is_cuda:
+                torch.cuda.current_stream(memory.device).synchronize()
         stats["reads"].append(_ferry.read_fanout_round(
             plan, k, rank, engine_device(normalize_device(device)), memory.data_ptr(),
             scratch.data_ptr(), **engine))
