@@ -150,6 +150,8 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
 
     memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
     scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
+    if target.type == "cuda":  # the allocator may hand out memory that queued work still uses
+        torch.cuda.current_stream(target).synchronize()
     stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
              "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
     try:
