@@ -60,11 +60,11 @@ void print_digests(const FanoutLoad& loaded) {
       const TensorInfo& info = *t->piece->info;
       const bool gguf = info.ggml_type >= 0;
       const bool whole = t->piece->replicated();
-      std::printf("%s\t%s\t%s\t%s\t%s\n", rank.device().to_string().c_str(),
-                  printable(info.name).c_str(),
-                  std::string(gguf ? ggml_type_name(info.ggml_type) : dtype_name(info.dtype)).c_str(),
-                  shape_text(whole && gguf ? info.ggml_dims : t->piece->shape).c_str(),
-                  digest_hex(memory_digest(rank.device(), t->data, t->piece->bytes)).c_str());
+      std::printf(
+          "%s\t%s\t%s\t%s\t%s\n", rank.device().to_string().c_str(), printable(info.name).c_str(),
+          std::string(gguf ? ggml_type_name(info.ggml_type) : dtype_name(info.dtype)).c_str(),
+          shape_text(whole && gguf ? info.ggml_dims : t->piece->shape).c_str(),
+          digest_hex(memory_digest(rank.device(), t->data, t->piece->bytes)).c_str());
     }
   }
 }
@@ -79,7 +79,8 @@ void run_fanout_load(const FanoutRequest& request) {
   FanoutOptions options;
   options.load = request.options;
   options.devices = parse_devices(request.devices);
-  options.rule = request.tensor_parallel ? ShardRule(llama_tensor_parallel) : ShardRule(replicate_all);
+  options.rule =
+      request.tensor_parallel ? ShardRule(llama_tensor_parallel) : ShardRule(replicate_all);
   options.round_bytes = request.round_bytes;
   auto checkpoint = Checkpoint::open_shared(request.path);
   std::FILE* report = request.hash ? stderr : stdout;

@@ -99,8 +99,9 @@ TEST(FanoutLoad, SelectedNamesOnly) {
     return std::find(o.load.names.begin(), o.load.names.end(), kv.first) == o.load.names.end();
   });
   expect_ranks_match_host(loaded, written);
-  EXPECT_EQ(loaded.stats().bytes_read, written.at("lm_head.weight").size() +
-                                           written.at("model.layers.0.mlp.down_proj.weight").size());
+  EXPECT_EQ(loaded.stats().bytes_read,
+            written.at("lm_head.weight").size() +
+                written.at("model.layers.0.mlp.down_proj.weight").size());
 }
 
 // One process per rank, played by one thread: each rank reads its own share of each round
@@ -132,16 +133,17 @@ TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
       for (const FanoutScatter& sc : round.scatters)
         for (const ScatterPart& part : sc.parts)
           for (std::uint64_t row = 0; row < sc.rows; ++row)
-            std::memcpy(memory[part.rank].data() + part.dest_offset + row * part.width,
-                        scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes +
-                            part.row_begin,
-                        part.width);
+            std::memcpy(
+                memory[part.rank].data() + part.dest_offset + row * part.width,
+                scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
+                part.width);
       for (unsigned from = 0; from < n; ++from)
         for (unsigned to = 0; to < n; ++to)
           if (to != from)
-            std::memcpy(memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                        memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                        round.gather_bytes_per_rank);
+            std::memcpy(
+                memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                round.gather_bytes_per_rank);
     }
     EXPECT_EQ(read, plan.read_bytes);
     for (unsigned r = 0; r < n; ++r)

@@ -40,7 +40,8 @@ std::map<std::string, std::vector<std::byte>> single_gpu_bytes(
   o.device = Device::cuda(0);
   const LoadedCheckpoint single = load(ckpt, o);
   std::map<std::string, std::vector<std::byte>> out;
-  for (const auto& t : single.tensors()) out[t.info->name] = test::read_device(t.data, t.info->size);
+  for (const auto& t : single.tensors())
+    out[t.info->name] = test::read_device(t.data, t.info->size);
   return out;
 }
 

@@ -33,7 +33,8 @@ struct Builder {
   std::vector<TensorInfo> tensors;
   std::vector<std::uint64_t> ends;
   explicit Builder(unsigned files = 1) : ends(files, 64) {}
-  void add(std::string name, DType dtype, std::vector<std::uint64_t> shape, std::uint32_t file = 0) {
+  void add(std::string name, DType dtype, std::vector<std::uint64_t> shape,
+           std::uint32_t file = 0) {
     std::uint64_t n = dtype_bits(dtype) / 8;
     for (auto d : shape) n *= d;
     tensors.push_back({std::move(name), dtype, std::move(shape), file, ends[file], n});
@@ -93,10 +94,10 @@ void check_plan(const std::vector<TensorInfo>& tensors, unsigned ranks, const Sh
       for (const ScatterPart& part : sc.parts) {
         ASSERT_LE(part.row_begin + part.width, sc.row_bytes);
         for (std::uint64_t row = 0; row < sc.rows; ++row)
-          std::memcpy(memory[part.rank].data() + part.dest_offset + row * part.width,
-                      scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes +
-                          part.row_begin,
-                      part.width);
+          std::memcpy(
+              memory[part.rank].data() + part.dest_offset + row * part.width,
+              scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
+              part.width);
         if (part.rank != sc.reader) peer[part.rank] += part.width * sc.rows;
       }
     for (unsigned r = 0; r < ranks && ranks > 1; ++r)
@@ -104,9 +105,10 @@ void check_plan(const std::vector<TensorInfo>& tensors, unsigned ranks, const Sh
     for (unsigned from = 0; from < ranks; ++from)
       for (unsigned to = 0; to < ranks; ++to)
         if (to != from)
-          std::memcpy(memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                      memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                      round.gather_bytes_per_rank);
+          std::memcpy(
+              memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              round.gather_bytes_per_rank);
   }
 
   // Every tensor byte read exactly once, and nothing else.
@@ -144,7 +146,8 @@ FanoutPlanOptions small_options() {
 
 TEST(ShardPlan, ReplicasReadEveryByteOnceAndShareTheLinks) {
   Builder b;
-  for (unsigned i = 0; i < 40; ++i) b.add("t" + std::to_string(i), DType::BF16, {32, 16u + 8u * (i % 5u)});
+  for (unsigned i = 0; i < 40; ++i)
+    b.add("t" + std::to_string(i), DType::BF16, {32, 16u + 8u * (i % 5u)});
   for (unsigned n = 1; n <= 8; ++n) {
     check_plan(b.tensors, n, replicate_all, small_options());
     const FanoutPlan plan = plan_fanout(b.tensors, n, replicate_all, {}, small_options());
@@ -205,13 +208,14 @@ TEST(ShardPlan, TensorParallelSlicesAsVllmDoes) {
 
 TEST(ShardPlan, UnevenSplitsAndTensorsSmallerThanTheRanks) {
   Builder b;
-  b.add("a.q_proj.weight", DType::F32, {7, 5});    // 7 rows over 2..8 ranks
-  b.add("a.o_proj.weight", DType::F16, {3, 11});   // 11 columns
-  b.add("a.up_proj.weight", DType::U8, {2});        // fewer elements than ranks
+  b.add("a.q_proj.weight", DType::F32, {7, 5});   // 7 rows over 2..8 ranks
+  b.add("a.o_proj.weight", DType::F16, {3, 11});  // 11 columns
+  b.add("a.up_proj.weight", DType::U8, {2});      // fewer elements than ranks
   b.add("a.down_proj.weight", DType::BF16, {5, 1, 3});
   b.add("a.norm.weight", DType::F32, {3});
   b.add("empty.q_proj.weight", DType::F32, {0, 4});
-  for (unsigned n = 1; n <= 8; ++n) check_plan(b.tensors, n, llama_tensor_parallel, small_options());
+  for (unsigned n = 1; n <= 8; ++n)
+    check_plan(b.tensors, n, llama_tensor_parallel, small_options());
   const FanoutPlan plan = plan_fanout(b.tensors, 4, llama_tensor_parallel, {}, small_options());
   // The first (7 % 4) ranks hold one more row; ranks past the length hold empty slices.
   EXPECT_EQ(plan.layouts[0].pieces[0].shape, (std::vector<std::uint64_t>{2, 5}));
@@ -296,11 +300,17 @@ TEST(ShardPlan, BadSpecsAreClearErrors) {
   };
   EXPECT_NE(message([](auto&) { return ShardSpec::split(2); }).find("cannot split dimension 2"),
             std::string::npos);
-  EXPECT_NE(message([](auto&) { return ShardSpec::split(0, {1, 1}); }).find("add up to 2"),
+  EXPECT_NE(message([](auto&) {
+              return ShardSpec::split(0, {1, 1});
+            }).find("add up to 2"),
             std::string::npos);
-  EXPECT_NE(message([](auto&) { return ShardSpec::split(0, {1, 2, 1}); }).find("3 split sizes"),
+  EXPECT_NE(message([](auto&) {
+              return ShardSpec::split(0, {1, 2, 1});
+            }).find("3 split sizes"),
             std::string::npos);
-  EXPECT_NE(message([](auto&) { return ShardSpec::split(1, {5, 5}); }).find("more than"),
+  EXPECT_NE(message([](auto&) {
+              return ShardSpec::split(1, {5, 5});
+            }).find("more than"),
             std::string::npos);
   EXPECT_NE(message(replicate_all, 0).find("at least one"), std::string::npos);
   const std::string names[] = {"missing"};

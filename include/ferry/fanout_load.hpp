@@ -51,22 +51,22 @@ class LoadedRank {
 
 struct RankLoadStats {
   std::string device;
-  std::uint64_t tensor_bytes = 0;  // what the rank holds
-  std::uint64_t link_bytes = 0;    // copied into it from host memory
-  std::uint64_t peer_bytes = 0;    // received from other ranks (all-gathers and scatters)
+  std::uint64_t tensor_bytes = 0;       // what the rank holds
+  std::uint64_t link_bytes = 0;         // copied into it from host memory
+  std::uint64_t peer_bytes = 0;         // received from other ranks (all-gathers and scatters)
   double gigabytes_per_second() const;  // tensor_bytes over the load's seconds
   double seconds = 0;
 };
 
 struct FanoutStats {
   std::string collective;  // "nccl 2.27.3 (libnccl.so.2)" (where it was found), "host memcpy"
-  double seconds = 0;               // from planning until every rank holds its bytes
+  double seconds = 0;      // from planning until every rank holds its bytes
   double collective_setup_seconds = 0;  // starting NCCL, the first time (outside `seconds`)
-  double collective_seconds = 0;    // device time in all-gathers and scatters (overlapping reads)
-  double allocate_seconds = 0;      // of `seconds`: the ranks' allocations
-  std::uint64_t bytes_read = 0;     // from storage, counted by the engine
+  double collective_seconds = 0;  // device time in all-gathers and scatters (overlapping reads)
+  double allocate_seconds = 0;    // of `seconds`: the ranks' allocations
+  std::uint64_t bytes_read = 0;   // from storage, counted by the engine
   std::uint64_t checkpoint_bytes = 0;  // the selected tensors, once
-  std::uint64_t tensor_bytes = 0;   // landed, summed over ranks
+  std::uint64_t tensor_bytes = 0;      // landed, summed over ranks
   std::size_t rounds = 0;
   unsigned reader_threads = 0;
   std::uint64_t chunk_bytes = 0;
@@ -101,9 +101,9 @@ class FanoutLoad {
 // plan.scratch_bank_bytes[rank]) on `device`, landed when this returns. The caller then runs the
 // round's scatters and all-gather with its own collectives, and before round k + 2's reads waits
 // for round k's scatters (they share a scratch bank). options.device and names are ignored.
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
-                            std::size_t round, unsigned rank, const Device& device, void* memory,
-                            void* scratch, const LoadOptions& options);
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
+                            unsigned rank, const Device& device, void* memory, void* scratch,
+                            const LoadOptions& options);
 
 // XXH3-64 of everything ranks must agree on before they exchange bytes: the rank count, every
 // piece, read, scatter and gather. Ranks that opened different files, or the same file with

@@ -49,9 +49,9 @@ ShardSpec replicate_all(const TensorInfo& tensor);
 ShardSpec llama_tensor_parallel(const TensorInfo& tensor);
 
 struct FanoutPlanOptions {
-  std::uint64_t chunk_bytes = 8ull << 20;         // largest single read
-  std::uint64_t round_bytes = 256ull << 20;       // each rank's share of one all-gather round
-  std::uint64_t alignment = 256;                  // of every tensor in a rank's allocation
+  std::uint64_t chunk_bytes = 8ull << 20;    // largest single read
+  std::uint64_t round_bytes = 256ull << 20;  // each rank's share of one all-gather round
+  std::uint64_t alignment = 256;             // of every tensor in a rank's allocation
 };
 
 // What one rank holds of one tensor: the slice [begin, end) of dimension `dim` (the whole tensor
@@ -113,10 +113,11 @@ struct FanoutScatter {
   std::vector<ScatterPart> parts;  // one per rank with a non-empty slice
 };
 
-// A batch of reads, then its scatters, then (when gather_bytes_per_rank > 0) the in-place all-gather of the
-// replicated bytes [gather_offset, gather_offset + ranks * gather_bytes_per_rank): before it,
-// rank r holds its own part [gather_offset + r * gather_bytes_per_rank, ...); after it every rank
-// holds the whole range. Rounds run in order; a round's reads may overlap the previous gather.
+// A batch of reads, then its scatters, then (when gather_bytes_per_rank > 0) the in-place
+// all-gather of the replicated bytes [gather_offset, gather_offset + ranks *
+// gather_bytes_per_rank): before it, rank r holds its own part [gather_offset + r *
+// gather_bytes_per_rank, ...); after it every rank holds the whole range. Rounds run in order; a
+// round's reads may overlap the previous gather.
 struct FanoutRound {
   std::vector<FanoutRead> reads;  // interleaved across readers, so that every link stays busy
   std::vector<FanoutScatter> scatters;
@@ -126,12 +127,12 @@ struct FanoutRound {
 
 struct FanoutPlan {
   unsigned ranks = 0;
-  std::vector<RankLayout> layouts;    // per rank
+  std::vector<RankLayout> layouts;     // per rank
   std::uint64_t replicated_bytes = 0;  // the region at offset 0 of every rank (padding included)
   std::vector<FanoutRound> rounds;
-  std::uint64_t read_bytes = 0;         // from storage: every tensor byte exactly once
-  std::vector<std::uint64_t> link_bytes;   // per rank: bytes copied from host memory into it
-  std::vector<std::uint64_t> peer_bytes;   // per rank: bytes it receives from other ranks
+  std::uint64_t read_bytes = 0;           // from storage: every tensor byte exactly once
+  std::vector<std::uint64_t> link_bytes;  // per rank: bytes copied from host memory into it
+  std::vector<std::uint64_t> peer_bytes;  // per rank: bytes it receives from other ranks
   // Per rank: scratch memory for scatters, two banks that rounds use in turn (round k uses bank
   // k % 2, which begins at 0 or at scratch_bank_bytes[rank]): round k's reads may start only
   // after round k - 2's scatters finished.

@@ -121,14 +121,13 @@ class FanoutLoader {
       prepare_device(d);
       contexts.push_back(std::make_shared<detail::PrimaryContext>(d.index));
     }
-    std::unique_ptr<detail::Collective> collective =
-        devices.front().is_cuda() && n > 1 ? detail::nccl_collective(devices)
-                                           : detail::host_collective(n);
+    std::unique_ptr<detail::Collective> collective = devices.front().is_cuda() && n > 1
+                                                         ? detail::nccl_collective(devices)
+                                                         : detail::host_collective(n);
     FanoutStats& stats = result._stats;
     stats.collective = collective->name();
-    stats.collective_setup_seconds = devices.front().is_cuda() && n > 1
-                                         ? detail::last_collective_setup_seconds()
-                                         : 0;
+    stats.collective_setup_seconds =
+        devices.front().is_cuda() && n > 1 ? detail::last_collective_setup_seconds() : 0;
 
     const ActiveTuning tuning = detail::tuning_for(_options.load);
     const auto started = Clock::now();
@@ -183,7 +182,7 @@ class FanoutLoader {
       if (_options.load.progress) {
         auto seen = std::make_shared<std::uint64_t>(0);
         t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
-                                                                             std::uint64_t) {
+                                                                            std::uint64_t) {
           progress(done->fetch_add(d - *seen) + d - *seen, total);
           *seen = d;
         };
@@ -248,9 +247,10 @@ class FanoutLoader {
     for (const FanoutScatter& sc : round.scatters) {
       slices.clear();
       for (const ScatterPart& p : sc.parts)
-        slices.push_back({p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset,
-                          p.row_begin, p.width});
-      collective.scatter(sc.reader, reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
+        slices.push_back(
+            {p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset, p.row_begin, p.width});
+      collective.scatter(sc.reader,
+                         reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
                          sc.rows, sc.row_bytes, slices);
     }
     if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
@@ -265,9 +265,9 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
   return FanoutLoader(std::move(checkpoint), options).run();
 }
 
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
-                            std::size_t round, unsigned rank, const Device& device, void* memory,
-                            void* scratch, const LoadOptions& options) {
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
+                            unsigned rank, const Device& device, void* memory, void* scratch,
+                            const LoadOptions& options) {
   FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
                "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
                " of ", plan.ranks, " does not exist");
@@ -275,7 +275,8 @@ LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan
                "multi-device load: only the staged path runs; use backend auto or posix");
   if (device.is_cuda()) prepare_device(device);
   const auto started = Clock::now();
-  const detail::EngineSettings settings = detail::choose_settings(options, detail::tuning_for(options));
+  const detail::EngineSettings settings =
+      detail::choose_settings(options, detail::tuning_for(options));
   std::vector<FanoutRead> mine;
   for (const FanoutRead& read : plan.rounds[round].reads)
     if (read.reader == rank) mine.push_back(read);

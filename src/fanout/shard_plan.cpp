@@ -32,9 +32,9 @@ SplitGeometry geometry(const TensorInfo& t, int dim) {
   g.length = t.shape[dim];
   const std::uint64_t steps = g.outer * g.length;
   if (steps > 0) {
-    FERRY_EXPECT(t.size % steps == 0, std::invalid_argument, "tensor \"", t.name,
-                 "\": its ", t.size, " bytes do not divide into ", steps,
-                 " slices of dimension ", dim, " (a packed element type)");
+    FERRY_EXPECT(t.size % steps == 0, std::invalid_argument, "tensor \"", t.name, "\": its ",
+                 t.size, " bytes do not divide into ", steps, " slices of dimension ", dim,
+                 " (a packed element type)");
     g.unit = t.size / steps;
   }
   // A quantized GGUF tensor's last dimension counts bytes of whole blocks.
@@ -59,22 +59,22 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges(const TensorInfo& t,
     for (unsigned r = 0; r < ranks; ++r)
       sizes.push_back((blocks / ranks + (r < blocks % ranks ? 1 : 0)) * g.granule);
   }
-  FERRY_EXPECT(sizes.size() == ranks, std::invalid_argument, "tensor \"", t.name, "\": ",
-               sizes.size(), " split sizes given for ", ranks, " ranks");
+  FERRY_EXPECT(sizes.size() == ranks, std::invalid_argument, "tensor \"", t.name,
+               "\": ", sizes.size(), " split sizes given for ", ranks, " ranks");
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
   std::uint64_t at = 0;
   for (std::uint64_t s : sizes) {
-    FERRY_EXPECT(s % g.granule == 0, std::invalid_argument, "tensor \"", t.name,
-                 "\": a split of ", s, " along dimension ", spec.dim,
-                 " would cut a quantized block of ", g.granule, " bytes");
-    FERRY_EXPECT(s <= g.length - std::min(at, g.length), std::invalid_argument, "tensor \"",
-                 t.name, "\": split sizes add up to more than dimension ", spec.dim, " (",
-                 g.length, ")");
+    FERRY_EXPECT(s % g.granule == 0, std::invalid_argument, "tensor \"", t.name, "\": a split of ",
+                 s, " along dimension ", spec.dim, " would cut a quantized block of ", g.granule,
+                 " bytes");
+    FERRY_EXPECT(s <= g.length - std::min(at, g.length), std::invalid_argument, "tensor \"", t.name,
+                 "\": split sizes add up to more than dimension ", spec.dim, " (", g.length, ")");
     out.emplace_back(at, at + s);
     at += s;
   }
-  FERRY_EXPECT(at == g.length, std::invalid_argument, "tensor \"", t.name, "\": split sizes add up to ",
-               at, ", not to dimension ", spec.dim, " (", g.length, ")");
+  FERRY_EXPECT(at == g.length, std::invalid_argument, "tensor \"", t.name,
+               "\": split sizes add up to ", at, ", not to dimension ", spec.dim, " (", g.length,
+               ")");
   return out;
 }
 
@@ -103,8 +103,8 @@ class ReadBuilder {
  private:
   bool continues(std::uint32_t file, std::uint64_t file_offset, std::uint32_t reader) const {
     const FanoutRead& r = _reads.back();
-    return r.file_index == file && r.reader == reader &&
-           r.file_offset + r.size == file_offset && r.size < _chunk;
+    return r.file_index == file && r.reader == reader && r.file_offset + r.size == file_offset &&
+           r.size < _chunk;
   }
   std::uint64_t _chunk;
   std::vector<FanoutRead> _reads;
@@ -202,7 +202,8 @@ struct Planner {
   // Sliced tensors: a split of the outermost dimension is one run per rank, read by that rank;
   // an inner split is read whole by the rank whose link carries least so far, into its scratch,
   // and cut from there.
-  void read_sliced(const std::vector<std::pair<const TensorInfo*, std::vector<ShardPiece*>>>& sliced) {
+  void read_sliced(
+      const std::vector<std::pair<const TensorInfo*, std::vector<ShardPiece*>>>& sliced) {
     std::vector<std::uint64_t> link(ranks, 0);  // what each link carries so far
     for (const FanoutRound& round : plan.rounds)
       for (const FanoutRead& read : round.reads) link[read.reader] += read.size;
@@ -235,8 +236,8 @@ struct Planner {
           link[r] += p.bytes;
         }
       } else if (t->size > 0) {
-        const auto reader = static_cast<std::uint32_t>(
-            std::min_element(link.begin(), link.end()) - link.begin());
+        const auto reader =
+            static_cast<std::uint32_t>(std::min_element(link.begin(), link.end()) - link.begin());
         const std::uint64_t at = align_up(scratch[reader], options.alignment);
         scratch[reader] = at + t->size;
         ReadBuilder builder(options.chunk_bytes);
@@ -270,7 +271,8 @@ struct Planner {
       for (FanoutRead& read : round.reads)
         for (FanoutCopy& c : read.copies)
           if (c.to_scratch) c.dest_offset += plan.scratch_bank_bytes[c.rank];
-      for (FanoutScatter& sc : round.scatters) sc.scratch_offset += plan.scratch_bank_bytes[sc.reader];
+      for (FanoutScatter& sc : round.scatters)
+        sc.scratch_offset += plan.scratch_bank_bytes[sc.reader];
     }
   }
 

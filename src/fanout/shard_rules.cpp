@@ -29,8 +29,8 @@ bool has_any(std::string_view name, const std::array<std::string_view, N>& parts
 
 // Column-parallel layers (each rank computes some outputs): weight and bias split by rows.
 constexpr std::array<std::string_view, 12> kByRows = {
-    "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens",
-    "lm_head", "attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"};
+    "q_proj",  "k_proj", "v_proj", "gate_proj", "up_proj",  "embed_tokens",
+    "lm_head", "attn_q", "attn_k", "attn_v",    "ffn_gate", "ffn_up"};
 // Row-parallel layers (each rank reduces over some inputs): the weight split by columns, the
 // bias (added once after the reduction) whole.
 constexpr std::array<std::string_view, 4> kByColumns = {"o_proj", "down_proj", "attn_output",

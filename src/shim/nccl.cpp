@@ -21,7 +21,8 @@ std::vector<std::string> wheel_candidates() {
     std::string all = pythonpath;
     for (std::size_t at = 0; at <= all.size();) {
       const std::size_t colon = all.find(':', at);
-      const std::string dir = all.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+      const std::string dir =
+          all.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
       if (!dir.empty()) patterns.push_back(dir + suffix);
       if (colon == std::string::npos) break;
       at = colon + 1;
@@ -51,7 +52,8 @@ void* open_nccl(std::string& path, std::string& why) {
     return library;
   }
   std::vector<std::string> candidates;
-  if (const char* explicit_path = std::getenv("FERRY_NCCL_LIBRARY")) candidates.push_back(explicit_path);
+  if (const char* explicit_path = std::getenv("FERRY_NCCL_LIBRARY"))
+    candidates.push_back(explicit_path);
   for (auto& c : wheel_candidates()) candidates.push_back(std::move(c));
   for (const auto& c : candidates)
     if (void* library = ::dlopen(c.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE)) {

@@ -52,7 +52,7 @@ static_assert(ncclUint8 == nccl::kUint8);
 template <class Real, class Declared>
 constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
 
-#define FERRY_CHECK_ABI(name)                                                    \
+#define FERRY_CHECK_ABI(name)                                             \
   static_assert(same_abi<decltype(&::name), decltype(NcclLibrary::name)>, \
                 #name " in nccl.hpp disagrees with nccl.h")
 
