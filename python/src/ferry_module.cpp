@@ -527,7 +527,8 @@ NB_MODULE(_ferry, m) {
         if (chunk_bytes) o.chunk_bytes = chunk_bytes;
         if (round_bytes) o.round_bytes = round_bytes;
         auto out = std::make_unique<PyFanoutPlan>();
-        out->plan = plan_fanout(*checkpoint, ranks, by_name, names.value_or(std::vector<std::string>{}), o);
+        const std::vector<std::string> selected = names.value_or(std::vector<std::string>{});
+        out->plan = plan_fanout(*checkpoint, ranks, by_name, selected, o);
         out->checkpoint = std::move(checkpoint);
         return out;
       },
@@ -542,7 +543,8 @@ NB_MODULE(_ferry, m) {
         LoadOptions o = make_options(device, std::nullopt, std::nullopt, engine);
         const LoadStats stats = without_gil([&] {
           return read_fanout_round(*p.checkpoint, p.plan, round, rank, o.device,
-                                   reinterpret_cast<void*>(memory), reinterpret_cast<void*>(scratch), o);
+                                   reinterpret_cast<void*>(memory),
+                                   reinterpret_cast<void*>(scratch), o);
         });
         return stats_dict(stats);
       },
