@@ -151,7 +151,8 @@ void print_text(const Json& r) {
     std::printf("NCCL: %d.%d.%d from %s (multi-GPU loads: --device cuda:0,cuda:1)\n", v / 10000,
                 v / 100 % 100, v % 100, printable(n["path"].get<std::string>()).c_str());
   } else {
-    std::printf("NCCL: not found (%s)\n", printable(n["why_not_loaded"].get<std::string>()).c_str());
+    std::printf("NCCL: not found (%s)\n",
+                printable(n["why_not_loaded"].get<std::string>()).c_str());
   }
   const Json& e = r["engine"];
   std::printf("engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"

@@ -74,8 +74,9 @@ void add_load(CLI::App& app) {
   cmd->add_option("path", path, "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
   cmd->add_option("--device", device,
-                  "cuda:N, cpu, or auto (the first GPU, else host memory); several, comma-separated "
-                  "(cuda:0,cuda:1), load onto each at once, reading every byte once")
+                  "cuda:N, cpu, or auto (the first GPU, else host memory); several, "
+                  "comma-separated (cuda:0,cuda:1), load onto each at once, reading every byte "
+                  "once")
       ->capture_default_str();
   cmd->add_flag("--tensor-parallel", tensor_parallel,
                 "with several devices: each holds its tensor-parallel slices (as vLLM shards "
