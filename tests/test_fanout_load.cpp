@@ -33,7 +33,8 @@ void expect_ranks_match_host(const FanoutLoad& loaded,
     for (const LoadedShard& t : rank.tensors()) {
       const auto want = test::host_slice(written.at(t.piece->info->name), *t.piece);
       ASSERT_EQ(t.piece->bytes, want.size());
-      EXPECT_EQ(std::memcmp(t.data, want.data(), want.size()), 0) << t.piece->info->name;
+      EXPECT_TRUE(want.empty() || std::memcmp(t.data, want.data(), want.size()) == 0)
+          << t.piece->info->name;
     }
   }
 }
@@ -139,7 +140,7 @@ TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
                 part.width);
       for (unsigned from = 0; from < n; ++from)
         for (unsigned to = 0; to < n; ++to)
-          if (to != from)
+          if (to != from && round.gather_bytes_per_rank > 0)
             std::memcpy(
                 memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
                 memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
@@ -149,7 +150,8 @@ TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
     for (unsigned r = 0; r < n; ++r)
       for (const ShardPiece& p : plan.layouts[r].pieces) {
         const auto want = test::host_slice(written.at(p.info->name), p);
-        EXPECT_EQ(std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()), 0)
+        EXPECT_TRUE(want.empty() ||
+                    std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
             << p.info->name << " on rank " << r;
       }
   }

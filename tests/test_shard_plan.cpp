@@ -104,7 +104,7 @@ void check_plan(const std::vector<TensorInfo>& tensors, unsigned ranks, const Sh
       peer[r] += (ranks - 1) * round.gather_bytes_per_rank;
     for (unsigned from = 0; from < ranks; ++from)
       for (unsigned to = 0; to < ranks; ++to)
-        if (to != from)
+        if (to != from && round.gather_bytes_per_rank > 0)
           std::memcpy(
               memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
               memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
