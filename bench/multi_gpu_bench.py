@@ -90,12 +90,22 @@ def measure(binary, path, n, runs, cold):
             "replicas": replicas, "tensor_parallel": tp}
 
 
+def init_nccl(dist, rank, n):
+    """The NCCL group, bound to this rank's GPU where torch can say so (quiets its guessing)."""
+    import torch
+    try:
+        dist.init_process_group("nccl", rank=rank, world_size=n,
+                                device_id=torch.device(f"cuda:{rank}"))
+    except TypeError:  # torch < 2.3
+        dist.init_process_group("nccl", rank=rank, world_size=n)
+
+
 def _gather_worker(rank, n, nbytes, port, queue):
     import torch
     import torch.distributed as dist
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=n)
+    init_nccl(dist, rank, n)
     part = torch.empty(nbytes // n, dtype=torch.uint8, device=f"cuda:{rank}")
     out = torch.empty(part.numel() * n, dtype=torch.uint8, device=f"cuda:{rank}")
     rates = []
@@ -135,7 +145,7 @@ def _torch_worker(rank, n, path, shard, runs, cold, port, queue):
     import ferry.torch
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=n)
+    init_nccl(dist, rank, n)
     times = []
     for i in range(runs + 1):  # the first builds NCCL's communicators, as a server's start does
         if cold and i:
@@ -183,7 +193,7 @@ def _fast_worker(rank, n, path, tensor_parallel, cold, port, queue):
     import torch.distributed as dist
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=n)
+    init_nccl(dist, rank, n)
     took = None
     try:
         from fastsafetensors import SafeTensorsFileLoader

@@ -101,6 +101,7 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
             plan, k, rank, engine_device(normalize_device(device)), memory.data_ptr(),
             scratch.data_ptr(), **engine))
         works: List[Any] = []
+        p2p = []  # (send?, tensor, peer's global rank)
         for reader, offset, rows, row_bytes, parts in plan.scatters(k):
             if reader == rank:
                 whole = scratch[offset:offset + rows * row_bytes].view(rows, row_bytes)
@@ -110,13 +111,20 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
                         memory[dest:dest + rows * width].view(rows, width).copy_(piece)
                     else:
                         sent = piece.contiguous()
-                        works.append(dist.isend(sent, _global_rank(group, to), group=group))
+                        p2p.append((True, sent, _global_rank(group, to)))
                         works.append(sent)  # alive until the send completed
             else:
                 for to, dest, begin, width in parts:
                     if to == rank:
-                        works.append(dist.irecv(memory[dest:dest + rows * width],
-                                                _global_rank(group, reader), group=group))
+                        p2p.append((False, memory[dest:dest + rows * width],
+                                    _global_rank(group, reader)))
+        if p2p and nccl:  # one batch: NCCL groups the sends and receives
+            works += dist.batch_isend_irecv([
+                dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, group)
+                for send, tensor, peer in p2p])
+        else:
+            for send, tensor, peer in p2p:
+                works.append((dist.isend if send else dist.irecv)(tensor, peer, group=group))
         offset, per_rank = plan.gather(k)
         if world > 1 and per_rank > 0:
             region = memory[offset:offset + world * per_rank]

@@ -62,8 +62,13 @@ def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
         device = f"cuda:{rank}" if backend == "nccl" else "cpu"
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+        kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
+        try:
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60), **kwargs)
+        except TypeError:  # torch < 2.3 has no device_id
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60))
         import ferry.torch
         from ferry._distributed import load_sharded
         want = reference_load(path)
