@@ -4,6 +4,7 @@
 // on streams of their own, while the next reads run.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "ferry/load_options.hpp"
 #include "ferry/load_stats.hpp"
 #include "ferry/shard_plan.hpp"
+#include "ferry/transfer.hpp"
 
 namespace ferry {
 
@@ -100,12 +102,36 @@ class FanoutLoad {
 
 // One process per rank (torch.distributed, MPI): rank `rank`'s reads of round `round`, into its
 // allocation at `memory` (plan.layouts[rank].dest_bytes) and its scratch at `scratch` (2 x
-// plan.scratch_bank_bytes[rank]) on `device`, landed when this returns. The caller then runs the
-// round's scatters and all-gather with its own collectives, and before round k + 2's reads waits
-// for round k's scatters (they share a scratch bank). options.device and names are ignored.
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
-                            unsigned rank, const Device& device, void* memory, void* scratch,
-                            const LoadOptions& options);
+// plan.scratch_bank_bytes[rank]) on `device`. The caller then runs the round's scatters and
+// all-gather with its own collectives, and before round k + 2's reads starts waits for round k's
+// scatters (they share a scratch bank). options.device and names are ignored.
+class FanoutRoundRead {
+ public:
+  FanoutRoundRead() = default;
+  // Until every read landed (its bytes are in memory); rethrows the first failure. Once.
+  LoadStats wait();
+
+ private:
+  friend FanoutRoundRead start_fanout_round(const Checkpoint&, const FanoutPlan&, std::size_t,
+                                            unsigned, const Device&, void*, void*,
+                                            const LoadOptions&);
+  Ticket _ticket;  // waits in its destructor: memory is never freed under a copy
+  bool _started = false;
+  LoadOptions _options;
+  LoadStats _stats;
+  std::chrono::steady_clock::time_point _began;
+};
+
+// Starts the reads and returns at once, so that the next round's reads can be queued behind them
+// while the caller exchanges this round's bytes.
+FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                                   std::size_t round, unsigned rank, const Device& device,
+                                   void* memory, void* scratch, const LoadOptions& options);
+
+// start_fanout_round(...).wait().
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                            std::size_t round, unsigned rank, const Device& device, void* memory,
+                            void* scratch, const LoadOptions& options);
 
 // XXH3-64 of everything ranks must agree on before they exchange bytes: the rank count, every
 // piece, read, scatter and gather. Ranks that opened different files, or the same file with

@@ -87,19 +87,32 @@ def _check_agreement(plan, group, device: torch.device, label: str) -> None:
 def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine):
     nccl = dist.get_backend(group) == "nccl"
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
+
+    def settle(k):  # round k's exchanges are done (its scratch bank can be refilled)
+        for work in pending[k]:
+            if not isinstance(work, torch.Tensor):
+                work.wait()
+        pending[k] = []
+        # NCCL's wait only orders the current stream; ferry's copies run on streams of its own,
+        # so the host waits until the sends out of that bank are done.
+        if memory.is_cuda:
+            torch.cuda.current_stream(memory.device).synchronize()
+
+    def start(k):
+        return _ferry.start_fanout_round(plan, k, rank, engine_device(normalize_device(device)),
+                                         memory.data_ptr(), scratch.data_ptr(), **engine)
+
+    reading = start(0) if plan.rounds else None
     for k in range(plan.rounds):
-        if k >= 2:  # round k reuses round k - 2's scratch bank
-            for work in pending[k - 2]:
-                if not isinstance(work, torch.Tensor):
-                    work.wait()
-            pending[k - 2] = []
-            # NCCL's wait only orders the current stream; ferry's copies run on streams of its
-            # own, so the host waits until the sends out of that bank are done.
-            if memory.is_cuda:
-                torch.cuda.current_stream(memory.device).synchronize()
-        stats["reads"].append(_ferry.read_fanout_round(
-            plan, k, rank, engine_device(normalize_device(device)), memory.data_ptr(),
-            scratch.data_ptr(), **engine))
+        # Round k + 1's reads queue behind round k's while its bytes are exchanged; they refill
+        # round k - 1's scratch bank, whose exchanges must be done first.
+        following = None
+        if k + 1 < plan.rounds:
+            if k >= 1:
+                settle(k - 1)
+            following = start(k + 1)
+        stats["reads"].append(reading.wait())
+        reading = following
         works: List[Any] = []
         p2p = []  # (send?, tensor, peer's global rank)
         for reader, offset, rows, row_bytes, parts in plan.scatters(k):

@@ -536,6 +536,24 @@ NB_MODULE(_ferry, m) {
       "names"_a = nb::none(), "chunk_bytes"_a = 0, "round_bytes"_a = 0,
       "Plans a load onto `ranks` ranks: every tensor whole (rule replicate) or sliced as vLLM\n"
       "shards Llama (tensor_parallel); specs maps names to None (whole) or (dim, sizes).");
+  nb::class_<FanoutRoundRead>(m, "FanoutRoundRead")
+      .def(
+          "wait",
+          [](FanoutRoundRead& r) { return stats_dict(without_gil([&] { return r.wait(); })); },
+          "Until the round's reads landed; their statistics.");
+  m.def(
+      "start_fanout_round",
+      [](const PyFanoutPlan& p, std::size_t round, unsigned rank, const std::string& device,
+         std::uintptr_t memory, std::uintptr_t scratch, nb::kwargs engine) {
+        LoadOptions o = make_options(device, std::nullopt, std::nullopt, engine);
+        return without_gil([&] {
+          return start_fanout_round(*p.checkpoint, p.plan, round, rank, o.device,
+                                    reinterpret_cast<void*>(memory),
+                                    reinterpret_cast<void*>(scratch), o);
+        });
+      },
+      "plan"_a, "round"_a, "rank"_a, "device"_a, "memory"_a, "scratch"_a, "engine"_a,
+      "Starts rank `rank`'s reads of one round; wait() on the result until they landed.");
   m.def(
       "read_fanout_round",
       [](const PyFanoutPlan& p, std::size_t round, unsigned rank, const std::string& device,

@@ -273,16 +273,18 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
   return FanoutLoader(std::move(checkpoint), options).run();
 }
 
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
-                            unsigned rank, const Device& device, void* memory, void* scratch,
-                            const LoadOptions& options) {
+FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                                   std::size_t round, unsigned rank, const Device& device,
+                                   void* memory, void* scratch, const LoadOptions& options) {
   FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
                "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
                " of ", plan.ranks, " does not exist");
   FERRY_EXPECT(options.backend != Backend::Cufile, std::invalid_argument,
                "multi-device load: only the staged path runs; use backend auto or posix");
   if (device.is_cuda()) prepare_device(device);
-  const auto started = Clock::now();
+  FanoutRoundRead out;
+  out._began = Clock::now();
+  out._options = options;
   const detail::EngineSettings settings =
       detail::choose_settings(options, detail::tuning_for(options));
   std::vector<FanoutRead> mine;
@@ -293,28 +295,42 @@ LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan
   std::vector<Device> devices(plan.ranks, device);
   bases[rank] = reinterpret_cast<std::uintptr_t>(memory);
   scratches[rank] = reinterpret_cast<std::uintptr_t>(scratch);
-  LoadStats stats;
+  LoadStats& stats = out._stats;
   stats.device = device.to_string();
+  stats.settings_source = settings.source;
   for (const FanoutRead& read : mine)
     for (const FanoutCopy& c : read.copies) stats.tensor_bytes += c.size;
   if (!mine.empty()) {
     TransferOptions t = transfer_options(options, settings);
     t.progress = options.progress;
-    Ticket ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
-                           resolve(mine, bases, scratches, devices), t);
-    wait_for(ticket, options);
-    const TransferStats& ts = ticket.stats();
-    stats.reader_threads = ts.threads;
-    stats.chunk_bytes = ts.chunk_bytes;
-    stats.slots_per_thread = ts.slots_per_thread;
-    stats.staging_bytes = ts.staging_bytes;
-    stats.staging_pinned = ts.staging_pinned;
-    stats.files = ts.files;
-    for (const auto& f : ts.files) stats.bytes_read += f.bytes_read;
+    out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
+                         resolve(mine, bases, scratches, devices), t);
+    out._started = true;
   }
-  stats.settings_source = settings.source;
-  stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  return stats;
+  return out;
+}
+
+LoadStats FanoutRoundRead::wait() {
+  if (_started) {
+    _started = false;
+    wait_for(_ticket, _options);
+    const TransferStats& ts = _ticket.stats();
+    _stats.reader_threads = ts.threads;
+    _stats.chunk_bytes = ts.chunk_bytes;
+    _stats.slots_per_thread = ts.slots_per_thread;
+    _stats.staging_bytes = ts.staging_bytes;
+    _stats.staging_pinned = ts.staging_pinned;
+    _stats.files = ts.files;
+    for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
+  }
+  _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
+  return _stats;
+}
+
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
+                            unsigned rank, const Device& device, void* memory, void* scratch,
+                            const LoadOptions& options) {
+  return start_fanout_round(checkpoint, plan, round, rank, device, memory, scratch, options).wait();
 }
 
 }  // namespace ferry

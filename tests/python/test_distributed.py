@@ -76,8 +76,8 @@ def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
             shard = "tensor_parallel" if rank == 0 else None
         if mode == "die" and rank == 1:  # dies in the middle of its second round's reads
             import ferry._ferry
-            real = ferry._ferry.read_fanout_round
-            ferry._ferry.read_fanout_round = (
+            real = ferry._ferry.start_fanout_round
+            ferry._ferry.start_fanout_round = (
                 lambda plan, k, *a, **kw: os._exit(3) if k == 1 else real(plan, k, *a, **kw))
         if mode == "load_into":
             plan = ferry.torch.slice_plan(path, world, shard)[rank]
