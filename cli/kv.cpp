@@ -1,10 +1,14 @@
 // ferry kv stats|verify ROOT: the KV block stores under a root, opened as readers (safe beside
-// a running writer). verify reads every committed block and checks its checksum.
+// a running writer). verify reads every committed block and checks its checksum. bench ROOT:
+// put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "commands.hpp"
 #include "ferry/error.hpp"
+#include "ferry/kv_bench.hpp"
 #include "ferry/kv_store.hpp"
 
 namespace ferry::cli {
@@ -34,11 +38,102 @@ KVStore open_reader(const std::filesystem::path& root, const KVStoreInfo& info) 
   return KVStore::open(root, info.ns, info.capacity_bytes, info.block_bytes, options);
 }
 
+// "4096", "256K", "1M", "2G" (binary units).
+std::uint64_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const int shift = unit.empty()                   ? 0
+                    : unit == "K" || unit == "KiB" ? 10
+                    : unit == "M" || unit == "MiB" ? 20
+                    : unit == "G" || unit == "GiB" ? 30
+                                                   : -1;
+  FERRY_EXPECT(used > 0 && shift >= 0 && n > 0 && n < (1ull << (63 - shift)), std::invalid_argument,
+               "\"", text, "\" is not a size (e.g. 4096, 256K, 1M, 2G)");
+  return n << shift;
+}
+
+void add_bench(CLI::App& kv) {
+  static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json;
+  static std::vector<std::string> paths;
+  static std::uint64_t batch = 16;
+  static unsigned pieces = 1;
+  auto* bench = kv.add_subcommand(
+      "bench", "Put/get throughput per block size beside raw O_DIRECT and pinned copies");
+  bench->add_option("root", root, "a scratch directory on the storage to measure")->required();
+  bench->add_option("--device", device, "cpu or cuda:N (default cpu)");
+  bench->add_option("--sizes", sizes, "block sizes, comma-separated (default 256K,1M,4M,16M)");
+  bench->add_option("--bytes", bytes, "bytes moved per size and path (default 1G)");
+  bench->add_option("--batch", batch, "blocks per put/get call (default 16)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{65536}));
+  bench->add_option("--pieces", pieces, "pieces per block, as vLLM's per-layer K/V (default 1)")
+      ->check(CLI::Range(1u, 4096u));
+  bench->add_option("--path", paths,
+                    "GPU paths: staged, direct, auto (default: staged, and "
+                    "direct where cuFile runs)");
+  bench->add_option("--json", json, "also write the rows to this file");
+  bench->callback([] {
+    KVBenchOptions o;
+    o.root = root;
+    o.device = Device::parse(device);
+    o.block_sizes.clear();
+    for (std::size_t at = 0; at <= sizes.size();) {
+      const std::size_t comma = std::min(sizes.find(',', at), sizes.size());
+      o.block_sizes.push_back(parse_size(sizes.substr(at, comma - at)));
+      at = comma + 1;
+    }
+    o.bytes = parse_size(bytes);
+    o.batch = batch;
+    o.pieces = pieces;
+    for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
+    std::printf(
+        "KV bench on %s, %s memory, batches of %llu, %u piece%s per block (GB/s; put is "
+        "durable; raw = O_DIRECT of the same bytes; warm = slabs read into the page cache "
+        "first, which only the GPU paths use: the host path reads O_DIRECT)\n",
+        root.c_str(), device.c_str(), static_cast<unsigned long long>(batch), pieces,
+        pieces == 1 ? "" : "s");
+    nlohmann::json rows = nlohmann::json::array();
+    run_kv_bench(o, [&](const KVBenchRow& r) {
+      std::printf(
+          "%8llu KiB x %6llu %-13s put %6.2f (raw %6.2f, x%.2f)  get cold %6.2f (raw %6.2f, "
+          "x%.2f)  warm %6.2f  put/get %.0f/%.0f blocks/s",
+          static_cast<unsigned long long>(r.block_bytes >> 10),
+          static_cast<unsigned long long>(r.blocks), r.path.c_str(), r.put_gbps, r.raw_write_gbps,
+          r.put_gbps / r.raw_write_gbps, r.get_cold_gbps, r.raw_read_gbps,
+          r.get_cold_gbps / r.raw_read_gbps, r.get_warm_gbps, r.put_iops, r.get_iops);
+      if (r.pinned_h2d_gbps > 0)
+        std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps, r.pinned_h2d_gbps,
+                    r.get_warm_gbps / r.pinned_h2d_gbps);
+      std::printf("\n");
+      std::fflush(stdout);
+      rows.push_back({{"block_bytes", r.block_bytes},
+                      {"blocks", r.blocks},
+                      {"path", r.path},
+                      {"put_gbps", r.put_gbps},
+                      {"get_cold_gbps", r.get_cold_gbps},
+                      {"get_warm_gbps", r.get_warm_gbps},
+                      {"put_iops", r.put_iops},
+                      {"get_iops", r.get_iops},
+                      {"raw_write_gbps", r.raw_write_gbps},
+                      {"raw_read_gbps", r.raw_read_gbps},
+                      {"pinned_d2h_gbps", r.pinned_d2h_gbps},
+                      {"pinned_h2d_gbps", r.pinned_h2d_gbps}});
+    });
+    if (!json.empty()) std::ofstream(json) << rows.dump(2) << "\n";
+  });
+}
+
 }  // namespace
 
 void add_kv(CLI::App& app) {
-  auto* kv = app.add_subcommand("kv", "Inspect KV-cache block stores");
+  auto* kv = app.add_subcommand("kv", "Inspect and measure KV-cache block stores");
   kv->require_subcommand(1);
+  add_bench(*kv);
   static std::string root;
   auto* stats = kv->add_subcommand("stats", "Print each store under ROOT");
   stats->add_option("root", root, "the KV store root")->required();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "c_api_guard.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.h"
@@ -39,54 +40,10 @@ struct ferry_ticket {
 
 namespace {
 
-thread_local std::string last_error;
-
-ferry_status fail(ferry_status status, std::string message) {
-  last_error = std::move(message);
-  return status;
-}
-
-// Runs `body`, mapping each exception type to its status and recording its message.
-template <class Body>
-ferry_status guarded(Body&& body) noexcept {
-  try {
-    last_error.clear();
-    body();
-    return FERRY_STATUS_OK;
-  } catch (const ferry::FormatError& e) {
-    return fail(FERRY_STATUS_FORMAT_ERROR, e.what());
-  } catch (const ferry::CudaError& e) {
-    return fail(FERRY_STATUS_CUDA_ERROR, e.what());
-  } catch (const std::system_error& e) {
-    const bool missing = e.code() == std::errc::no_such_file_or_directory;
-    return fail(missing ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO_ERROR, e.what());
-  } catch (const std::invalid_argument& e) {
-    return fail(FERRY_STATUS_INVALID_ARGUMENT, e.what());
-  } catch (const ferry::OutOfMemory& e) {
-    return fail(FERRY_STATUS_OUT_OF_MEMORY, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(FERRY_STATUS_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(FERRY_STATUS_INTERNAL_ERROR, e.what());
-  } catch (...) {
-    return fail(FERRY_STATUS_INTERNAL_ERROR, "unknown error");
-  }
-}
-
-void require(const void* pointer, const char* what) {
-  FERRY_EXPECT(pointer != nullptr, std::invalid_argument, what, " must not be NULL");
-}
-
-// A growable struct's struct_size must be one this library can honour: set, and no larger than
-// the struct it knows (a host built against a newer ferry.h would otherwise lose settings).
-template <class Struct>
-void require_size(const Struct& s, const char* what) {
-  FERRY_EXPECT(s.struct_size != 0, std::invalid_argument, what,
-               "->struct_size is 0: set it to sizeof (the *_init functions do)");
-  FERRY_EXPECT(s.struct_size <= sizeof(Struct), std::invalid_argument, what, "->struct_size ",
-               s.struct_size, " is larger than this library's ", sizeof(Struct),
-               " (built against a newer ferry.h?)");
-}
+using ferry::capi::fail;
+using ferry::capi::guarded;
+using ferry::capi::require;
+using ferry::capi::require_size;
 
 // Whether `field` lies inside the caller's struct_size.
 #define FERRY_HAS_FIELD(s, field)                                                \
@@ -97,7 +54,7 @@ void require_size(const Struct& s, const char* what) {
 
 extern "C" {
 
-const char* ferry_last_error(void) { return last_error.c_str(); }
+const char* ferry_last_error(void) { return ferry::capi::last_error.c_str(); }
 
 const char* ferry_version(void) { return FERRY_VERSION; }
 

@@ -1,5 +1,7 @@
 /* ferry.h is C: this file is compiled as C11 and drives the ABI as a C host would. It writes a
- * two-tensor safetensors file by hand, loads it into host memory and checks the bytes. */
+ * two-tensor safetensors file by hand, loads it into host memory and checks the bytes; then it
+ * drives the KV store (FERRY_0.3) in host memory: sync and async puts and gets, per-layer pieces,
+ * lookup, contains, remove and statistics. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,106 @@ static int write_checkpoint(const char* path) {
   int ok = fwrite(length, 1, 8, f) == 8 && fwrite(header, 1, n, f) == n &&
            fwrite(data, 1, sizeof data, f) == sizeof data;
   return fclose(f) == 0 && ok;
+}
+
+static int callbacks = 0;
+static size_t callback_ok = 0;
+
+static void on_done(void* user_data, const ferry_kv_result* results, size_t count) {
+  size_t i;
+  callbacks += *(int*)user_data;
+  for (i = 0; i < count; ++i) callback_ok += results[i].status == FERRY_KV_OK;
+}
+
+static void kv_store_from_c(const char* scratch) {
+  char root[4096];
+  unsigned char bytes[3][8192], back[3][8192];
+  uint64_t keys[3];
+  ferry_kv_piece in_pieces[4], out_pieces[3];
+  ferry_kv_block in_blocks[3], out_blocks[3];
+  ferry_kv_result results[3];
+  ferry_kv_options options;
+  ferry_kv_store* store = NULL;
+  ferry_kv_ticket* ticket = NULL;
+  ferry_kv_stats stats;
+  uint8_t present[4];
+  size_t hits = 0, i, j;
+  int one = 1, ready = 0;
+  const char* message = NULL;
+
+  snprintf(root, sizeof root, "%s.kv", scratch);
+  ferry_kv_options_init(&options);
+  CHECK(options.struct_size == sizeof options && options.world_size == 1);
+  options.model = "c-host";
+  options.dtype = "u8";
+  options.capacity_bytes = 16 * 8192;
+  options.block_bytes = 8192;
+  CHECK(ferry_kv_open(root, &options, &store) == FERRY_STATUS_OK);
+  if (!store) return;
+  for (i = 0; i < 3; ++i) {
+    keys[i] = ferry_kv_key(&i, sizeof i);
+    for (j = 0; j < 8192; ++j) bytes[i][j] = (unsigned char)(i * 31 + j * 7);
+    memset(back[i], 0, sizeof back[i]);
+    out_pieces[i].memory = back[i];
+    out_pieces[i].length = 8192;
+    out_pieces[i].device = "cpu";
+    out_blocks[i].pieces = &out_pieces[i];
+    out_blocks[i].piece_count = 1;
+  }
+  /* Block 0 in two pieces (two "layers"), gathered into one write. */
+  in_pieces[0].memory = bytes[0];
+  in_pieces[0].length = 4096;
+  in_pieces[0].device = NULL;
+  in_pieces[1].memory = bytes[0] + 4096;
+  in_pieces[1].length = 4096;
+  in_pieces[1].device = "cpu";
+  in_blocks[0].pieces = in_pieces;
+  in_blocks[0].piece_count = 2;
+  for (i = 1; i < 3; ++i) {
+    in_pieces[i + 1].memory = bytes[i];
+    in_pieces[i + 1].length = 8192;
+    in_pieces[i + 1].device = NULL;
+    in_blocks[i].pieces = &in_pieces[i + 1];
+    in_blocks[i].piece_count = 1;
+  }
+  /* Sync put of two blocks, async put of the third with a callback. */
+  CHECK(ferry_kv_put(store, keys, in_blocks, 2, NULL, results) == FERRY_STATUS_OK);
+  CHECK(results[0].status == FERRY_KV_OK || results[0].status == FERRY_KV_ALREADY_PRESENT);
+  CHECK(results[0].route == FERRY_KV_ROUTE_HOST || results[0].status != FERRY_KV_OK);
+  CHECK(ferry_kv_put_async(store, keys + 2, in_blocks + 2, 1, NULL, on_done, &one, &ticket) ==
+        FERRY_STATUS_OK);
+  CHECK(ferry_kv_ticket_wait(ticket, -1, &ready) == FERRY_STATUS_OK && ready == 1);
+  CHECK(callbacks == 1);
+  CHECK(ferry_kv_ticket_result(ticket, 0, &results[2], &message) == FERRY_STATUS_OK);
+  CHECK(message != NULL);
+  CHECK(ferry_kv_ticket_result(ticket, 1, NULL, NULL) == FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_kv_ticket_free(ticket);
+  CHECK(ferry_kv_lookup(store, keys, 3, &hits) == FERRY_STATUS_OK && hits == 3);
+  /* Async get of all three: bit-exact. */
+  CHECK(ferry_kv_get_async(store, keys, out_blocks, 3, on_done, &one, &ticket) == FERRY_STATUS_OK);
+  CHECK(ferry_kv_ticket_wait(ticket, 60000, &ready) == FERRY_STATUS_OK && ready == 1);
+  CHECK(callbacks == 2 && callback_ok >= 3);
+  ferry_kv_ticket_free(ticket);
+  for (i = 0; i < 3; ++i) CHECK(memcmp(back[i], bytes[i], 8192) == 0);
+  /* A wrong size is that key's status, with the message in ferry_last_error. */
+  out_pieces[0].length = 100;
+  CHECK(ferry_kv_get(store, keys, out_blocks, 1, results) == FERRY_STATUS_OK);
+  CHECK(results[0].status == FERRY_KV_BAD_SIZE);
+  CHECK(strstr(ferry_last_error(), "100") != NULL);
+  CHECK(ferry_kv_remove(store, keys + 1, 1, results) == FERRY_STATUS_OK);
+  CHECK(results[0].status == FERRY_KV_OK);
+  CHECK(ferry_kv_contains(store, keys, 3, present) == FERRY_STATUS_OK);
+  CHECK(present[0] == 1 && present[1] == 0 && present[2] == 1);
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = sizeof stats;
+  CHECK(ferry_kv_stats_get(store, &stats) == FERRY_STATUS_OK);
+  CHECK(stats.blocks == 2 && stats.block_bytes == 8192 && stats.capacity_blocks == 16);
+  CHECK(ferry_kv_put(store, NULL, in_blocks, 1, NULL, results) == FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_kv_free(store);
+  /* Reopened with another block size: a clear error. */
+  options.block_bytes = 4096;
+  CHECK(ferry_kv_open(root, &options, &store) == FERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "block size") != NULL);
 }
 
 int main(int argc, char** argv) {
@@ -65,6 +167,7 @@ int main(int argc, char** argv) {
   CHECK(strstr(ferry_last_error(), "missing") != NULL);
   ferry_loaded_free(loaded);
   remove(argv[1]);
+  kv_store_from_c(argv[1]);
   printf("%s\n", failures ? "C host: FAILED" : "C host: ok");
   return failures ? 1 : 0;
 }

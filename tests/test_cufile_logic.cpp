@@ -1,7 +1,6 @@
 // The host-side logic of the cuFile path: edge/body splitting, the handle cache, and the mode
 // verdicts from (faked) driver facts. No GPU or cuFile needed.
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -12,6 +11,9 @@
 #include "cufile/handle_cache.hpp"
 #include "cufile/transfer_result.hpp"
 #include "ferry/error.hpp"
+#include "ferry/file_set.hpp"
+#include "platform/file.hpp"
+#include "test_support.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -39,7 +41,8 @@ void expect_valid_split(std::uint64_t offset, std::uint64_t size, std::uint64_t 
 TEST(AlignedSplit, CoversEveryCase) {
   for (std::uint64_t offset : {0ull, 1ull, 100ull, 4095ull, 4096ull, 8191ull, 12288ull + 17})
     for (std::uint64_t size : {0ull, 1ull, 4095ull, 4096ull, 4097ull, 10000ull, 3ull << 20})
-      for (std::uint64_t piece : {4096ull, 65536ull, 1ull << 20}) expect_valid_split(offset, size, piece);
+      for (std::uint64_t piece : {4096ull, 65536ull, 1ull << 20})
+        expect_valid_split(offset, size, piece);
 }
 
 TEST(AlignedSplit, AlignedRangeIsAllBody) {
@@ -118,6 +121,57 @@ TEST(HandleCache, AFailedOpenLeavesNothingBehind) {
   HandleCache cache(fake.make(), 2);
   EXPECT_THROW(cache.acquire("/x/refused"), std::runtime_error);
   EXPECT_EQ(cache.size(), 0u);
+}
+
+// A file set's open files, keyed by identity: the same file through two file sets is one
+// entry, registered once; a path renamed over by another file is another entry; the entry holds
+// the file open while cached, and eviction takes idle entries only.
+TEST(HandleCache, FileSetEntriesAreKeyedByIdentityNotPath) {
+  test::TempDir dir;
+  test::write_file(dir / "a", "first");
+  std::map<std::string, int> registered, deregistered;
+  FileRegistrar registrar{
+      [](const std::filesystem::path&, bool) -> OpenedFile { throw std::logic_error("unused"); },
+      [&](const OpenedFile& f) {
+        EXPECT_FALSE(f.owns_descriptors);
+        ++deregistered[std::to_string(f.plain_fd)];
+      },
+      [&](const PlatformFile& f) {
+        ++registered[std::to_string(f.identity().inode)];
+        const int fd = static_cast<int>(f.native(false));
+        return OpenedFile{fd, fd, reinterpret_cast<void*>(0x1000), false};
+      }};
+  HandleCache cache(registrar, 2);
+  auto one = FileSet::create(), two = FileSet::create();
+  one->add(dir / "a");
+  two->add(dir / "a");
+  const std::string first_inode = std::to_string(one->acquire(0, false)->identity().inode);
+  {
+    auto a = cache.acquire(one->acquire(0, false));
+    auto b = cache.acquire(two->acquire(0, false));
+    EXPECT_EQ(cache.size(), 1u);
+    EXPECT_EQ(registered[first_inode], 1);
+  }
+  // The path now names another file: a new entry, the old one kept (idle) until evicted.
+  test::write_file(dir / "b", "second");
+  std::filesystem::rename(dir / "b", dir / "a");
+  auto three = FileSet::create(1);
+  three->add(dir / "a");
+  auto held = cache.acquire(three->acquire(0, false));
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(registered.size(), 2u);
+  // A file set of one open file cannot close the cached one to make room: the cache holds it.
+  test::write_file(dir / "d", "fourth");
+  three->add(dir / "d");
+  EXPECT_EQ(three->open_now(), 2u);
+  // Over capacity with a third file: the idle first entry goes, the leased one stays.
+  test::write_file(dir / "c", "third");
+  auto four = FileSet::create();
+  four->add(dir / "c");
+  auto c = cache.acquire(four->acquire(0, false));
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(deregistered.size(), 1u);
+  EXPECT_EQ(c.file().handle, reinterpret_cast<void*>(0x1000));
 }
 
 TEST(HandleCache, CapacityRespectsTheDescriptorLimit) {

@@ -12,6 +12,7 @@
 #include "ferry/transfer.hpp"
 #include "shim/cuda_driver.hpp"
 #include "test_support.hpp"
+#include "transfer/pinned_pool.hpp"
 
 namespace ferry {
 namespace {
@@ -21,7 +22,8 @@ using test::TempDir;
 class GpuTransfer : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+    if (!cuda_available())
+      GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
     context = std::make_shared<detail::PrimaryContext>(0);
     context->make_current();
   }
@@ -51,8 +53,8 @@ void round_trip(const std::shared_ptr<detail::PrimaryContext>& context, Backend 
       auto source = detail::allocate_device_memory(context, size);
       auto target = detail::allocate_device_memory(context, size);
       context->make_current();
-      FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(source.get()),
-               bytes.data(), size, nullptr);
+      FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(source.get()), bytes.data(),
+               size, nullptr);
       FERRY_CU(cuStreamSynchronize, nullptr);
       Ticket put = submit(set, Direction::MemoryToFile,
                           {{0, offset, {{Device::cuda(0), source.get(), size}}}}, options);
@@ -85,9 +87,9 @@ TEST_F(GpuTransfer, HostAndGpuSpansInOneExtent) {
   set->add(dir / "f.bin");
   auto gpu = detail::allocate_device_memory(context, 200000);
   std::vector<std::byte> host(100000);
-  Ticket t = submit(set, Direction::FileToMemory,
-                    {{0, 0, {{Device::cuda(0), gpu.get(), 200000}, {Device::cpu(), host.data(), 100000}}}},
-                    {});
+  Ticket t = submit(
+      set, Direction::FileToMemory,
+      {{0, 0, {{Device::cuda(0), gpu.get(), 200000}, {Device::cpu(), host.data(), 100000}}}}, {});
   t.wait();
   t.rethrow_if_failed();
   auto back = test::read_device(gpu.get(), 200000);
@@ -144,6 +146,105 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
            bytes.size(), compute.get());
   compute.synchronize();
   EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
+}
+
+// The process's staging bound lowered for one test, restored after.
+class StagingLimit {
+ public:
+  explicit StagingLimit(std::uint64_t bytes) : _old(staging_limit()) {
+    set_staging_limit(bytes);
+    detail::staging_pool().release_idle();
+    detail::staging_pool().reset_high_water();
+  }
+  ~StagingLimit() { set_staging_limit(_old); }
+  StagingLimit(const StagingLimit&) = delete;
+  StagingLimit& operator=(const StagingLimit&) = delete;
+
+ private:
+  std::uint64_t _old;
+};
+
+// Many small extents of GPU memory at unaligned offsets and sizes, grouped into shared slots
+// and written with their copies queued ahead of the writes, under a staging bound of a few
+// slots; read back into other GPU memory through the same grouping. Bit-exact, and the pool
+// never held more than the bound.
+TEST_F(GpuTransfer, PipelinedWritesOfManyExtentsAreExactWithinTheStagingBound) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "many.bin", FileAccess::ReadWrite);
+  const std::size_t count = 5000;
+  auto bytes = test::random_bytes(count * 5000, 7);
+  auto source = device_bytes(bytes);
+  auto target = detail::allocate_device_memory(context, bytes.size());
+  std::vector<Extent> writes, reads;
+  std::uint64_t file_at = 11, memory_at = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t size = 1 + (i * 7919) % 5000;
+    if (i % 13 == 12) file_at += 4096 + i % 97;  // a gap: a new group
+    writes.push_back(
+        {0, file_at, {{Device::cuda(0), static_cast<std::byte*>(source.get()) + memory_at, size}}});
+    reads.push_back(
+        {0, file_at, {{Device::cuda(0), static_cast<std::byte*>(target.get()) + memory_at, size}}});
+    file_at += size;
+    memory_at += size;
+  }
+  const std::uint64_t limit = 10 * ((1 << 20) + 8192);
+  StagingLimit bound(limit);
+  TransferOptions options;
+  options.backend = Backend::Posix;
+  options.chunk_bytes = 1 << 20;
+  options.threads = 4;
+  options.slots_per_thread = 4;
+  Ticket put = submit(set, Direction::MemoryToFile, writes, options);
+  put.wait();
+  put.rethrow_if_failed();
+  Ticket get = submit(set, Direction::FileToMemory, reads, options);
+  get.wait();
+  get.rethrow_if_failed();
+  const auto pool = detail::staging_pool().stats();
+  EXPECT_LE(pool.high_water, limit);
+  EXPECT_TRUE(put.stats().staging_pinned);
+  std::string written(file_at, '\0');
+  std::FILE* f = std::fopen((dir / "many.bin").c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fread(written.data(), 1, file_at, f), file_at);
+  std::fclose(f);
+  memory_at = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t n = writes[i].spans[0].size;
+    ASSERT_EQ(std::memcmp(written.data() + writes[i].file_offset, bytes.data() + memory_at, n), 0)
+        << "extent " << i;
+    memory_at += n;
+  }
+  auto back = test::read_device(target.get(), memory_at);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), bytes.begin()));
+}
+
+// Back-to-back GPU extents read as one group, the last ones past the end of the file: those
+// fail alone, naming the file; the others land exactly.
+TEST_F(GpuTransfer, AReadPastTheEndAmongGroupedGpuExtentsFailsAlone) {
+  TempDir dir;
+  auto bytes = test::random_bytes(50000, 8);
+  test::write_file(dir / "f.bin", std::string(reinterpret_cast<char*>(bytes.data()), bytes.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  auto gpu = detail::allocate_device_memory(context, 30 * 2000);
+  std::vector<Extent> extents;
+  for (std::uint64_t i = 0; i < 30; ++i)
+    extents.push_back(
+        {0, i * 2000, {{Device::cuda(0), static_cast<std::byte*>(gpu.get()) + i * 2000, 2000}}});
+  Ticket t = submit(set, Direction::FileToMemory, extents, {});
+  t.wait();
+  auto back = test::read_device(gpu.get(), 25 * 2000);
+  for (std::uint64_t i = 0; i < 30; ++i) {
+    if ((i + 1) * 2000 <= bytes.size()) {
+      EXPECT_EQ(t.status(i).state, ExtentStatus::State::Done) << i << ": " << t.status(i).error;
+      EXPECT_EQ(std::memcmp(back.data() + i * 2000, bytes.data() + i * 2000, 2000), 0) << i;
+    } else {
+      EXPECT_EQ(t.status(i).state, ExtentStatus::State::Failed) << i;
+      EXPECT_NE(t.status(i).error.find("f.bin"), std::string::npos) << t.status(i).error;
+    }
+  }
 }
 
 }  // namespace

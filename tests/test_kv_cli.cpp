@@ -1,4 +1,4 @@
-// `ferry kv stats` and `ferry kv verify` on stores made here (the CLI as a user runs it).
+// `ferry kv stats`, `verify` and `bench` on stores made here (the CLI as a user runs it).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -55,6 +55,31 @@ TEST(KvCli, StatsAndVerifyReportEveryStoreAndCatchACorruptBlock) {
   std::tie(status, out) = run_cli("kv stats " + (dir.path() / "nothing").string());
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("cannot list the KV root"), std::string::npos) << out;
+}
+
+// The benchmark runs, verifies what it got back, writes its rows and cleans up; its figures are
+// never checked. Bad sizes are clear errors.
+TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
+  TempDir dir;
+  const std::string json = (dir / "rows.json").string();
+  auto [status, out] = run_cli("kv bench " + (dir / "scratch").string() +
+                               " --sizes 4K,64K --bytes 256K --batch 4 --pieces 3 --json " + json);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("4 KiB x     64 host"), std::string::npos) << out;
+  EXPECT_NE(out.find("64 KiB x      4 host"), std::string::npos) << out;
+  EXPECT_NE(out.find("raw"), std::string::npos) << out;
+  std::ifstream rows(json);
+  const std::string text((std::istreambuf_iterator<char>(rows)), {});
+  EXPECT_NE(text.find("\"raw_write_gbps\""), std::string::npos) << text;
+  std::size_t left = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "scratch")) {
+    (void)entry;
+    ++left;
+  }
+  EXPECT_EQ(left, 0u);  // the stores and the raw file are removed
+  std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() + " --sizes 4Q");
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("\"4Q\" is not a size"), std::string::npos) << out;
 }
 
 }  // namespace

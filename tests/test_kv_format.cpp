@@ -264,6 +264,25 @@ TEST_F(KvStoreFiles, CorruptCheckpointNamesTheFile) {
   expect_open_error("checkpoint", "entries checksum");
 }
 
+// Reopen fills the index straight from the checkpoint's entries: a repeated slot or key there is
+// still an error naming the file (checksums intact: written by a buggy writer, not torn).
+TEST_F(KvStoreFiles, CheckpointRepeatingASlotOrAKeyNamesTheFile) {
+  open().checkpoint();
+  const Limits limits{16, 4096};
+  const IndexSnapshot good = decode_checkpoint(read("checkpoint"), limits, "c");
+  ASSERT_EQ(good.entries.size(), 4u);
+  IndexSnapshot repeated_slot = good;
+  repeated_slot.entries[2].slot = repeated_slot.entries[0].slot;
+  write("checkpoint", encode_checkpoint(repeated_slot, limits));
+  expect_open_error("checkpoint", "repeats slot " + std::to_string(good.entries[0].slot));
+  IndexSnapshot repeated_key = good;
+  repeated_key.entries[3].key = repeated_key.entries[1].key;
+  write("checkpoint", encode_checkpoint(repeated_key, limits));
+  expect_open_error("checkpoint", "repeats key " + std::to_string(good.entries[1].key));
+  write("checkpoint", encode_checkpoint(good, limits));
+  EXPECT_EQ(open().keys(), (std::vector<KVKey>{1, 2, 3, 4}));  // LRU order comes back
+}
+
 TEST_F(KvStoreFiles, ManifestThatIsNotJsonNamesTheFile) {
   const std::string text = "{ not json";
   write("manifest.json", std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),

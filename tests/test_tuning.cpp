@@ -77,6 +77,28 @@ TEST_F(TuningFile, LoadsUseItUnlessTheCallerChooses) {
   EXPECT_EQ(chosen.settings_source, "given by the caller");
 }
 
+// Loads keep an unchanged tuning file's settings; a file replaced (as --tune writes it), or
+// rewritten in place to another size, or removed, takes effect at the next load.
+TEST_F(TuningFile, AChangedFileTakesEffectAtTheNextLoad) {
+  write_tuning(file(), example(this_machine()));
+  ASSERT_TRUE(active_tuning().tuning);
+  EXPECT_EQ(active_tuning().tuning->chunk_bytes, 64u << 10);
+  Tuning other = example(this_machine());
+  other.chunk_bytes = 128 << 10;
+  write_tuning(file(), other);
+  ASSERT_TRUE(active_tuning().tuning);
+  EXPECT_EQ(active_tuning().tuning->chunk_bytes, 128u << 10);
+  {
+    std::ofstream in_place(file(), std::ios::trunc);
+    in_place << "{ not json";
+  }
+  const ActiveTuning broken = active_tuning();
+  EXPECT_FALSE(broken.tuning);
+  EXPECT_NE(broken.source.find(file().string()), std::string::npos) << broken.source;
+  std::filesystem::remove(file());
+  EXPECT_NE(active_tuning().source.find("no tuning file"), std::string::npos);
+}
+
 TEST_F(TuningFile, AnotherMachinesTuningIsNotUsed) {
   auto ckpt = checkpoint();
   write_tuning(file(), example("999 cores, some other GPU"));

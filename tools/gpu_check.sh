@@ -8,6 +8,11 @@
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
 #   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   core (not in the default): the transfer core's tests, benchmark and loads after the first;
+#   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
+#   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
+#   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
+#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (ctest -L gpu2, replicas' hashes beside
 #   a single-GPU load, bench/multi_gpu_bench.py). The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
@@ -180,6 +185,65 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,
+# submission latency, beside raw O_DIRECT and pinned copies) and loads after the first in one
+# process of the Qwen3-0.6B shape, beside pinned H2D.
+core_checks() {
+  log "transfer core: tests (GPU and host)"
+  (cd /tmp/build && ctest --output-on-failure -j2 -R 'Gpu|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save|HandleCache|StagedPlan|WorkerPool' \
+    >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
+  tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
+  log "transfer core: bench/transfer_bench"
+  ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
+    --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
+    --json "$OUT/transfer-cpu.json" 2>&1 | grep latency | sed 's/^/cpu memory: /' | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/tb
+  log "transfer core: loads after the first in one process (bench/second_load.py)"
+  models=qwen3-0.6b checkpoints
+  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
+    --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
+# The KV block store on the GPU (issue 13).
+kv_stage() {
+  log "KV store tests (ctest -R 'Kv|kv_|c_header|c_abi')"
+  (cd /tmp/build && ctest --output-on-failure -R 'Kv|kv_|c_header|c_abi' >"$OUT/kv-ctest.log" 2>&1) ||
+    { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/kv-ctest.log" | head -80; }
+  tail -3 "$OUT/kv-ctest.log" | tee -a "$OUT/summary.txt"
+  # The GPU binary's own summary: which ran, which were skipped (no GPU, no cuFile) and why.
+  /tmp/build/tests/test_gpu_kv >"$OUT/kv-gpu-tests.log" 2>&1 || status=1
+  grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/kv-gpu-tests.log" | tee -a "$OUT/summary.txt" || true
+  log "KV Python tests (cuda:0 and cpu)"
+  python3 -m pytest -q -rs tests/python/test_kv.py 2>&1 | tail -8 | tee -a "$OUT/summary.txt" || status=1
+  log "ferry kv bench (cuda:0, staged and direct)"
+  mkdir -p /tmp/kvbench
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 64K,256K,1M,4M,16M --bytes 512M \
+    --json "$OUT/kv-bench.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 2M --bytes 512M --pieces 64 --path staged \
+    2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 1M,16M --bytes 512M 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV index: lookup and reopen at 10 million blocks (kv_bench)"
+  /tmp/build/tests/kv_bench /tmp/kvbench/index --sizes 4K --bytes 4M --batch 16 \
+    --index-blocks 10000000 2>&1 | tail -1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV beside torch.save/torch.load and per-file writes (bench/kv_torch_compare.py)"
+  python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+  log "KV crash trials (1,000 in runs of 100, stopping after 180 s)"
+  local done_trials=0 start=$SECONDS
+  while [ $done_trials -lt 1000 ] && [ $((SECONDS - start)) -lt 180 ]; do
+    if ! FERRY_KV_CRASH_FIRST=$done_trials FERRY_KV_CRASH_TRIALS=100 \
+        /tmp/build/tests/test_kv_crash --gtest_brief=1 >>"$OUT/kv-crash.log" 2>&1; then
+      echo "crash trials $done_trials-$((done_trials + 99)): FAILED" | tee -a "$OUT/summary.txt"
+      tail -20 "$OUT/kv-crash.log"; status=1; break
+    fi
+    done_trials=$((done_trials + 100))
+  done
+  echo "$done_trials crash trials passed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+}
+
 # Multi-GPU loading (issue 15) on every GPU of the machine. NVLink multicast can take a host's
 # GPUs out of service: every process of this stage runs with it off (ferry never turns it on
 # itself and never changes the user's environment).
@@ -220,6 +284,8 @@ want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want core && core_checks
+want kv && kv_stage
 want mgpu && mgpu
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm

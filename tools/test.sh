@@ -20,9 +20,10 @@ echo "== ThreadSanitizer: the transfer core's tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-tsan --target test_transfer test_engine
+cmake --build build-tsan --target test_transfer test_transfer_pipeline test_engine
 # test_transfer forks children after threads ran; TSan checks the parent's threads.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_transfer
+TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_transfer_pipeline
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
 
 echo "== fuzzing the safetensors, GGUF and index readers (60 s each), the KV journal reader (30 s; tools/fuzz_long.sh: longer)"

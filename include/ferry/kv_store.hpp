@@ -10,6 +10,11 @@
 // Keys are 64-bit (vLLM's block hashes are integers); byte-string keys are hashed with
 // kv_key(). A key names content: putting a key that is present keeps the stored block.
 //
+// Data paths: host memory moves through an aligned bounce buffer (the host path); GPU memory
+// (any cuda:N) through the transfer core, staged (device <-> pinned slots <-> O_DIRECT) or direct
+// (cuFile, straight between the slab files and device memory), chosen by KVStoreOptions::gpu_path.
+// Every result names the path its block took.
+//
 // Sharing: one writer process per namespace (an flock on writer.lock) and any number of reader
 // processes (options.read_only), which pick up the writer's commits from the journal before
 // each call; readers never see an uncommitted block. All methods are thread-safe.
@@ -18,9 +23,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/device.hpp"
@@ -40,7 +47,19 @@ struct KVNamespace {
   int world_size = 1;
 };
 
+// How blocks in GPU memory reach the slabs (host memory always takes the host path).
+enum class KVPath {
+  Auto,    // direct where cuFile does true GPUDirect Storage, else staged
+  Staged,  // device <-> pinned staging slots <-> O_DIRECT file I/O
+  Direct,  // cuFile; refused (per key, unsupported) where it would run in compatibility mode,
+           // unless allow_compat is set
+};
+// "auto" | "staged" | "direct"; throws std::invalid_argument otherwise.
+KVPath parse_kv_path(std::string_view text);
+
 struct KVStoreOptions {
+  KVPath gpu_path = KVPath::Auto;
+  bool allow_compat = false;           // KVPath::Direct may run in cuFile's compatibility mode
   bool read_only = false;              // a reader: no lock, no writes, follows the writer
   unsigned slab_count = 4;             // slab files the slots are spread over (at creation;
                                        // an existing store keeps its own)
@@ -50,8 +69,8 @@ struct KVStoreOptions {
 };
 
 // One memory span of a block. A block is one span or a list of per-layer pieces, gathered
-// into one write (and scattered from one read) in the order given. Host memory only in this
-// version: cuda:N pieces are refused per key (they come with the transfer core).
+// into one write (and scattered from one read) in the order given: host or cuda:N memory,
+// mixed freely within a block.
 struct KVPiece {
   void* data = nullptr;
   std::uint64_t size = 0;
@@ -66,16 +85,60 @@ enum class KVStatus {
   bad_size,         // the pieces' total does not fit the block size / stored length
   no_space,         // put: every slot is busy with in-flight reads or writes
   io_error,         // the system refused a read, write or sync (message says which file)
-  unsupported,      // memory this version cannot reach (GPU pieces)
+  unsupported,      // the path asked for cannot run here (message says why)
   read_only,        // a write through a reader
 };
 const char* to_string(KVStatus status);
 
+// The path a block's bytes took.
+enum class KVRoute {
+  none,           // no bytes moved (a miss, a present key, a bad argument)
+  host,           // host memory through the aligned bounce buffer
+  staged,         // GPU memory through the transfer core's pinned staging
+  cufile_gds,     // GPU memory straight to/from storage (GPUDirect Storage)
+  cufile_compat,  // cuFile in compatibility mode (it stages internally)
+};
+const char* to_string(KVRoute route);
+
 struct KVResult {
   KVStatus status = KVStatus::ok;
   std::string message;  // empty for ok; otherwise says what and where
+  KVRoute route = KVRoute::none;
   bool ok() const noexcept { return status == KVStatus::ok; }
 };
+
+// Per call: how a put orders itself after the producer of its memory.
+struct KVPutOptions {
+  // A CUevent (cast to void*) recorded behind the work that writes the sources (kernels, or a
+  // copy into pinned host memory): no source byte is read before it fires, so half-computed KV
+  // is never persisted.
+  void* after_event = nullptr;
+};
+
+// An owned block for the asynchronous forms: the piece list is copied, the memory it points to
+// must stay valid (and, for a put, unchanged) until the ticket completes.
+using KVBlockList = std::vector<std::vector<KVPiece>>;
+
+namespace detail {
+struct KVTicketState;
+}
+
+// An asynchronous put or get. The batch runs on the store's worker threads; results are per key
+// in order. The completion callback (if any) runs once on a worker thread, before wait() returns.
+class KVTicket {
+ public:
+  KVTicket() = default;
+  explicit KVTicket(std::shared_ptr<detail::KVTicketState> state);
+  void wait() const;
+  bool wait_for(double seconds) const;
+  bool ready() const;
+  // After wait(): one result per key.
+  const std::vector<KVResult>& results() const;
+
+ private:
+  std::shared_ptr<detail::KVTicketState> _state;
+};
+using KVCallback = std::function<void(const std::vector<KVResult>&)>;
 
 struct KVStats {
   std::filesystem::path directory;  // this namespace's directory
@@ -92,6 +155,7 @@ struct KVStats {
   std::uint64_t index_bytes = 0;          // memory of the in-memory index
   std::uint64_t last_sequence = 0;
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
+  KVPath gpu_path = KVPath::Auto;         // as opened
   bool read_only = false;
 };
 
@@ -116,8 +180,13 @@ class KVStore {
   ~KVStore();  // see checkpoint_on_close (errors are ignored: the journal has it all)
 
   // One batch each; results are per key, in order (one bad key does not fail the others).
-  std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources);
+  std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
+                            const KVPutOptions& options = {});
   std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
+  // The same, on the store's worker threads. A store's destructor waits for its tickets.
+  KVTicket put_async(std::vector<KVKey> keys, KVBlockList sources, KVPutOptions options = {},
+                     KVCallback done = nullptr);
+  KVTicket get_async(std::vector<KVKey> keys, KVBlockList destinations, KVCallback done = nullptr);
   std::vector<KVResult> remove(std::span<const KVKey> keys);
   // How many leading keys are stored (the prefix hit length).
   std::size_t lookup(std::span<const KVKey> keys);

@@ -9,6 +9,9 @@ A drop-in for safetensors' loading API, with the same signatures and semantics:
     ferry.numpy.load_file(path), ferry.numpy.load(bytes)
     ferry.SafetensorError (a ValueError) for malformed files and closed handles
 
+    ferry.KVStore(root, model=..., dtype=..., capacity_bytes=..., block_bytes=...): the KV
+        block store (put/get/lookup, sync and async; see ferry.kv and ferry.kv_offload)
+
 Wherever a filename is taken, a shard directory or an index works too. Tensors from load_file
 are views of the memory ferry loaded into (no copies); that memory is freed when the last tensor
 that refers to it is gone.
@@ -16,6 +19,7 @@ that refers to it is gone.
 from ._ferry import (Checkpoint, Loaded, SafetensorError, __version__, cuda_available,
                      release_staging_memory)
 from ._open import _safe_open_handle, safe_open
+from .kv import KVResult, KVStore, KVTicket, kv_key
 
-__all__ = ["Checkpoint", "Loaded", "SafetensorError", "cuda_available", "release_staging_memory",
-           "safe_open"]
+__all__ = ["Checkpoint", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
+           "cuda_available", "kv_key", "release_staging_memory", "safe_open"]

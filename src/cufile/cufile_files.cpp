@@ -11,6 +11,7 @@
 #include "cufile/aligned_split.hpp"
 #include "cufile/transfer_result.hpp"
 #include "ferry/error.hpp"
+#include "platform/file.hpp"
 #include "shim/cufile.hpp"
 
 namespace ferry::detail {
@@ -32,6 +33,20 @@ std::string registration_hint(int fd) {
          " is missing, as in many containers and VMs)";
 }
 
+// Registers `fd` with cuFile; throws CudaError naming `path` (and, where it can tell, why).
+shim::cufile::Handle register_descriptor(const std::filesystem::path& path, int fd) {
+  shim::cufile::Descriptor descr{};
+  descr.type = shim::cufile::kHandleTypeOpaqueFd;
+  descr.handle.fd = fd;
+  shim::cufile::Handle handle = nullptr;
+  const auto r = shim::CuFileLibrary::get().cuFileHandleRegister(&handle, &descr);
+  if (r.err != shim::cufile::kSuccess)
+    detail::fail<CudaError>(path.string(),
+                            ": cuFileHandleRegister failed: ", shim::cufile_error_text(r),
+                            registration_hint(fd), "; --backend posix reads it without cuFile");
+  return handle;
+}
+
 OpenedFile open_registered(const std::filesystem::path& path, bool writable) {
   const int mode = writable ? (O_RDWR | O_CREAT) : O_RDONLY;
   int fd = ::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT, 0644);
@@ -42,24 +57,26 @@ OpenedFile open_registered(const std::filesystem::path& path, bool writable) {
     ::close(fd);
     FERRY_SYSCALL_FAIL(path.string());
   }
-  shim::cufile::Descriptor descr{};
-  descr.type = shim::cufile::kHandleTypeOpaqueFd;
-  descr.handle.fd = fd;
-  shim::cufile::Handle handle = nullptr;
-  const auto r = shim::CuFileLibrary::get().cuFileHandleRegister(&handle, &descr);
-  if (r.err != shim::cufile::kSuccess) {
-    const std::string hint = registration_hint(fd);
+  try {
+    return {fd, plain_fd, register_descriptor(path, fd), true};
+  } catch (...) {
     ::close(fd);
     ::close(plain_fd);
-    detail::fail<CudaError>(path.string(), ": cuFileHandleRegister failed: ",
-                            shim::cufile_error_text(r), hint,
-                            "; --backend posix reads it without cuFile");
+    throw;
   }
-  return {fd, plain_fd, handle};
+}
+
+// A file set's open file: its O_DIRECT descriptor where the file system gave one (else the
+// buffered one, which only compatibility mode can use) is registered; the file set closes both.
+OpenedFile register_open(const PlatformFile& file) {
+  const int plain = static_cast<int>(file.native(false));
+  const int fd = file.has_direct() ? static_cast<int>(file.native(true)) : plain;
+  return {fd, plain, register_descriptor(file.path(), fd), false};
 }
 
 void close_registered(const OpenedFile& f) {
   shim::CuFileLibrary::get().cuFileHandleDeregister(f.handle);
+  if (!f.owns_descriptors) return;
   ::close(f.fd);
   ::close(f.plain_fd);
 }
@@ -72,8 +89,8 @@ struct Edge {
 }  // namespace
 
 HandleCache& cufile_handles() {
-  static HandleCache* cache =
-      new HandleCache({open_registered, close_registered}, handle_cache_capacity(kHandleCacheWanted));
+  static HandleCache* cache = new HandleCache({open_registered, close_registered, register_open},
+                                              handle_cache_capacity(kHandleCacheWanted));
   return *cache;
 }
 
@@ -87,12 +104,12 @@ void cufile_read(const HandleCache::Lease& file, const std::filesystem::path& pa
     if (p.direct) {
       void* base = reinterpret_cast<void*>(registered_base ? registered_base : dst);
       const off_t at = static_cast<off_t>(registered_base ? dst - registered_base : 0);
-      check_cufile_transfer(lib.cuFileRead(file.file().handle, base, p.size,
-                                    static_cast<off_t>(p.file_offset), at),
-                     p.size, path, "cuFileRead", p.file_offset, false);
+      check_cufile_transfer(
+          lib.cuFileRead(file.file().handle, base, p.size, static_cast<off_t>(p.file_offset), at),
+          p.size, path, "cuFileRead", p.file_offset, false);
     } else {
-      const ssize_t n = ::pread(file.file().plain_fd, edge.bytes, p.size,
-                                static_cast<off_t>(p.file_offset));
+      const ssize_t n =
+          ::pread(file.file().plain_fd, edge.bytes, p.size, static_cast<off_t>(p.file_offset));
       check_cufile_transfer(n, p.size, path, "read", p.file_offset, false);
       FERRY_CU(cuMemcpyHtoDAsync, dst, edge.bytes, p.size, nullptr);
       FERRY_CU(cuStreamSynchronize, nullptr);
@@ -108,9 +125,9 @@ void cufile_write(const HandleCache::Lease& file, const std::filesystem::path& p
   for (const SplitPiece& p : split_aligned(file_offset, size, max_piece)) {
     const std::uintptr_t src = device_address + p.buffer_offset;
     if (p.direct) {
-      check_cufile_transfer(lib.cuFileWrite(file.file().handle, reinterpret_cast<const void*>(src), p.size,
-                                     static_cast<off_t>(p.file_offset), 0),
-                     p.size, path, "cuFileWrite", p.file_offset, true);
+      check_cufile_transfer(lib.cuFileWrite(file.file().handle, reinterpret_cast<const void*>(src),
+                                            p.size, static_cast<off_t>(p.file_offset), 0),
+                            p.size, path, "cuFileWrite", p.file_offset, true);
     } else {
       FERRY_CU(cuMemcpyDtoH, edge.bytes, src, p.size);
       // Edges go through the plain descriptor: O_DIRECT refuses unaligned writes. Synced so

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "ferry/error.hpp"
+#include "platform/file.hpp"
+
 namespace ferry::detail {
 namespace {
 
@@ -24,23 +27,40 @@ HandleCache::~HandleCache() {
   for (const auto& e : _lru) _registrar.close(e->file);
 }
 
-HandleCache::Lease HandleCache::acquire(const std::filesystem::path& path, bool writable) {
-  const std::string key = key_of(path, writable);
-  std::lock_guard lock(_mutex);
+template <class Make>
+HandleCache::Lease HandleCache::acquire_locked(const std::string& key, Make&& make) {
   if (auto it = _by_key.find(key); it != _by_key.end()) {
     _lru.splice(_lru.begin(), _lru, it->second);  // now the most recently used
     ++(*it->second)->leases;
     return Lease(this, *it->second);
   }
   auto entry = std::make_shared<Entry>();
-  entry->path = path;
-  entry->writable = writable;
-  entry->file = _registrar.open(path, writable);  // throws: nothing was added
+  entry->key = key;
+  make(*entry);  // throws: nothing was added
   entry->leases = 1;
   _lru.push_front(entry);
   _by_key[key] = _lru.begin();
   evict_idle_over_capacity();
   return Lease(this, entry);
+}
+
+HandleCache::Lease HandleCache::acquire(const std::filesystem::path& path, bool writable) {
+  std::lock_guard lock(_mutex);
+  return acquire_locked(key_of(path, writable),
+                        [&](Entry& e) { e.file = _registrar.open(path, writable); });
+}
+
+HandleCache::Lease HandleCache::acquire(std::shared_ptr<const PlatformFile> file) {
+  FERRY_EXPECT(_registrar.register_open != nullptr, std::logic_error,
+               "this handle cache registers paths only");
+  const FileIdentity& id = file->identity();
+  const std::string key = (file->access() == FileAccess::ReadWrite ? "w@" : "r@") +
+                          std::to_string(id.device) + ":" + std::to_string(id.inode);
+  std::lock_guard lock(_mutex);
+  return acquire_locked(key, [&](Entry& e) {
+    e.file = _registrar.register_open(*file);
+    e.held = std::move(file);
+  });
 }
 
 void HandleCache::release(const std::shared_ptr<Entry>& entry) {
@@ -55,7 +75,7 @@ void HandleCache::evict_idle_over_capacity() {
     --it;
     if ((*it)->leases != 0) continue;
     _registrar.close((*it)->file);
-    _by_key.erase(key_of((*it)->path, (*it)->writable));
+    _by_key.erase((*it)->key);
     it = _lru.erase(it);
   }
 }

@@ -10,6 +10,9 @@ namespace {
 std::uint64_t align_down(std::uint64_t v) { return v / kDirectAlignment * kDirectAlignment; }
 std::uint64_t align_up(std::uint64_t v) { return align_down(v + kDirectAlignment - 1); }
 
+// How long a file's page-cache residency is trusted before it is measured again.
+constexpr double kResidencyMaxAge = 1.0;
+
 std::string percent(double fraction) {
   return std::to_string(static_cast<int>(fraction * 100 + 0.5)) + "%";
 }
@@ -51,7 +54,7 @@ void SourceFile::choose(const PlatformFile& file) {
     _reason = "writes bypass the page cache where the file system allows";
   } else if (_mode == IoMode::Auto) {
     // A file mostly in the page cache reads far faster through it than from the device.
-    const double cached = page_cache_fraction(file.native(false), file.identity().size);
+    const double cached = file.residency(kResidencyMaxAge);
     _reason = percent(cached) + " of the file is in the page cache";
     if (cached >= 0.5) return;
   }
@@ -81,6 +84,32 @@ const std::byte* SourceFile::read(const PlatformFile& file, std::uint64_t offset
                       offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
   _bytes_read.fetch_add(size, std::memory_order_relaxed);
   return staging + head;
+}
+
+bool SourceFile::read_into(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
+                           std::byte* memory) {
+  bool direct_read = direct() && file.has_direct();
+  if (direct_read) {
+    const auto address = reinterpret_cast<std::uintptr_t>(memory);
+    if (offset % kDirectAlignment || size % kDirectAlignment || address % kDirectAlignment)
+      return false;
+    try {
+      const std::size_t got = file.read_up_to(memory, size, offset, true);
+      FERRY_FORMAT_EXPECT(got == size, file.path().string(), ": unexpected end of file at offset ",
+                          offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
+      _bytes_read.fetch_add(size, std::memory_order_relaxed);
+      return true;
+    } catch (const std::system_error& e) {
+      // Some file systems accept O_DIRECT at open and refuse it at read time.
+      if (e.code() != std::errc::invalid_argument) throw;
+      fall_back_to_buffered(std::string("O_DIRECT read refused (") + e.what() + ")");
+    }
+  }
+  const std::size_t got = file.read_up_to(memory, size, offset, false);
+  FERRY_FORMAT_EXPECT(got == size, file.path().string(), ": unexpected end of file at offset ",
+                      offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
+  _bytes_read.fetch_add(size, std::memory_order_relaxed);
+  return true;
 }
 
 const std::byte* SourceFile::read_direct(const PlatformFile& file, std::uint64_t offset,

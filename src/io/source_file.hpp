@@ -41,6 +41,12 @@ class SourceFile {
                         std::byte* staging);
   const std::byte* read(std::uint64_t offset, std::uint64_t size, std::byte* staging);
 
+  // Reads [offset, offset + size) straight into host memory at `memory`, skipping staging:
+  // buffered, or O_DIRECT where offset, size and memory are all 4 KiB-aligned. Returns false,
+  // having read nothing, where the file reads O_DIRECT and they are not.
+  bool read_into(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
+                 std::byte* memory);
+
   // Writes `size` bytes to [offset, offset + size) from `staging` + (offset % kDirectAlignment),
   // page-aligned staging as for read(). With O_DIRECT the 4 KiB-aligned body goes unbuffered
   // and the unaligned edges buffered, so no neighbouring byte is ever rewritten.

@@ -1,8 +1,8 @@
 // The one seam through which the KV store moves block bytes. Everything above it (index,
 // journal, eviction) is storage logic; everything below it is data movement. A batch of N
 // blocks is one call, shaped for the transfer core's submit-a-batch-get-a-ticket model: today
-// HostBlockIo serves host memory with positioned O_DIRECT I/O; the transfer core's staged and
-// cuFile backends will implement the same interface for cuda:N pieces.
+// HostBlockIo serves host memory with positioned O_DIRECT I/O; TransferBlockIo serves cuda:N
+// pieces through the transfer core (staged or cuFile) and hands host blocks to HostBlockIo.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ferry/device.hpp"
+#include "ferry/kv_store.hpp"
 
 namespace ferry::detail::kv {
 
@@ -19,7 +20,7 @@ struct BlockSpan {
   Device device = Device::cpu();
 };
 
-enum class BlockOutcome { ok, io_error, checksum_mismatch };
+enum class BlockOutcome { ok, io_error, checksum_mismatch, unsupported };
 
 // One block: a slot of a slab file and the memory pieces it is gathered from or scattered to.
 struct BlockRequest {
@@ -30,16 +31,20 @@ struct BlockRequest {
   std::uint64_t checksum = 0;
   BlockOutcome outcome = BlockOutcome::ok;
   std::string message;  // names the file and the failure where outcome != ok
+  KVRoute route = KVRoute::none;  // the path the bytes took (set by write/read)
 };
 
 class BlockIo {
  public:
   virtual ~BlockIo() = default;
-  // Each block's pieces are gathered into ONE write of the block (padded with zeros to 4 KiB);
-  // the checksum is taken of the bytes as written. Failures are per block.
-  virtual void write(std::span<BlockRequest> batch) = 0;
-  // Each block is ONE read; its checksum is verified before any byte reaches the pieces, so a
-  // mismatch leaves the destination untouched.
+  // Each block's pieces are gathered into ONE write of the block; the checksum is taken of the
+  // bytes as written. GPU memory is read only after `after_event` (a CUevent, or null) fires.
+  // Failures are per block.
+  virtual void write(std::span<BlockRequest> batch, void* after_event) = 0;
+  // Each block is ONE read. Its checksum is verified before any byte reaches host pieces and
+  // where the bytes pass through a device bounce buffer; a block read straight into the
+  // caller's GPU memory is verified there, so a mismatch may leave bytes in the destination
+  // (the block is reported missing either way: bad bytes are never reported as a hit).
   virtual void read(std::span<BlockRequest> batch) = 0;
   // Makes every write to `slab` so far durable (fdatasync). Throws std::system_error.
   virtual void sync(int slab) = 0;

@@ -3,11 +3,16 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "ferry/error.hpp"
 
@@ -67,14 +72,51 @@ void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, cons
                                    std::generic_category().message(error));
 }
 
+// Runs `one(request, bounce buffer)` over the batch on up to kMaxThreads threads (the caller's
+// among them), each with its own bounce buffer: several blocks in flight keep a device queue
+// busy where one positioned I/O at a time would not.
+template <class One>
+void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One&& one) {
+  constexpr std::size_t kMaxThreads = 4;
+  constexpr std::uint64_t kMaxBounceBytes = 256ull << 20;  // all threads' buffers together
+  std::atomic<std::size_t> next{0};
+  std::vector<char> handled(batch.size(), 0);
+  std::string error;
+  std::mutex error_mutex;
+  const auto work = [&] {
+    try {
+      auto buffer = bounce_buffer(slot_bytes);
+      for (std::size_t i; (i = next.fetch_add(1)) < batch.size(); handled[i] = 1)
+        one(batch[i], buffer.get());
+    } catch (const std::exception& e) {  // no buffer: the other threads take the rest
+      std::lock_guard lock(error_mutex);
+      if (error.empty()) error = e.what();
+    }
+  };
+  std::vector<std::thread> helpers;
+  const std::size_t threads = std::min<std::size_t>(
+      {kMaxThreads, batch.size(), std::max<std::uint64_t>(1, kMaxBounceBytes / slot_bytes)});
+  try {
+    for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads: those made (and the caller) do the work.
+  }
+  work();
+  for (auto& t : helpers) t.join();
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (!handled[i]) {  // taken by a thread that failed: every block still gets an outcome
+      batch[i].outcome = BlockOutcome::io_error;
+      batch[i].message = "the block was not moved: " + error;
+    }
+}
+
 }  // namespace
 
-void HostBlockIo::write(std::span<BlockRequest> batch) {
-  auto buffer = bounce_buffer(_slot_bytes);
-  for (BlockRequest& request : batch) {
+void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
+  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
-    std::byte* at = buffer.get();
+    std::byte* at = buffer;
     for (const BlockSpan& piece : request.pieces) {
       FERRY_ASSERT(!piece.device.is_cuda());
       if (piece.size == 0) continue;
@@ -83,31 +125,31 @@ void HostBlockIo::write(std::span<BlockRequest> batch) {
     }
     const std::uint64_t padded = round_up(length);
     std::memset(at, 0, padded - length);
-    request.checksum = XXH3_64bits(buffer.get(), length);
-    const int error = transfer<true>(_slabs, request.slab, buffer.get(), padded, request.offset);
-    if (error != 0) fail_request(request, _slabs, error, "write of a block");
-    else request.outcome = BlockOutcome::ok;
-  }
+    request.checksum = XXH3_64bits(buffer, length);
+    const int error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
+    request.route = KVRoute::host;
+    if (error != 0)
+      fail_request(request, _slabs, error, "write of a block");
+    else
+      request.outcome = BlockOutcome::ok;
+  });
 }
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {
-  auto buffer = bounce_buffer(_slot_bytes);
-  for (BlockRequest& request : batch) {
+  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
+    request.route = KVRoute::host;
     const int error =
-        transfer<false>(_slabs, request.slab, buffer.get(), round_up(length), request.offset);
-    if (error != 0) {
-      fail_request(request, _slabs, error, "read of a block");
-      continue;
-    }
-    if (XXH3_64bits(buffer.get(), length) != request.checksum) {
+        transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset);
+    if (error != 0) return fail_request(request, _slabs, error, "read of a block");
+    if (XXH3_64bits(buffer, length) != request.checksum) {
       request.outcome = BlockOutcome::checksum_mismatch;
       request.message = detail::concat(_slabs.name(request.slab), ": block at offset ",
                                        request.offset, " fails its checksum; dropped");
-      continue;
+      return;
     }
-    const std::byte* from = buffer.get();
+    const std::byte* from = buffer;
     for (const BlockSpan& piece : request.pieces) {
       FERRY_ASSERT(!piece.device.is_cuda());
       if (piece.size == 0) continue;
@@ -115,7 +157,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
       from += piece.size;
     }
     request.outcome = BlockOutcome::ok;
-  }
+  });
 }
 
 void HostBlockIo::sync(int slab) {

@@ -146,8 +146,8 @@ std::vector<std::byte> encode_checkpoint(const IndexSnapshot& c, const Limits& l
   return out;
 }
 
-IndexSnapshot decode_checkpoint(std::span<const std::byte> bytes, const Limits& limits,
-                             const std::string& name) {
+CheckpointHeader decode_checkpoint_header(std::span<const std::byte> bytes, const Limits& limits,
+                                          const std::string& name) {
   FERRY_FORMAT_EXPECT(bytes.size() >= kCheckpointHeaderSize + 8, name,
                       ": checkpoint cut short (", bytes.size(), " bytes)");
   FERRY_FORMAT_EXPECT(std::memcmp(bytes.data(), kCheckpointMagic, 8) == 0, name,
@@ -159,40 +159,55 @@ IndexSnapshot decode_checkpoint(std::span<const std::byte> bytes, const Limits& 
                       ": checkpoint header size ", get_le<std::uint32_t>(&bytes[12]));
   FERRY_FORMAT_EXPECT(get_le<std::uint64_t>(&bytes[56]) == hash(bytes.data(), 56), name,
                       ": checkpoint header checksum mismatch");
-  IndexSnapshot c;
-  c.epoch = get_le<std::uint64_t>(&bytes[16]);
-  c.last_sequence = get_le<std::uint64_t>(&bytes[24]);
-  const auto count = get_le<std::uint64_t>(&bytes[32]);
+  CheckpointHeader h;
+  h.epoch = get_le<std::uint64_t>(&bytes[16]);
+  h.last_sequence = get_le<std::uint64_t>(&bytes[24]);
+  h.count = get_le<std::uint64_t>(&bytes[32]);
   const auto slot_count = get_le<std::uint64_t>(&bytes[40]);
   const auto block_bytes = get_le<std::uint64_t>(&bytes[48]);
   FERRY_FORMAT_EXPECT(slot_count == limits.slot_count && block_bytes == limits.block_bytes, name,
                       ": checkpoint of ", slot_count, " slots of ", block_bytes,
                       " bytes, but the store has ", limits.slot_count, " of ",
                       limits.block_bytes);
-  FERRY_FORMAT_EXPECT(count <= limits.slot_count, name, ": checkpoint lists ", count,
+  FERRY_FORMAT_EXPECT(h.count <= limits.slot_count, name, ": checkpoint lists ", h.count,
                       " blocks in ", limits.slot_count, " slots");
-  const std::uint64_t body = count * kEntrySize;  // no overflow: count <= slot_count < 2^32
+  const std::uint64_t body = h.count * kEntrySize;  // no overflow: count <= slot_count < 2^32
   FERRY_FORMAT_EXPECT(bytes.size() == kCheckpointHeaderSize + body + 8, name, ": checkpoint is ",
                       bytes.size(), " bytes, its header says ", kCheckpointHeaderSize + body + 8);
-  const std::byte* entry = bytes.data() + kCheckpointHeaderSize;
-  FERRY_FORMAT_EXPECT(get_le<std::uint64_t>(entry + body) == hash(entry, body), name,
+  const std::byte* entries = bytes.data() + kCheckpointHeaderSize;
+  FERRY_FORMAT_EXPECT(get_le<std::uint64_t>(entries + body) == hash(entries, body), name,
                       ": checkpoint entries checksum mismatch");
-  // A bit per slot and one sort of the keys: a checkpoint of 10 million blocks must not cost
-  // a node-based set.
+  return h;
+}
+
+Record decode_checkpoint_entry(std::span<const std::byte> bytes, std::uint64_t i,
+                               const Limits& limits, const std::string& name) {
+  const std::uint64_t offset = checkpoint_entry_offset(i);
+  const std::byte* entry = bytes.data() + offset;
+  Record r;
+  r.key = get_le<std::uint64_t>(entry);
+  r.slot = get_le<std::uint32_t>(entry + 8);
+  r.length = get_le<std::uint64_t>(entry + 16);
+  r.checksum = get_le<std::uint64_t>(entry + 24);
+  check_entry(r, limits, name, "checkpoint entry", offset);
+  return r;
+}
+
+IndexSnapshot decode_checkpoint(std::span<const std::byte> bytes, const Limits& limits,
+                                const std::string& name) {
+  const CheckpointHeader h = decode_checkpoint_header(bytes, limits, name);
+  IndexSnapshot c;
+  c.epoch = h.epoch;
+  c.last_sequence = h.last_sequence;
+  // A bit per slot and one sort of the keys: no node-based set.
   std::vector<bool> slot_used(limits.slot_count);
   std::vector<std::uint64_t> keys;
-  keys.reserve(count);
-  c.entries.reserve(count);
-  for (std::uint64_t i = 0; i < count; ++i, entry += kEntrySize) {
-    Record r;
-    r.key = get_le<std::uint64_t>(entry);
-    r.slot = get_le<std::uint32_t>(entry + 8);
-    r.length = get_le<std::uint64_t>(entry + 16);
-    r.checksum = get_le<std::uint64_t>(entry + 24);
-    const std::uint64_t offset = kCheckpointHeaderSize + i * kEntrySize;
-    check_entry(r, limits, name, "checkpoint entry", offset);
-    FERRY_FORMAT_EXPECT(!slot_used[r.slot], name, ": checkpoint entry at offset ", offset,
-                        " repeats slot ", r.slot);
+  keys.reserve(h.count);
+  c.entries.reserve(h.count);
+  for (std::uint64_t i = 0; i < h.count; ++i) {
+    const Record r = decode_checkpoint_entry(bytes, i, limits, name);
+    FERRY_FORMAT_EXPECT(!slot_used[r.slot], name, ": checkpoint entry at offset ",
+                        checkpoint_entry_offset(i), " repeats slot ", r.slot);
     slot_used[r.slot] = true;
     keys.push_back(r.key);
     c.entries.push_back(r);

@@ -123,6 +123,23 @@ void KvIndex::publish(std::uint32_t s, std::uint64_t key, std::uint32_t length,
   ++_live;
 }
 
+bool KvIndex::insert_new(std::uint32_t s, std::uint64_t key, std::uint32_t length,
+                         std::uint64_t checksum) {
+  if (_slots[s].state != SlotState::free) return false;
+  std::size_t b = bucket_of(key);
+  for (; _table[b] != kNoSlot; b = (b + 1) & _mask)
+    if (_slots[_table[b]].key == key) return false;
+  SlotEntry& e = _slots[s];
+  e.key = key;
+  e.length = length;
+  e.checksum = checksum;
+  e.state = SlotState::live;
+  _table[b] = s;
+  lru_push_front(s);
+  ++_live;
+  return true;
+}
+
 bool KvIndex::erase(std::uint64_t key) {
   const std::uint32_t s = find(key);
   if (s == kNoSlot) return false;

@@ -50,6 +50,10 @@ class KvIndex {
   // Makes `s` live for `key` (replay may name a slot that holds another key, or a key held in
   // another slot: both are dropped first).
   void publish(std::uint32_t s, std::uint64_t key, std::uint32_t length, std::uint64_t checksum);
+  // Makes free slot `s` live for `key`, which must not be present: the bulk load of a
+  // checkpoint (one probe, no eviction logic). Returns false, changing nothing, where the slot
+  // is not free or the key is present.
+  bool insert_new(std::uint32_t s, std::uint64_t key, std::uint32_t length, std::uint64_t checksum);
   // Drops `key`; returns false when absent. A pinned slot turns zombie until unpinned.
   // (Only a writer pins: a reader's slots can change under it anyway, from the writer.)
   bool erase(std::uint64_t key);

@@ -21,14 +21,31 @@ void KVStore::Impl::apply(const Record& r) {
   last_sequence = r.sequence;
 }
 
+// The checkpoint's entries straight into a fresh index, oldest use first (so the LRU order
+// comes back as it was): one probe per entry and no allocation, which keeps the reopen of 10
+// million blocks short.
+void KVStore::Impl::load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count,
+                                    KvIndex& into) {
+  const std::string name = checkpoint_path.string();
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const Record r = decode_checkpoint_entry(bytes, i, limits, name);
+    if (!into.insert_new(r.slot, r.key, static_cast<std::uint32_t>(r.length), r.checksum)) {
+      const bool slot_taken = into.slot(r.slot).state != SlotState::free;
+      detail::fail<FormatError>(name, ": checkpoint entry at offset ", checkpoint_entry_offset(i),
+                                slot_taken ? " repeats slot " : " repeats key ",
+                                slot_taken ? r.slot : r.key);
+    }
+  }
+}
+
 void KVStore::Impl::load_state(bool writable) {
   const std::string journal_name = journal_path.string();
   // A reader may race with the writer's checkpoint (a new checkpoint, then a new journal):
   // a journal newer than the checkpoint read means the checkpoint changed in between.
   for (int attempt = 0;; ++attempt) {
-    IndexSnapshot base;
-    if (auto bytes = read_if_exists(checkpoint_path))
-      base = decode_checkpoint(*bytes, limits, checkpoint_path.string());
+    const auto checkpoint = read_if_exists(checkpoint_path);
+    CheckpointHeader base;
+    if (checkpoint) base = decode_checkpoint_header(*checkpoint, limits, checkpoint_path.string());
     detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd && errno != ENOENT) FERRY_SYSCALL_FAIL(journal_name, ": cannot open");
     std::vector<std::byte> bytes;
@@ -47,7 +64,7 @@ void KVStore::Impl::load_state(bool writable) {
       continue;
     }
     index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
-    for (const Record& r : base.entries) index->publish(r.slot, r.key, r.length, r.checksum);
+    if (checkpoint) load_checkpoint(*checkpoint, base.count, *index);
     epoch = base.epoch;
     last_sequence = base.last_sequence;
     records_since_checkpoint = 0;

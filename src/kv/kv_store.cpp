@@ -20,11 +20,11 @@
 #include "ferry/error.hpp"
 #include "io/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
-#include "kv/host_block_io.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
+#include "kv/transfer_block_io.hpp"
 
 namespace ferry {
 
@@ -49,13 +49,26 @@ std::uint64_t total_size(KVBlock block) {
 // Why a block's pieces cannot be used, or an empty string.
 std::string check_pieces(KVBlock block) {
   for (const KVPiece& p : block) {
-    if (p.device.is_cuda())
-      return "GPU memory (" + p.device.to_string() +
-             ") is not supported yet: it comes with the transfer core";
     if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
                                                  " bytes has no memory (null pointer)";
+    if (p.device.is_cuda() && !cuda_available())
+      return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
   }
   return {};
+}
+
+KVStatus status_of(BlockOutcome outcome) {
+  switch (outcome) {
+    case BlockOutcome::ok:
+      return KVStatus::ok;
+    case BlockOutcome::checksum_mismatch:
+      return KVStatus::missing;
+    case BlockOutcome::unsupported:
+      return KVStatus::unsupported;
+    case BlockOutcome::io_error:
+      break;
+  }
+  return KVStatus::io_error;
 }
 
 std::string hex16(std::uint64_t value) {
@@ -80,6 +93,29 @@ const char* to_string(KVStatus status) {
     case KVStatus::read_only: return "read only";
   }
   return "unknown";
+}
+
+const char* to_string(KVRoute route) {
+  switch (route) {
+    case KVRoute::none:
+      return "none";
+    case KVRoute::host:
+      return "host";
+    case KVRoute::staged:
+      return "staged";
+    case KVRoute::cufile_gds:
+      return "cufile-gds";
+    case KVRoute::cufile_compat:
+      return "cufile-compat";
+  }
+  return "unknown";
+}
+
+KVPath parse_kv_path(std::string_view text) {
+  if (text == "auto") return KVPath::Auto;
+  if (text == "staged") return KVPath::Staged;
+  if (text == "direct") return KVPath::Direct;
+  detail::fail<std::invalid_argument>("KV path \"", text, "\": use auto, staged or direct");
 }
 
 std::string KVStore::directory_name(const KVNamespace& ns) {
@@ -141,7 +177,11 @@ void KVStore::Impl::check_manifest(bool writable) {
   FERRY_EXPECT(found["namespace"] == wanted["namespace"], std::invalid_argument, path.string(),
                ": belongs to namespace ", found["namespace"].dump(), ", not ",
                wanted["namespace"].dump());
-  // The slab split is the creator's choice; block size and capacity must be what was asked.
+  // Block size and capacity must be what was asked; the slab split is the creator's choice.
+  for (const char* field : {"block_bytes", "slot_bytes", "slot_count"})
+    FERRY_EXPECT(found[field] == wanted[field], std::invalid_argument, path.string(),
+                 ": the store was created with ", field, " ", found[field].dump(), "; opened with ",
+                 wanted[field].dump(), " (block size and capacity are fixed at creation)");
   const auto found_slabs = found["slab_count"].get<std::uint64_t>();
   const auto found_per_slab = found["slots_per_slab"].get<std::uint64_t>();
   FERRY_FORMAT_EXPECT(found_slabs >= 1 && found_slabs <= 256 &&
@@ -239,7 +279,8 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
   impl->check_manifest(writable);
   impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,
                                             impl->slots_per_slab * impl->slot_bytes, writable);
-  impl->io = std::make_unique<HostBlockIo>(*impl->slabs, impl->slot_bytes);
+  impl->io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,
+                                               options.gpu_path, options.allow_compat);
   impl->load_state(writable);
   return KVStore(std::move(impl));
 }
@@ -249,6 +290,7 @@ KVStore::KVStore(KVStore&&) noexcept = default;
 KVStore& KVStore::operator=(KVStore&&) noexcept = default;
 
 KVStore::~KVStore() {
+  if (_impl) _impl->async.reset();  // its batches finish first
   if (!_impl || _impl->options.read_only || !_impl->options.checkpoint_on_close) return;
   try {
     std::lock_guard commit_lock(_impl->commit);
@@ -258,8 +300,20 @@ KVStore::~KVStore() {
   }
 }
 
-std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources) {
-  Impl& s = *_impl;
+std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
+                                   const KVPutOptions& options) {
+  return _impl->put(keys, sources, options);
+}
+
+std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
+                                   std::span<const KVBlock> destinations) {
+  return _impl->get(keys, destinations);
+}
+
+std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
+                                         std::span<const KVBlock> sources,
+                                         const KVPutOptions& options) {
+  Impl& s = *this;
   FERRY_EXPECT(keys.size() == sources.size(), std::invalid_argument, "KV put: ", keys.size(),
                " keys but ", sources.size(), " sources");
   std::vector<KVResult> results(keys.size());
@@ -320,7 +374,7 @@ std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const 
     requests[w].offset = s.offset_of(work[w].slot);
     requests[w].pieces = spans[w];
   }
-  s.io->write(requests);
+  s.io->write(requests, options.after_event);
   std::set<int> touched;
   for (const BlockRequest& r : requests)
     if (r.outcome == BlockOutcome::ok) touched.insert(r.slab);
@@ -365,10 +419,11 @@ std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const 
         results[i] = result(KVStatus::ok);
       } else {
         s.index->release_writing(work[w].slot);
-        results[i] = result(KVStatus::io_error, requests[w].outcome == BlockOutcome::ok
-                                                    ? journal_error
-                                                    : requests[w].message);
+        results[i] = requests[w].outcome == BlockOutcome::ok
+                         ? result(KVStatus::io_error, journal_error)
+                         : result(status_of(requests[w].outcome), requests[w].message);
       }
+      results[i].route = requests[w].route;
     }
   }
   if (s.records_since_checkpoint >= s.options.checkpoint_every) {
@@ -381,9 +436,9 @@ std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const 
   return results;
 }
 
-std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
-                                   std::span<const KVBlock> destinations) {
-  Impl& s = *_impl;
+std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
+                                         std::span<const KVBlock> destinations) {
+  Impl& s = *this;
   FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ",
                keys.size(), " keys but ", destinations.size(), " destinations");
   if (s.options.read_only) s.refresh();
@@ -456,9 +511,11 @@ std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
         break;
       }
       case BlockOutcome::io_error:
-        results[i] = result(KVStatus::io_error, requests[w].message);
+      case BlockOutcome::unsupported:
+        results[i] = result(status_of(requests[w].outcome), requests[w].message);
         break;
     }
+    results[i].route = requests[w].route;
   }
   return results;
 }
@@ -550,6 +607,7 @@ KVStats KVStore::stats() {
   out.index_bytes = s.index->memory_bytes();
   out.last_sequence = s.last_sequence;
   out.direct_io = s.io->direct();
+  out.gpu_path = s.options.gpu_path;
   out.read_only = s.options.read_only;
   return out;
 }

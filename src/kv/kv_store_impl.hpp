@@ -13,6 +13,7 @@
 
 #include "ferry/kv_store.hpp"
 #include "io/file_descriptor.hpp"
+#include "kv/async_runner.hpp"
 #include "kv/block_io.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
@@ -50,8 +51,17 @@ struct KVStore::Impl {
   int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
   std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
 
+  // The asynchronous forms' worker threads, started at the first use. Declared last: destroyed
+  // first, so queued batches finish while the rest of the store is still whole.
+  std::unique_ptr<AsyncRunner> async;
+  AsyncRunner& runner();
+
+  std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
+                            const KVPutOptions& options);
+  std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
   void check_manifest(bool writable);
   void load_state(bool writable);
+  void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
   void append_records(const std::vector<Record>& records);
   void checkpoint_locked();

@@ -38,7 +38,8 @@ EngineSettings choose_settings(const LoadOptions& options) {
 
 EngineSettings choose_settings(const LoadOptions& options, const ActiveTuning& active) {
   EngineSettings s;
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // hardware_concurrency() reads /sys on each call: once per process is enough.
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   // Whatever the caller leaves at zero comes from this machine's tuning file, else the defaults.
   const std::optional<Tuning>& tuned = active.tuning;
   s.source = active.source;

@@ -1,5 +1,6 @@
 #include "ferry/tuning.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
 #include <sstream>
 #include <thread>
@@ -133,8 +136,50 @@ void write_tuning(const fs::path& file, const Tuning& t) {
   fs::rename(partial, file);
 }
 
+namespace {
+
+// What a tuning file was when it was last read: a server's loads read an unchanged file once.
+struct TuningFileState {
+  fs::path path;
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool operator==(const TuningFileState&) const = default;
+};
+
+// The file's state, or nullopt where it is not a regular file (those are read, never kept).
+std::optional<TuningFileState> tuning_file_state(const fs::path& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return TuningFileState{file, st.st_dev, st.st_ino, st.st_size,
+                         std::int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+ActiveTuning read_active_tuning(const fs::path& file);
+
+}  // namespace
+
 ActiveTuning active_tuning() {
+  static std::mutex mutex;
+  static std::optional<std::pair<TuningFileState, ActiveTuning>> kept;
   const fs::path file = tuning_file();
+  const std::optional<TuningFileState> state = tuning_file_state(file);
+  {
+    std::lock_guard lock(mutex);
+    if (state && kept && kept->first == *state) return kept->second;
+  }
+  ActiveTuning active = read_active_tuning(file);
+  if (state) {
+    std::lock_guard lock(mutex);
+    kept.emplace(*state, active);
+  }
+  return active;
+}
+
+namespace {
+
+ActiveTuning read_active_tuning(const fs::path& file) {
   std::optional<Tuning> t;
   // An unusable tuning location never stops a load: the defaults apply and say why.
   try {
@@ -154,6 +199,8 @@ ActiveTuning active_tuning() {
          << " GB/s), " << file.string();
   return {t, source.str()};
 }
+
+}  // namespace
 
 Tuning tune(const std::shared_ptr<const Checkpoint>& checkpoint, const Device& device,
             unsigned runs, const std::function<void(const Tuning&)>& report) {

@@ -79,6 +79,11 @@ class PlatformFile {
     return direct ? _direct.load(std::memory_order_acquire) : _buffered;
   }
 
+  // page_cache_fraction() of this file, measured again only once the last measurement is older
+  // than `max_age_seconds`: residency drifts slowly, and measuring a large file costs up to a
+  // millisecond, far more than a small transfer. A file closed and reopened measures afresh.
+  double residency(double max_age_seconds) const;
+
  private:
   std::filesystem::path _path;
   FileAccess _access = FileAccess::Read;
@@ -86,6 +91,9 @@ class PlatformFile {
   std::atomic<NativeFile> _direct{kNoNativeFile};
   FileIdentity _identity;
   std::string _direct_refusal;
+  // The last residency measurement and when it was taken (steady clock, ns; -1: never).
+  mutable std::atomic<double> _residency{0};
+  mutable std::atomic<std::int64_t> _residency_at{-1};
 };
 
 // Fraction of the file's pages resident in the page cache, sampled (at most

@@ -63,15 +63,16 @@ SaveStats save_safetensors(const std::filesystem::path& path, std::span<const Sa
     spans.push_back({static_cast<const std::byte*>(t->data), t->size,
                      t->device.is_cuda() ? t->device.index : -1});
 
-  detail::OutputFile file(path, options.direct);
+  detail::OutputFile file(path);
   const auto written = detail::write_spans(
-      file, spans, {options.staging_bytes, options.piece_bytes, options.writer_threads});
+      file, spans,
+      {options.direct, options.staging_bytes, options.piece_bytes, options.writer_threads});
   file.commit(prepared.header.file_size);
 
   SaveStats stats;
   stats.file_bytes = prepared.header.file_size;
-  stats.io_path = file.direct() ? "direct" : "buffered";
-  stats.io_reason = file.io_reason();
+  stats.io_path = written.direct ? "direct" : "buffered";
+  stats.io_reason = written.io_reason;
   stats.staging_bytes = written.staging_bytes;
   stats.pinned = written.pinned;
   stats.fill_seconds = written.fill_seconds;

@@ -1,15 +1,13 @@
-// The save path's one write loop: spans of host or GPU memory, back to back, into a file.
-// Pieces of the file pass through a bounded set of staging buffers (pinned when a span lives on
-// a GPU): the calling thread copies the next piece in (device -> host, or memcpy) while writer
-// threads write earlier ones out, so copies and writes overlap and host memory stays at the
-// staging size however large the file. Every write is a whole piece at a piece-aligned offset
-// (the last one rounded up to 4 KiB and cut back by OutputFile::commit), as O_DIRECT needs.
-// Meant to be replaced by a transfer-engine submission when that lands; callers only see this.
+// The save path's write: spans of host or GPU memory, back to back, into a file, as one
+// memory -> file submission to the transfer core (its pipelined staged path: each worker copies
+// the next piece into a pinned slot while it writes the one before). Host memory stays within
+// the staging bound however large the file.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "save/output_file.hpp"
 
@@ -22,22 +20,26 @@ struct MemorySpan {
 };
 
 struct SpanWriteOptions {
-  std::uint64_t staging_bytes = 128ull << 20;  // all staging buffers together
+  bool direct = true;                          // O_DIRECT where the file system allows it
+  std::uint64_t staging_bytes = 128ull << 20;  // all staging together (at least one piece)
   std::uint64_t piece_bytes = 16ull << 20;     // one write
-  unsigned writer_threads = 4;
+  unsigned writer_threads = 4;                 // at most; fewer where staging is short
 };
 
 struct SpanWriteStats {
   std::uint64_t bytes = 0;          // span bytes written
-  std::uint64_t staging_bytes = 0;  // staging allocated
+  std::uint64_t staging_bytes = 0;  // staging leased
   bool pinned = false;              // staging registered with the driver
-  double fill_seconds = 0;          // copying pieces into staging
-  double wait_seconds = 0;          // waiting for a free buffer (the writes were behind)
-  double write_seconds = 0;         // summed over the writer threads
+  bool direct = false;              // written with O_DIRECT
+  std::string io_reason;            // why that path
+  double fill_seconds = 0;          // copying pieces into staging, summed over the workers
+  double wait_seconds = 0;          // waiting for those copies
+  double write_seconds = 0;         // writing, summed over the workers
 };
 
-// Writes the spans at file offsets 0, size0, size0 + size1, ... Returns when all are written;
-// throws (std::system_error, CudaError) after the writers stopped, leaving the file uncommitted.
+// Writes the spans at file offsets 0, size0, size0 + size1, ... after the work already queued
+// on each of their GPUs' default streams. Returns when all are written; throws
+// (std::system_error naming the file's final path, CudaError), leaving the file uncommitted.
 SpanWriteStats write_spans(OutputFile& file, std::span<const MemorySpan> spans,
                            const SpanWriteOptions& options);
 

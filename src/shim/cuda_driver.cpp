@@ -41,6 +41,7 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync, why);
   ok &= resolve(library, "cuMemcpyDtoH_v2", d.cuMemcpyDtoH, why);
   ok &= resolve(library, "cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync, why);
+  ok &= resolve(library, "cuMemcpyDtoDAsync_v2", d.cuMemcpyDtoDAsync, why);
   ok &= resolve(library, "cuMemsetD8Async", d.cuMemsetD8Async, why);
   ok &= resolve(library, "cuStreamCreate", d.cuStreamCreate, why);
   ok &= resolve(library, "cuStreamDestroy_v2", d.cuStreamDestroy, why);

@@ -81,6 +81,7 @@ struct CudaDriver {
   cu::Result (*cuMemcpyHtoDAsync)(cu::DevicePtr, const void*, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuMemcpyDtoH)(void*, cu::DevicePtr, std::size_t) = nullptr;
   cu::Result (*cuMemcpyDtoHAsync)(void*, cu::DevicePtr, std::size_t, cu::Stream) = nullptr;
+  cu::Result (*cuMemcpyDtoDAsync)(cu::DevicePtr, cu::DevicePtr, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuMemsetD8Async)(cu::DevicePtr, unsigned char, std::size_t, cu::Stream) = nullptr;
   cu::Result (*cuStreamCreate)(cu::Stream*, unsigned) = nullptr;
   cu::Result (*cuStreamDestroy)(cu::Stream) = nullptr;

@@ -96,6 +96,7 @@ FERRY_CHECK_ABI(cuStreamSynchronize, cuStreamSynchronize);
 FERRY_CHECK_ABI(cuStreamWaitEvent, cuStreamWaitEvent);
 FERRY_CHECK_ABI(cuEventQuery, cuEventQuery);
 FERRY_CHECK_ABI(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync);
+FERRY_CHECK_ABI(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync);
 FERRY_CHECK_ABI(cuMemsetD8Async, cuMemsetD8Async);
 FERRY_CHECK_ABI(cuEventCreate, cuEventCreate);
 FERRY_CHECK_ABI(cuEventDestroy_v2, cuEventDestroy);

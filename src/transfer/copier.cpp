@@ -24,7 +24,7 @@ class HostCopier final : public Copier {
   void after(void* event) override {
     if (event) FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(event));
   }
-  std::unique_ptr<Event> mark_end() override { return nullptr; }
+  PooledEvent mark_end() override { return nullptr; }
   void drain() noexcept override {}
 };
 
@@ -53,6 +53,10 @@ class EventPool {
     }
     while (out.size() < n) out.emplace_back();
     return out;
+  }
+  void give(int ordinal, Event&& event) {
+    std::lock_guard lock(_mutex);
+    _free[ordinal].push_back(std::move(event));
   }
   void give(int ordinal, std::vector<Event>& events) {
     std::lock_guard lock(_mutex);
@@ -92,8 +96,9 @@ class CudaCopier final : public Copier {
   void after(void* event) override {
     if (event) FERRY_CU(cuStreamWaitEvent, _stream->get(), static_cast<shim::cu::Event>(event), 0);
   }
-  std::unique_ptr<Event> mark_end() override {
-    auto end = std::make_unique<Event>();
+  PooledEvent mark_end() override {
+    auto taken = event_pool().take(_ordinal, 1);
+    PooledEvent end(new Event(std::move(taken.front())), EventReturn{_ordinal});
     end->record(*_stream);
     return end;
   }
@@ -106,6 +111,15 @@ class CudaCopier final : public Copier {
 };
 
 }  // namespace
+
+void EventReturn::operator()(Event* event) const noexcept {
+  try {
+    event_pool().give(ordinal, std::move(*event));
+  } catch (...) {
+    // No memory to keep it: destroyed below instead.
+  }
+  delete event;
+}
 
 std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots) {
   if (!device.is_cuda()) return std::make_unique<HostCopier>();

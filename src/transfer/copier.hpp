@@ -12,6 +12,14 @@ namespace ferry::detail {
 
 class Event;
 
+// An event of the process's pool, given back to it when dropped: making one is a driver call,
+// which a small submission should not pay.
+struct EventReturn {
+  int ordinal = 0;
+  void operator()(Event* event) const noexcept;
+};
+using PooledEvent = std::unique_ptr<Event, EventReturn>;
+
 class Copier {
  public:
   virtual ~Copier() = default;
@@ -26,7 +34,7 @@ class Copier {
   // Later copies start only after the caller's CUevent `event` fires.
   virtual void after(void* event) = 0;
   // An event recorded behind every copy queued so far; empty for host memory.
-  virtual std::unique_ptr<Event> mark_end() = 0;
+  virtual PooledEvent mark_end() = 0;
   // Waits for every queued copy; never throws (a failed copy was reported when queued).
   virtual void drain() noexcept = 0;
 };

@@ -10,6 +10,7 @@
 #include "cufile/cufile_files.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/file.hpp"
 #include "shim/cufile.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/ticket_state.hpp"
@@ -57,14 +58,16 @@ void work(Run& run) {
           FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(t.options.after_event));
         made_current = true;
       }
-      const auto& path = t.files->path(x.file);
+      // The file set's open file (its identity checked where it was closed and reopened),
+      // registered once: the handle cache keys it by identity, not by path.
+      auto open = t.files->acquire(x.file, true);
+      const std::filesystem::path path = open->path();
+      auto lease = cufile_handles().acquire(std::move(open));
       const auto address = reinterpret_cast<std::uintptr_t>(task.span.data);
       if (t.direction == Direction::FileToMemory) {
-        auto lease = cufile_handles().acquire(path);
         cufile_read(lease, path, task.file_offset, address, task.span.size, t.registered_base,
                     kPieceBytes);
       } else {
-        auto lease = cufile_handles().acquire(path, true);
         cufile_write(lease, path, task.file_offset, address, task.span.size, kPieceBytes);
       }
       run.bytes[x.file] += task.span.size;

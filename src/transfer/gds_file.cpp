@@ -1,40 +1,43 @@
+// GdsFile: a face over the transfer core's cuFile backend for one file. Each read or write is a
+// one-extent submission (Backend::Cufile), so the file is opened once in a file set and its
+// cuFile handle comes from the backend's cache, keyed by the file's identity.
 #include "ferry/gds_file.hpp"
 
 #include "cuda/cuda_resources.hpp"
 #include "cufile/cufile_files.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
 
 namespace ferry {
 
 struct GdsFile::State {
-  std::filesystem::path path;
-  std::shared_ptr<detail::PrimaryContext> context;
-  detail::HandleCache::Lease lease;
+  std::shared_ptr<FileSet> files;
+  Device device;
+  bool allow_compat = false;
+  detail::HandleCache::Lease registered;  // held: registered at open, as long as the object
   detail::CuFileVerdict verdict;
 };
 
-namespace {
-constexpr std::uint64_t kPieceBytes = 8ull << 20;
-}
-
 GdsFile GdsFile::open(const std::filesystem::path& path, bool writable, int device,
                       bool allow_compat) {
-  auto context = std::make_shared<detail::PrimaryContext>(device);
-  context->make_current();
+  detail::device_context(device).make_current();
   const detail::CuFileFacts& facts = detail::probe_cufile();
   const detail::CuFileVerdict driver = detail::driver_verdict(facts);
   FERRY_EXPECT(driver.mode != detail::CuFileMode::Unavailable, CudaError, path.string(),
                ": cuFile cannot run: ", driver.reason);
-  auto lease = detail::cufile_handles().acquire(path, writable);
+  auto files = FileSet::create(1);
+  files->add(path, writable ? FileAccess::ReadWrite : FileAccess::Read);
+  auto registered = detail::cufile_handles().acquire(files->acquire(0, true));
   // The file system is known only once the file exists, so the verdict follows the open.
   detail::CuFileVerdict verdict =
       detail::file_verdict(facts, detail::filesystem_name(path.string()));
   FERRY_EXPECT(verdict.mode == detail::CuFileMode::Gds || allow_compat, std::invalid_argument,
                path.string(), ": cuFile would run in compatibility mode (", verdict.reason,
                "); allow it explicitly");
-  return GdsFile(std::unique_ptr<State>(
-      new State{path, std::move(context), std::move(lease), std::move(verdict)}));
+  return GdsFile(
+      std::unique_ptr<State>(new State{std::move(files), Device::cuda(device), allow_compat,
+                                       std::move(registered), std::move(verdict)}));
 }
 
 GdsFile::GdsFile(std::unique_ptr<State> state) : _state(std::move(state)) {}
@@ -42,17 +45,32 @@ GdsFile::GdsFile(GdsFile&&) noexcept = default;
 GdsFile& GdsFile::operator=(GdsFile&&) noexcept = default;
 GdsFile::~GdsFile() = default;
 
+namespace {
+
+void move_bytes(const std::shared_ptr<FileSet>& files, const Device& device, bool allow_compat,
+                Direction direction, std::uint64_t file_offset, void* device_address,
+                std::uint64_t size) {
+  TransferOptions options;
+  options.backend = Backend::Cufile;
+  options.allow_compat = allow_compat;
+  options.threads = 1;
+  Ticket t =
+      submit(files, direction, {{0, file_offset, {{device, device_address, size}}}}, options);
+  t.wait();
+  t.rethrow_if_failed();
+}
+
+}  // namespace
+
 void GdsFile::read(std::uint64_t file_offset, void* device_address, std::uint64_t size) const {
-  _state->context->make_current();
-  detail::cufile_read(_state->lease, _state->path, file_offset,
-                      reinterpret_cast<std::uintptr_t>(device_address), size, 0, kPieceBytes);
+  move_bytes(_state->files, _state->device, _state->allow_compat, Direction::FileToMemory,
+             file_offset, device_address, size);
 }
 
 void GdsFile::write(std::uint64_t file_offset, const void* device_address,
                     std::uint64_t size) const {
-  _state->context->make_current();
-  detail::cufile_write(_state->lease, _state->path, file_offset,
-                       reinterpret_cast<std::uintptr_t>(device_address), size, kPieceBytes);
+  move_bytes(_state->files, _state->device, _state->allow_compat, Direction::MemoryToFile,
+             file_offset, const_cast<void*>(device_address), size);
 }
 
 IoPath GdsFile::io_path() const noexcept {

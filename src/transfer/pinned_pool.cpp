@@ -140,6 +140,11 @@ void PinnedPool::release_idle() {
   _bound = bound;
 }
 
+void PinnedPool::reset_high_water() {
+  std::lock_guard lock(_mutex);
+  _high_water = _held;
+}
+
 PinnedPool& staging_pool() {
   static PinnedPool* pool = new PinnedPool(kDefaultStagingLimit);
   return *pool;

@@ -1,9 +1,14 @@
-// The staged path, both directions. File -> memory: a worker reads a chunk into one of its
-// pinned slots and queues the copies out of it on its stream, then reads the next chunk into
-// the next slot while they run; a slot is reused only after the fence behind its copies.
-// Memory -> file: the worker copies the spans into a slot, waits for them, and writes the slot
-// (O_DIRECT for the aligned body, buffered edges).
+// The staged path, both directions, through pinned slots leased from the process's pool. Each
+// worker takes groups (one or more pieces back to back in one file, at most a chunk; see
+// staged_plan.hpp) and cycles through its slots:
+//   file -> memory: read a group into a slot, queue its copies out on the worker's stream, and
+//     read the next group into the next slot while they run; a slot is reused after its fence.
+//   memory -> file: queue the copies of up to `slots` groups into slots ahead, then wait for the
+//     oldest and write it (O_DIRECT for the aligned body, buffered edges) while the copies of
+//     the next ones run.
+// A group that fails is redone piece by piece, so each extent reports its own failure.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -12,6 +17,7 @@
 #include "transfer/backend.hpp"
 #include "transfer/copier.hpp"
 #include "transfer/pinned_pool.hpp"
+#include "transfer/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
 #include "transfer/worker_pool.hpp"
 
@@ -20,11 +26,14 @@ namespace {
 
 constexpr std::uint64_t kDefaultChunk = 4ull << 20;
 constexpr unsigned kDefaultThreads = 16;
-// Room for the unaligned head and the rounded-up tail of an O_DIRECT read.
-constexpr std::uint64_t kSlotSlack = 2 * kDirectAlignment;
-
-std::uint64_t slot_bytes(std::uint64_t chunk) {
-  return (chunk + kSlotSlack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+constexpr unsigned kMaxSlots = 64;
+// Edge pieces (staged_plan.hpp) no smaller than this: below it copies and reads cost per call.
+constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
+// A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
+// distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
+std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
+  const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
+  return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
 }
 
 // Seconds since the last lap (or construction).
@@ -41,13 +50,6 @@ class Stopwatch {
   std::chrono::steady_clock::time_point _last = std::chrono::steady_clock::now();
 };
 
-// `size` bytes at `extent_offset` of extent `extent`: one chunk of work.
-struct Piece {
-  std::uint32_t extent = 0;
-  std::uint64_t extent_offset = 0;
-  std::uint64_t size = 0;
-};
-
 struct Settings {
   unsigned threads = 1;
   unsigned slots = 2;
@@ -58,81 +60,52 @@ struct Settings {
 struct Run {
   std::shared_ptr<TicketState> ticket;
   Settings settings;
-  std::vector<Piece> pieces;
-  std::vector<std::unique_ptr<SourceFile>> files;
-  bool pin = false;
-  int pin_ordinal = 0;
-  std::atomic<std::size_t> next{0};
-  std::mutex mutex;  // guards what follows
+  StagedPlan plan;
+  std::vector<std::unique_ptr<SourceFile>> files;  // null for a file no extent names
+  std::vector<Device> gpus;                        // the GPUs the spans name
+  std::atomic<std::size_t> next{0};                // the next group to take
+  std::mutex mutex;                                // guards what follows
   unsigned jobs_left = 0;
   TransferStats stats;
 };
 
-// Cuts every extent into pieces of at most `chunk` bytes, ending on page boundaries where an
-// extent is split so that O_DIRECT transfers stay aligned.
-std::vector<Piece> cut(const std::vector<Extent>& extents, std::uint64_t chunk,
-                       std::vector<std::uint32_t>& pieces_per_extent) {
-  std::vector<Piece> pieces;
-  pieces_per_extent.assign(extents.size(), 0);
-  for (std::uint32_t e = 0; e < extents.size(); ++e) {
-    std::uint64_t total = 0;
-    for (const auto& s : extents[e].spans) total += s.size;
-    for (std::uint64_t at = 0; at < total;) {
-      const std::uint64_t file_at = extents[e].file_offset + at;
-      std::uint64_t end = std::min(total, at + chunk);
-      if (end < total) {
-        const std::uint64_t aligned = (file_at + chunk) / kDirectAlignment * kDirectAlignment;
-        if (aligned > file_at) end = aligned - extents[e].file_offset;
-      }
-      pieces.push_back({e, at, end - at});
-      ++pieces_per_extent[e];
-      at = end;
-    }
-  }
-  return pieces;
-}
-
-Settings configure(const TransferOptions& o, const std::vector<Piece>& pieces) {
+Settings wanted_settings(const TransferOptions& o) {
   Settings s;
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // hardware_concurrency() reads /sys on each call: once per process is enough.
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   s.threads = std::min(o.threads ? o.threads : std::min(cores, kDefaultThreads), kMaxWorkerThreads);
-  s.slots = o.slots_per_thread ? std::min(o.slots_per_thread, 64u) : 2;
+  s.slots = o.slots_per_thread ? std::min(o.slots_per_thread, kMaxSlots) : 2;
   s.chunk = o.chunk_bytes
                 ? (o.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment
                 : kDefaultChunk;
-  const auto fits = [&] {
-    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk) <= o.staging_bytes;
-  };
-  while (s.threads > 1 && !fits()) --s.threads;
-  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes, " bytes cannot hold ",
-               s.slots, " slots of ", s.chunk, "-byte reads");
-  if (pieces.empty()) return s;
-  // Small batches get small staging: no thread or slot without work.
-  std::uint64_t largest = 0;
-  for (const auto& p : pieces) largest = std::max(largest, p.size);
-  s.threads = static_cast<unsigned>(std::clamp<std::uint64_t>(pieces.size(), 1, s.threads));
-  const std::uint64_t per_thread = (pieces.size() + s.threads - 1) / s.threads;
-  s.slots = static_cast<unsigned>(std::clamp<std::uint64_t>(per_thread, 1, s.slots));
-  s.chunk = std::min(s.chunk, std::max<std::uint64_t>(largest, 1));
   return s;
 }
 
-// Calls fn(span, offset in span, offset in piece, bytes) for the spans under the piece.
-template <class Fn>
-void for_spans(const Extent& x, const Piece& p, Fn&& fn) {
-  std::uint64_t span_start = 0;
-  const std::uint64_t end = p.extent_offset + p.size;
-  for (const MemorySpan& s : x.spans) {
-    const std::uint64_t span_end = span_start + s.size;
-    if (span_end > p.extent_offset && span_start < end) {
-      const std::uint64_t from = std::max(span_start, p.extent_offset);
-      const std::uint64_t to = std::min(span_end, end);
-      fn(s, from - span_start, from - p.extent_offset, to - from);
-    }
-    if (span_end >= end) break;
-    span_start = span_end;
-  }
+// Fits the wanted settings into the submission's staging (fewer threads first, then fewer
+// slots), then shrinks them to the work: no thread or slot without a group to move, no slot
+// larger than the largest group.
+Settings configure(const TransferOptions& o, Direction direction, Settings s,
+                   const StagedPlan& plan) {
+  const auto fits = [&] {
+    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
+  };
+  while (s.threads > 1 && !fits()) --s.threads;
+  while (s.slots > 1 && !fits()) --s.slots;
+  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes,
+               " bytes cannot hold one slot of ", s.chunk, "-byte ",
+               direction == Direction::FileToMemory ? "reads" : "writes");
+  const std::uint64_t groups = plan.groups.size();
+  if (groups == 0) return s;
+  s.threads = static_cast<unsigned>(std::clamp<std::uint64_t>(groups, 1, s.threads));
+  const std::uint64_t per_thread = (groups + s.threads - 1) / s.threads;
+  s.slots = static_cast<unsigned>(std::clamp<std::uint64_t>(per_thread, 1, s.slots));
+  s.chunk = std::min(s.chunk, std::max<std::uint64_t>(plan.largest_group, 1));
+  return s;
 }
+
+struct Times {
+  double setup = 0, read = 0, wait = 0, queue = 0;
+};
 
 class Job {
  public:
@@ -140,25 +113,35 @@ class Job {
 
   void operator()() {
     Stopwatch clock;
-    double setup = 0, read = 0, wait = 0, queue = 0, staging = 0;
+    Times times;
+    double staging = 0;
     std::uint64_t staged_bytes = 0;
     bool pinned = false;
     {
       PinnedPool::Lease lease;
       try {
-        lease = staging_pool().lease(slot_bytes(_run->settings.chunk), _run->settings.slots, 1,
-                                     _run->pin ? &device_context(_run->pin_ordinal) : nullptr);
+        const Device* pin = _run->gpus.empty() ? nullptr : &_run->gpus.front();
+        lease = staging_pool().lease(slot_bytes(_run->settings.chunk, _t.direction),
+                                     _run->settings.slots, 1,
+                                     pin ? &device_context(pin->index) : nullptr);
         staging = clock.lap();
         staged_bytes = std::uint64_t{lease.slots()} * lease.slot_bytes();
         pinned = lease.pinned();
-        loop(lease, setup, read, wait, queue, clock);
+        _slots = lease.slots();
+        _lease = &lease;
+        for (const Device& d : _run->gpus) copier(d);
+        times.setup += clock.lap();
+        if (_t.direction == Direction::FileToMemory)
+          read_loop(times, clock);
+        else
+          write_loop(times, clock);
       } catch (...) {
-        // The job could not start (no staging, no stream): its pieces fall to the other jobs,
+        // The job could not start (no staging, no stream): its groups fall to the other jobs,
         // or, where none is left, are failed by finish().
         std::lock_guard lock(_t.mutex);
         if (!_t.first_error) _t.first_error = std::current_exception();
       }
-      std::vector<std::unique_ptr<Event>> ends;
+      std::vector<PooledEvent> ends;
       try {
         for (auto& [d, c] : _copiers)
           if (auto e = c->mark_end()) ends.push_back(std::move(e));
@@ -167,97 +150,237 @@ class Job {
       }
       _t.job_queued(std::move(ends));
       for (auto& [device, copier] : _copiers) copier->drain();
-      wait += clock.lap();
+      times.wait += clock.lap();
       _copiers.clear();
+      _open.reset();
     }
     std::lock_guard lock(_run->mutex);
     TransferStats& s = _run->stats;
     s.staging_bytes += staged_bytes;
     s.staging_pinned = s.staging_pinned || pinned;
     s.staging_seconds = std::max(s.staging_seconds, staging);
-    s.setup_thread_seconds += setup;
-    s.read_thread_seconds += read;
-    s.wait_thread_seconds += wait;
-    s.queue_thread_seconds += queue;
+    s.setup_thread_seconds += times.setup;
+    s.read_thread_seconds += times.read;
+    s.wait_thread_seconds += times.wait;
+    s.queue_thread_seconds += times.queue;
   }
 
  private:
   Copier& copier(const Device& device) {
     for (auto& [d, c] : _copiers)
       if (d == device) return *c;
-    auto c = make_copier(device, _run->settings.slots);
+    auto c = make_copier(device, _slots);
     c->after(_t.options.after_event);
     _copiers.emplace_back(device, std::move(c));
     return *_copiers.back().second;
   }
 
-  void loop(const PinnedPool::Lease& lease, double& setup, double& read, double& wait,
-            double& queue, Stopwatch& clock) {
-    const unsigned slots = lease.slots();
-    // The devices come first: their streams and fences are made before the clock runs.
-    for (const auto& x : _t.extents)
-      for (const auto& s : x.spans)
-        if (s.device.is_cuda()) copier(s.device);
-    setup += clock.lap();
-    std::uint32_t open_index = UINT32_MAX;
-    std::shared_ptr<const PlatformFile> open_file;
-    for (std::uint64_t k = 0; !_t.cancel.load(std::memory_order_relaxed); ++k) {
+  // The file of group `g`, opened (or kept from the last group).
+  SourceFile& file(const Group& g) {
+    SourceFile& f = *_run->files[g.file];
+    if (_open_index != g.file) {
+      _open.reset();  // closable while the next one opens
+      _open_index = UINT32_MAX;
+      _open = f.open();
+      _open_index = g.file;
+    }
+    return f;
+  }
+
+  std::byte* slot(unsigned s) const { return _lease->slot(s); }
+  bool cancelled() const { return _t.cancel.load(std::memory_order_relaxed); }
+  void wait_slot(unsigned s) {
+    for (auto& [d, c] : _copiers) c->wait(s);
+  }
+  void fence_slot(unsigned s) {
+    for (auto& [d, c] : _copiers) c->fence(s);
+  }
+  void landed(const Group& g) {
+    for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+      const Piece& p = _run->plan.pieces[i];
+      _t.landed(p.extent, p.size);
+    }
+  }
+
+  // The copies between `data` (where piece `p`'s first byte sits in staging) and its memory.
+  void put(const Piece& p, const std::byte* data) {
+    for_spans(
+        _t.extents[p.extent], p,
+        [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
+          if (s.data)
+            copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
+                                 data + in_piece, n);
+        });
+  }
+  void get(const Piece& p, std::byte* data) {
+    for_spans(
+        _t.extents[p.extent], p,
+        [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
+          copier(s.device).get(data + in_piece, reinterpret_cast<std::uintptr_t>(s.data) + in_span,
+                               n);
+        });
+  }
+  std::uint64_t file_offset(const Piece& p) const {
+    return _t.extents[p.extent].file_offset + p.extent_offset;
+  }
+
+  void read_loop(Times& times, Stopwatch& clock) {
+    const auto& groups = _run->plan.groups;
+    for (std::uint64_t k = 0; !cancelled(); ++k) {
       const std::size_t i = _run->next.fetch_add(1);
-      if (i >= _run->pieces.size()) break;
-      const Piece& p = _run->pieces[i];
-      const Extent& x = _t.extents[p.extent];
-      const unsigned slot = static_cast<unsigned>(k % slots);
-      std::byte* buffer = lease.slot(slot);
-      for (auto& [d, c] : _copiers) c->wait(slot);  // the slot's previous copies have finished
-      wait += clock.lap();
+      if (i >= groups.size()) break;
+      const Group& g = groups[i];
+      if (read_into_host(g)) {
+        times.read += clock.lap();
+        continue;
+      }
+      const auto s = static_cast<unsigned>(k % _slots);
+      wait_slot(s);  // the slot's previous copies have finished
+      times.wait += clock.lap();
+      std::uint32_t next_piece = g.first;  // the pieces before it have landed
       try {
-        SourceFile& file = *_run->files[x.file];
-        if (open_index != x.file) {
-          open_file.reset();  // closable while the next one opens
-          open_index = UINT32_MAX;
-          open_file = file.open();
-          open_index = x.file;
+        SourceFile& f = file(g);
+        const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
+        times.read += clock.lap();
+        // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
+        // extent even inside a group.
+        for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
+          const Piece& p = _run->plan.pieces[next_piece];
+          put(p, data + (file_offset(p) - g.file_offset));
+          _t.landed(p.extent, p.size);
         }
-        const std::uint64_t at = x.file_offset + p.extent_offset;
-        if (_t.direction == Direction::FileToMemory) {
-          const std::byte* data = file.read(*open_file, at, p.size, buffer);
-          read += clock.lap();
-          for_spans(x, p,
-                    [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece,
-                        std::uint64_t n) {
-                      if (s.data)
-                        copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
-                                             data + in_piece, n);
-                    });
-          for (auto& [d, c] : _copiers) c->fence(slot);
-          queue += clock.lap();
+        fence_slot(s);
+        times.queue += clock.lap();
+      } catch (...) {
+        if (g.count == 1) {
+          _t.fail(_run->plan.pieces[g.first].extent, std::current_exception());
         } else {
-          std::byte* data = buffer + at % kDirectAlignment;
-          for_spans(x, p,
-                    [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece,
-                        std::uint64_t n) {
-                      copier(s.device).get(data + in_piece,
-                                           reinterpret_cast<std::uintptr_t>(s.data) + in_span, n);
-                    });
-          for (auto& [d, c] : _copiers) {
-            c->fence(slot);
-            c->wait(slot);
-          }
-          queue += clock.lap();
-          file.write(*open_file, at, p.size, buffer);
-          read += clock.lap();
+          read_singly(g, next_piece, s);
         }
+        clock.lap();
+      }
+    }
+  }
+
+  // A group of one piece that lands in one span of host memory is read straight into it (no
+  // staging, no copy) where the file's path allows; returns whether it was (landed or failed).
+  bool read_into_host(const Group& g) {
+    if (g.count != 1) return false;
+    const Piece& p = _run->plan.pieces[g.first];
+    std::byte* memory = nullptr;
+    unsigned spans = 0;
+    for_spans(_t.extents[p.extent], p,
+              [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t, std::uint64_t) {
+                ++spans;
+                if (!s.device.is_cuda() && s.data)
+                  memory = static_cast<std::byte*>(s.data) + in_span;
+              });
+    if (spans != 1 || memory == nullptr) return false;
+    try {
+      copier(Device::cpu());  // made once: it waits for the caller's event, as copies would
+      if (!file(g).read_into(*_open, g.file_offset, g.size, memory)) return false;
+    } catch (...) {
+      _t.fail(p.extent, std::current_exception());
+      return true;
+    }
+    _t.landed(p.extent, p.size);
+    return true;
+  }
+
+  // A group whose read failed, again piece by piece from piece `from`: each piece fails or
+  // lands alone.
+  void read_singly(const Group& g, std::uint32_t from, unsigned s) {
+    for (std::uint32_t i = from; i < g.first + g.count && !cancelled(); ++i) {
+      const Piece& p = _run->plan.pieces[i];
+      try {
+        wait_slot(s);
+        SourceFile& f = file(g);
+        put(p, f.read(*_open, file_offset(p), p.size, slot(s)));
+        fence_slot(s);
         _t.landed(p.extent, p.size);
       } catch (...) {
         _t.fail(p.extent, std::current_exception());
+      }
+    }
+  }
+
+  // Up to `slots` groups copied into staging ahead of the write that waits for the oldest.
+  void write_loop(Times& times, Stopwatch& clock) {
+    const auto& groups = _run->plan.groups;
+    struct Filled {
+      std::size_t group = 0;
+      bool failed = false;
+    };
+    std::array<Filled, kMaxSlots> ring;
+    std::uint64_t filled = 0, written = 0;
+    for (;;) {
+      while (filled - written < _slots && !cancelled()) {
+        const std::size_t i = _run->next.fetch_add(1);
+        if (i >= groups.size()) break;
+        const auto s = static_cast<unsigned>(filled++ % _slots);
+        ring[s] = {i, false};
+        const Group& g = groups[i];
+        try {
+          std::byte* data = slot(s) + g.file_offset % kDirectAlignment;
+          for (std::uint32_t p = g.first; p < g.first + g.count; ++p)
+            get(_run->plan.pieces[p], data + (file_offset(_run->plan.pieces[p]) - g.file_offset));
+          fence_slot(s);
+        } catch (...) {
+          ring[s].failed = true;  // redone piece by piece when its turn to be written comes
+        }
+        times.queue += clock.lap();
+      }
+      if (filled == written) break;
+      const auto s = static_cast<unsigned>(written++ % _slots);
+      const Group& g = groups[ring[s].group];
+      if (ring[s].failed) {
+        write_singly(g, s);  // each piece copied again, reporting its own failure
         clock.lap();
+        continue;
+      }
+      try {
+        wait_slot(s);  // its copies have landed in staging
+        times.wait += clock.lap();
+        file(g).write(*_open, g.file_offset, g.size, slot(s));
+        times.read += clock.lap();
+      } catch (...) {
+        if (g.count == 1) {
+          _t.fail(_run->plan.pieces[g.first].extent, std::current_exception());
+        } else {
+          write_singly(g, s);
+        }
+        clock.lap();
+        continue;
+      }
+      landed(g);
+    }
+  }
+
+  // A group whose copy or write failed, again piece by piece.
+  void write_singly(const Group& g, unsigned s) {
+    for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+      const Piece& p = _run->plan.pieces[i];
+      try {
+        const std::uint64_t at = file_offset(p);
+        wait_slot(s);
+        get(p, slot(s) + at % kDirectAlignment);
+        fence_slot(s);
+        wait_slot(s);
+        file(g).write(*_open, at, p.size, slot(s));
+        _t.landed(p.extent, p.size);
+      } catch (...) {
+        _t.fail(p.extent, std::current_exception());
       }
     }
   }
 
   std::shared_ptr<Run> _run;
   TicketState& _t;
+  const PinnedPool::Lease* _lease = nullptr;
+  unsigned _slots = 1;
   std::vector<std::pair<Device, std::unique_ptr<Copier>>> _copiers;
+  std::uint32_t _open_index = UINT32_MAX;
+  std::shared_ptr<const PlatformFile> _open;
 };
 
 // The last job of a run: durability, statistics, completion.
@@ -266,20 +389,21 @@ void finish(Run& run) {
   TransferStats stats;
   {
     std::lock_guard lock(run.mutex);
-    stats = run.stats;
+    stats = std::move(run.stats);
   }
+  stats.files.reserve(run.files.size());
   for (std::uint32_t f = 0; f < run.files.size(); ++f) {
-    SourceFile& file = *run.files[f];
-    if (file.touched() && t.options.durable && t.direction == Direction::MemoryToFile) {
+    SourceFile* file = run.files[f].get();
+    if (file && file->touched() && t.options.durable && t.direction == Direction::MemoryToFile) {
       try {
-        file.open()->sync();
+        file->open()->sync();
       } catch (...) {
         for (std::size_t e = 0; e < t.extents.size(); ++e)
           if (t.extents[e].file == f) t.fail(e, std::current_exception());
       }
     }
-    if (file.touched()) {
-      stats.files.push_back(file.stats());
+    if (file && file->touched()) {
+      stats.files.push_back(file->stats());
     } else {
       stats.files.push_back(
           {t.files->path(f), IoPath::Buffered, "not touched by this transfer", 0});
@@ -304,20 +428,25 @@ class StagedBackend final : public TransferBackend {
     auto run = std::make_shared<Run>();
     run->ticket = ticket;
     TicketState& t = *ticket;
-    std::vector<std::uint32_t> per_extent;
-    Settings wanted = configure(t.options, {});
-    run->pieces = cut(t.extents, wanted.chunk, per_extent);
-    for (std::size_t e = 0; e < per_extent.size(); ++e) t.records[e].pieces_left = per_extent[e];
-    run->settings = configure(t.options, run->pieces);
-    for (const auto& x : t.extents)
-      for (const auto& s : x.spans)
-        if (s.device.is_cuda() && !run->pin) {
-          run->pin = true;
-          run->pin_ordinal = s.device.index;
-        }
+    const Settings wanted = wanted_settings(t.options);
+    // A wave of the workers' first reads at each end of the submission in quarter chunks.
+    const std::uint64_t edge_chunk = std::max<std::uint64_t>(
+        wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
+    run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
+                            edge_chunk);
+    for (std::size_t e = 0; e < t.extents.size(); ++e)
+      t.records[e].pieces_left = run->plan.pieces_per_extent[e];
+    run->settings = configure(t.options, t.direction, wanted, run->plan);
     const bool writing = t.direction == Direction::MemoryToFile;
-    for (std::uint32_t f = 0; f < t.files->size(); ++f)
-      run->files.push_back(std::make_unique<SourceFile>(t.files, f, t.options.io, writing));
+    run->files.resize(t.files->size());
+    for (const auto& x : t.extents) {
+      auto& file = run->files[x.file];
+      if (!file) file = std::make_unique<SourceFile>(t.files, x.file, t.options.io, writing);
+      for (const auto& s : x.spans)
+        if (s.device.is_cuda() &&
+            std::find(run->gpus.begin(), run->gpus.end(), s.device) == run->gpus.end())
+          run->gpus.push_back(s.device);
+    }
     // Threads the system refuses are not fatal: fewer workers run, or the caller's thread.
     WorkerPool& pool = transfer_workers();
     const unsigned available = pool.reserve(run->settings.threads);
@@ -337,18 +466,19 @@ class StagedBackend final : public TransferBackend {
       t.jobs_running = jobs;
       t.jobs_queuing = jobs;
     }
-    for (unsigned j = 0; j < jobs; ++j)
-      pool.post([run] {
-        Job job(run);
-        job();
-        bool last = false;
-        {
-          std::lock_guard lock(run->mutex);
-          last = --run->jobs_left == 0;
-        }
-        if (last) finish(*run);
-        run->ticket->job_finished();
-      });
+    pool.post(
+        [run] {
+          Job job(run);
+          job();
+          bool last = false;
+          {
+            std::lock_guard lock(run->mutex);
+            last = --run->jobs_left == 0;
+          }
+          if (last) finish(*run);
+          run->ticket->job_finished();
+        },
+        jobs);
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/transfer.hpp"
+#include "transfer/copier.hpp"
 
 namespace ferry::detail {
 
@@ -45,14 +46,14 @@ struct TicketState {
   unsigned jobs_running = 0;  // not finished
   unsigned jobs_queuing = 0;  // have not queued their last copy yet
   std::exception_ptr first_error;
-  std::vector<std::unique_ptr<Event>> queued;  // recorded behind each job's last copies (GPU jobs)
+  std::vector<PooledEvent> queued;  // recorded behind each job's last copies (GPU jobs)
   TransferStats stats;
 
   // A piece of extent `e` failed.
   void fail(std::size_t e, std::exception_ptr error);
   // A piece of extent `e` moved `bytes`.
   void landed(std::size_t e, std::uint64_t bytes);
-  void job_queued(std::vector<std::unique_ptr<Event>> ends);  // once per job
+  void job_queued(std::vector<PooledEvent> ends);  // once per job
   void job_finished();
   void wait() const;
 };

@@ -43,7 +43,7 @@ void TicketState::landed(std::size_t e, std::uint64_t bytes) {
   if (progress) progress(progress_done += bytes, progress_total);
 }
 
-void TicketState::job_queued(std::vector<std::unique_ptr<Event>> ends) {
+void TicketState::job_queued(std::vector<PooledEvent> ends) {
   {
     std::lock_guard lock(mutex);
     for (auto& e : ends) queued.push_back(std::move(e));

@@ -56,6 +56,26 @@ void WorkerPool::post(std::function<void()> job) {
   job();  // no thread at all: the caller's thread does the work
 }
 
+void WorkerPool::post(const std::function<void()>& job, unsigned count) {
+  if (count == 0) return;
+  {
+    std::lock_guard lock(_mutex);
+    for (unsigned i = 0; i < count; ++i) _jobs.push_back(job);
+    while (_jobs.size() > _idle && _threads.size() < _cap && grow_locked()) {
+    }
+    if (!_threads.empty()) {
+      if (count == 1) {
+        _wake.notify_one();
+      } else {
+        _wake.notify_all();
+      }
+      return;
+    }
+    _jobs.erase(_jobs.end() - count, _jobs.end());  // no thread at all: the caller runs them
+  }
+  for (unsigned i = 0; i < count; ++i) job();
+}
+
 void WorkerPool::run_thread() {
   std::unique_lock lock(_mutex);
   for (;;) {

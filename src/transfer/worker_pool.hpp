@@ -34,6 +34,9 @@ class WorkerPool {
   unsigned reserve(unsigned wanted);
   // Queues `job` for a pool thread; without any thread, runs it here before returning.
   void post(std::function<void()> job);
+  // Queues `count` runs of `job` at once (one lock, the threads woken together): a submission's
+  // workers start side by side instead of one wake-up after another.
+  void post(const std::function<void()>& job, unsigned count);
 
   unsigned threads() const;
   std::string last_failure() const;

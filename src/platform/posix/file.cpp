@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -78,6 +79,8 @@ PlatformFile& PlatformFile::operator=(PlatformFile&& other) noexcept {
     _direct.store(other._direct.exchange(kNoNativeFile));
     _identity = other._identity;
     _direct_refusal = std::move(other._direct_refusal);
+    _residency.store(other._residency.load());
+    _residency_at.store(other._residency_at.exchange(-1));
   }
   return *this;
 }
@@ -185,6 +188,20 @@ double page_cache_fraction(NativeFile file, std::uint64_t size) {
   }
   ::munmap(map, size);
   return asked ? static_cast<double>(in_cache) / static_cast<double>(asked) : 0.0;
+}
+
+double PlatformFile::residency(double max_age_seconds) const {
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  const std::int64_t at = _residency_at.load(std::memory_order_acquire);
+  if (at >= 0 && static_cast<double>(now - at) < max_age_seconds * 1e9)
+    return _residency.load(std::memory_order_relaxed);
+  // Two threads may both measure: harmless, the later result stays.
+  const double fraction = page_cache_fraction(_buffered, _identity.size);
+  _residency.store(fraction, std::memory_order_relaxed);
+  _residency_at.store(now, std::memory_order_release);
+  return fraction;
 }
 
 std::uint64_t open_file_limit() {

@@ -1,0 +1,45 @@
+// `ferry kv bench`: the KV store's put and get throughput per block size and data path, beside
+// the limits measured in the same run on the same root: raw O_DIRECT writes (synced per batch, as
+// puts are) and reads of the same bytes, and pinned device<->host copies of a batch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ferry/device.hpp"
+#include "ferry/kv_store.hpp"
+
+namespace ferry {
+
+struct KVBenchOptions {
+  std::filesystem::path root;  // a scratch directory on the storage to measure
+  Device device = Device::cpu();
+  std::vector<std::uint64_t> block_sizes = {256ull << 10, 1ull << 20, 4ull << 20, 16ull << 20};
+  std::uint64_t bytes = 1ull << 30;  // moved per block size and path (at least one batch)
+  std::uint64_t batch = 16;          // blocks per put/get call
+  unsigned pieces = 1;               // pieces per block (vLLM: 2 x layers)
+  // The GPU paths to measure; empty: staged, and direct where cuFile can run. Host memory always
+  // takes the host path.
+  std::vector<KVPath> paths;
+};
+
+struct KVBenchRow {
+  std::uint64_t block_bytes = 0, blocks = 0;
+  std::string path;                   // the route the blocks took: host, staged, cufile-*
+  double put_gbps = 0;                // durable
+  double get_cold_gbps = 0;           // slabs not in the page cache
+  double get_warm_gbps = 0;           // slabs read into the page cache first
+  double put_iops = 0, get_iops = 0;  // blocks per second (cold get)
+  double raw_write_gbps = 0, raw_read_gbps = 0;     // O_DIRECT, the same bytes and batches
+  double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;  // one batch's bytes; 0 for host memory
+};
+
+// Runs every size and path, calling `on_row` as each finishes. Every block got back is compared
+// with what was put (a wrong byte throws). Throws where a put or get fails.
+std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& options,
+                                     const std::function<void(const KVBenchRow&)>& on_row = {});
+
+}  // namespace ferry

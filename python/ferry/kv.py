@@ -1,0 +1,180 @@
+"""ferry.KVStore: attention KV blocks kept on local storage, crash-safe (prefix caching).
+
+    store = ferry.KVStore(root, model="llama-3-8b", dtype="bf16", block_layout="...",
+                          capacity_bytes=64 << 30, block_bytes=2 << 20)
+    store.put(keys, blocks)            # device -> storage; per-key KVResult
+    store.get(keys, blocks)            # storage -> device, into the tensors given
+    store.lookup(keys)                 # how many leading keys are stored (the prefix hit)
+    t = store.put_async(keys, blocks, callback=fn); t.wait(); t.results()
+
+A key is an int (vLLM's block hashes; taken modulo 2**64) or bytes (hashed with XXH3-64). A block
+is one contiguous tensor or a list of them (vLLM's per-layer K and V pages), gathered into one
+write and scattered from one read, on the CPU or any GPU. A put of GPU tensors is ordered after
+`after_event` (a torch.cuda.Event), by default an event recorded on the current stream of the
+tensors' device: KV still being computed is never stored. Each result names the path its block
+took ("host", "staged", "cufile-gds", "cufile-compat").
+"""
+from collections import namedtuple
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+from . import _ferry
+
+Key = Union[int, bytes]
+
+KVResult = namedtuple("KVResult", ["status", "route", "message"])
+KVResult.ok = property(lambda r: r.status == "ok")
+KVResult.__doc__ = ("status: ok, already_present, missing, bad_size, no_space, io_error, "
+                    "unsupported or read_only; route: the path the bytes took; message: why")
+
+
+def _key(key: Key) -> int:
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return _ferry.kv_key(bytes(key))
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"a KV key is an int or bytes, not {type(key).__name__}")
+    return key % (1 << 64)  # Python's hash() values may be negative
+
+
+def _pieces(block) -> list:
+    tensors = list(block) if isinstance(block, (list, tuple)) else [block]
+    pieces = []
+    for t in tensors:
+        if not hasattr(t, "data_ptr"):
+            raise TypeError(f"a KV block piece is a torch.Tensor, not {type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(f"a KV block piece must be contiguous (shape {tuple(t.shape)}, "
+                             f"strides {t.stride()})")
+        pieces.append((t.data_ptr(), t.numel() * t.element_size(), str(t.device)))
+    return pieces
+
+
+def _batch(keys: Sequence[Key], blocks: Sequence[Any]):
+    keys = [_key(k) for k in keys]
+    if len(keys) != len(blocks):
+        raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
+    return keys, [_pieces(b) for b in blocks]
+
+
+def _gpu_devices(pieces) -> List[str]:
+    return sorted({d for block in pieces for (_, _, d) in block if d.startswith("cuda")})
+
+
+def _producer_event(pieces, after_event):
+    """The CUevent a put waits for (as an int), and the object that keeps it alive."""
+    if after_event is not None:
+        return int(getattr(after_event, "cuda_event", after_event)), after_event
+    devices = _gpu_devices(pieces)
+    if not devices:
+        return 0, None
+    import torch
+    if len(devices) > 1:
+        raise ValueError(f"a put of tensors on {devices} needs after_event: ferry orders it "
+                         f"after one event")
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(torch.device(devices[0])))
+    return int(event.cuda_event), event
+
+
+class KVTicket:
+    """An asynchronous put or get: wait(), ready(), results() (one KVResult per key)."""
+
+    def __init__(self, core, keepalive):
+        self._core = core
+        self._keepalive = keepalive  # the tensors and event, until the batch is done
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._core.wait(timeout)
+
+    def ready(self) -> bool:
+        return self._core.ready()
+
+    def results(self) -> List[KVResult]:
+        out = [KVResult(*r) for r in self._core.results()]
+        self._keepalive = None
+        return out
+
+
+class KVStore:
+    """One namespace (model, dtype, block layout, tensor-parallel rank and world size) of a KV
+    block store under `root`; see the module's documentation. gpu_path: "auto" (cuFile only where
+    it does true GPUDirect Storage), "staged" or "direct" (cuFile; allow_compat lets it run in
+    compatibility mode). read_only: a reader sharing the namespace with one writer process."""
+
+    def __init__(self, root, *, model: str, dtype: str, capacity_bytes: int, block_bytes: int,
+                 block_layout: str = "", tp_rank: int = 0, world_size: int = 1,
+                 gpu_path: str = "auto", allow_compat: bool = False, read_only: bool = False,
+                 slab_count: int = 4, checkpoint_every: int = 65536):
+        import os
+        self._core = _ferry.KVStoreCore(os.fsdecode(root), model, dtype, block_layout, tp_rank,
+                                        world_size, capacity_bytes, block_bytes, gpu_path,
+                                        allow_compat, read_only, slab_count, checkpoint_every)
+        self.block_bytes = block_bytes
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Waits for the batches in flight, checkpoints (a writer) and closes."""
+        self._core.close()
+
+    def put(self, keys: Sequence[Key], blocks: Sequence[Any], *,
+            after_event=None) -> List[KVResult]:
+        keys, pieces = _batch(keys, blocks)
+        event, _held = _producer_event(pieces, after_event)
+        return [KVResult(*r) for r in self._core.put(keys, pieces, event)]
+
+    def get(self, keys: Sequence[Key], blocks: Sequence[Any]) -> List[KVResult]:
+        keys, pieces = _batch(keys, blocks)
+        return [KVResult(*r) for r in self._core.get(keys, pieces)]
+
+    def put_async(self, keys: Sequence[Key], blocks: Sequence[Any], *, after_event=None,
+                  callback: Optional[Callable[[List[KVResult]], None]] = None) -> KVTicket:
+        keys, pieces = _batch(keys, blocks)
+        event, held = _producer_event(pieces, after_event)
+        keepalive = (blocks, held)
+        return KVTicket(self._core.put_async(keys, pieces, event, _done(callback, keepalive)),
+                        keepalive)
+
+    def get_async(self, keys: Sequence[Key], blocks: Sequence[Any], *,
+                  callback: Optional[Callable[[List[KVResult]], None]] = None) -> KVTicket:
+        keys, pieces = _batch(keys, blocks)
+        return KVTicket(self._core.get_async(keys, pieces, _done(callback, blocks)), blocks)
+
+    def lookup(self, keys: Sequence[Key]) -> int:
+        return self._core.lookup([_key(k) for k in keys])
+
+    def contains(self, keys: Sequence[Key]) -> List[bool]:
+        return self._core.contains([_key(k) for k in keys])
+
+    def remove(self, keys: Sequence[Key]) -> List[KVResult]:
+        return [KVResult(*r) for r in self._core.remove([_key(k) for k in keys])]
+
+    def stored_length(self, key: Key) -> int:
+        return self._core.stored_length(_key(key))
+
+    def checkpoint(self) -> None:
+        self._core.checkpoint()
+
+    def keys(self) -> List[int]:
+        return self._core.keys()
+
+    def stats(self) -> dict:
+        return self._core.stats()
+
+
+def _done(callback, keepalive):
+    """The completion callback handed to C++: it holds `keepalive` (the batch's tensors) until
+    the batch is done, whether or not the caller keeps the ticket."""
+    def done(results):
+        _ = keepalive
+        if callback is not None:
+            callback([KVResult(*r) for r in results])
+    return done
+
+
+def kv_key(data: bytes) -> int:
+    """The key of a byte-string block hash (XXH3-64)."""
+    return _ferry.kv_key(bytes(data))

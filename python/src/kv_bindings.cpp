@@ -1,0 +1,257 @@
+// ferry._ferry.KVStoreCore and KVTicketCore: the KV block store for ferry/kv.py, which turns torch
+// tensors into (address, bytes, device) pieces and keeps them alive while a batch runs. The GIL
+// is released while blocks move; completion callbacks take it on the store's worker thread.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/kv_store.hpp"
+#include "interpreter_exit.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace ferry {
+namespace {
+
+// (address, bytes, device)
+using PyPiece = std::tuple<std::uintptr_t, std::uint64_t, std::string>;
+using PyBlock = std::vector<PyPiece>;
+// (status, route, message)
+using PyResult = std::tuple<std::string, std::string, std::string>;
+
+const char* status_name(KVStatus s) {
+  switch (s) {
+    case KVStatus::ok:
+      return "ok";
+    case KVStatus::already_present:
+      return "already_present";
+    case KVStatus::missing:
+      return "missing";
+    case KVStatus::bad_size:
+      return "bad_size";
+    case KVStatus::no_space:
+      return "no_space";
+    case KVStatus::io_error:
+      return "io_error";
+    case KVStatus::unsupported:
+      return "unsupported";
+    case KVStatus::read_only:
+      return "read_only";
+  }
+  return "unknown";
+}
+
+std::vector<PyResult> py_results(const std::vector<KVResult>& results) {
+  std::vector<PyResult> out;
+  out.reserve(results.size());
+  for (const auto& r : results)
+    out.emplace_back(status_name(r.status), to_string(r.route), r.message);
+  return out;
+}
+
+KVBlockList blocks_of(const std::vector<PyBlock>& blocks) {
+  KVBlockList out(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    for (const auto& [address, size, device] : blocks[i])
+      out[i].push_back({reinterpret_cast<void*>(address), size, Device::parse(device)});
+  return out;
+}
+
+// A Python callable held by C++ threads: called with the GIL, and released with it (a worker
+// dropping the last reference must not touch a reference count without the GIL).
+struct PyCallable {
+  explicit PyCallable(nb::object fn) : fn(std::move(fn)) {}
+  ~PyCallable() {
+    if (!InterpreterExit::get().enter()) {
+      fn.release();  // the interpreter is exiting: leak it rather than touch Python
+      return;
+    }
+    {
+      nb::gil_scoped_acquire gil;
+      fn = nb::object();
+    }
+    InterpreterExit::get().leave();
+  }
+  nb::object fn;
+};
+
+KVCallback py_callback(nb::object callback) {
+  if (!callback.is_valid() || callback.is_none()) return nullptr;
+  auto held = std::make_shared<PyCallable>(std::move(callback));
+  return [held](const std::vector<KVResult>& results) {
+    if (!InterpreterExit::get().enter()) return;  // no calls into an exiting interpreter
+    struct Leave {
+      ~Leave() { InterpreterExit::get().leave(); }
+    } leave;
+    nb::gil_scoped_acquire gil;
+    try {
+      held->fn(py_results(results));
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("ferry KV completion callback");
+    }
+  };
+}
+
+// The store, closable before Python drops it (close waits for batches whose callbacks need the
+// GIL, so it runs without it).
+struct PyKVStore {
+  std::optional<KVStore> store;
+  KVStore& get() {
+    FERRY_EXPECT(store.has_value(), std::invalid_argument, "the KV store is closed");
+    return *store;
+  }
+  void close() {
+    without_gil([&] { store.reset(); });
+  }
+  ~PyKVStore() {
+    if (store) close();
+  }
+};
+
+}  // namespace
+
+void bind_kv(nb::module_& m) {
+  m.def(
+      "kv_key",
+      [](nb::bytes data) {
+        return kv_key({static_cast<const std::byte*>(data.data()), data.size()});
+      },
+      "data"_a, "The XXH3-64 key of a byte string (a block hash given as bytes).");
+
+  nb::class_<KVTicket>(m, "KVTicketCore")
+      .def(
+          "wait",
+          [](const KVTicket& t, std::optional<double> timeout) {
+            return without_gil([&] {
+              if (!timeout) {
+                t.wait();
+                return true;
+              }
+              return t.wait_for(*timeout);
+            });
+          },
+          "timeout"_a = nb::none())
+      .def("ready", &KVTicket::ready)
+      .def("results", [](const KVTicket& t) {
+        without_gil([&] { t.wait(); });
+        return py_results(t.results());
+      });
+
+  nb::class_<PyKVStore>(m, "KVStoreCore")
+      .def(
+          "__init__",
+          [](PyKVStore* self, const std::string& root, const std::string& model,
+             const std::string& dtype, const std::string& block_layout, int tp_rank, int world_size,
+             std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
+             bool allow_compat, bool read_only, unsigned slab_count,
+             std::uint64_t checkpoint_every) {
+            KVStoreOptions o;
+            o.gpu_path = parse_kv_path(gpu_path);
+            o.allow_compat = allow_compat;
+            o.read_only = read_only;
+            o.slab_count = slab_count;
+            o.checkpoint_every = checkpoint_every;
+            const KVNamespace ns{model, dtype, block_layout, tp_rank, world_size};
+            new (self) PyKVStore();
+            self->store.emplace(without_gil(
+                [&] { return KVStore::open(root, ns, capacity_bytes, block_bytes, o); }));
+          },
+          "root"_a, "model"_a, "dtype"_a, "block_layout"_a, "tp_rank"_a, "world_size"_a,
+          "capacity_bytes"_a, "block_bytes"_a, "gpu_path"_a, "allow_compat"_a, "read_only"_a,
+          "slab_count"_a, "checkpoint_every"_a)
+      .def("close", &PyKVStore::close)
+      .def("put",
+           [](PyKVStore& s, const std::vector<KVKey>& keys, const std::vector<PyBlock>& blocks,
+              std::uintptr_t after_event) {
+             const KVBlockList list = blocks_of(blocks);
+             const std::vector<KVBlock> spans(list.begin(), list.end());
+             KVPutOptions o;
+             o.after_event = reinterpret_cast<void*>(after_event);
+             KVStore& store = s.get();
+             return py_results(without_gil([&] { return store.put(keys, spans, o); }));
+           })
+      .def("get",
+           [](PyKVStore& s, const std::vector<KVKey>& keys, const std::vector<PyBlock>& blocks) {
+             const KVBlockList list = blocks_of(blocks);
+             const std::vector<KVBlock> spans(list.begin(), list.end());
+             KVStore& store = s.get();
+             return py_results(without_gil([&] { return store.get(keys, spans); }));
+           })
+      .def("put_async",
+           [](PyKVStore& s, std::vector<KVKey> keys, const std::vector<PyBlock>& blocks,
+              std::uintptr_t after_event, nb::object callback) {
+             KVPutOptions o;
+             o.after_event = reinterpret_cast<void*>(after_event);
+             return s.get().put_async(std::move(keys), blocks_of(blocks), o,
+                                      py_callback(std::move(callback)));
+           })
+      .def("get_async",
+           [](PyKVStore& s, std::vector<KVKey> keys, const std::vector<PyBlock>& blocks,
+              nb::object callback) {
+             return s.get().get_async(std::move(keys), blocks_of(blocks),
+                                      py_callback(std::move(callback)));
+           })
+      .def("lookup",
+           [](PyKVStore& s, const std::vector<KVKey>& keys) {
+             KVStore& store = s.get();
+             return without_gil([&] { return store.lookup(keys); });
+           })
+      .def("contains",
+           [](PyKVStore& s, const std::vector<KVKey>& keys) {
+             KVStore& store = s.get();
+             const std::vector<bool> found = without_gil([&] { return store.contains(keys); });
+             return std::vector<bool>(found.begin(), found.end());
+           })
+      .def("remove",
+           [](PyKVStore& s, const std::vector<KVKey>& keys) {
+             KVStore& store = s.get();
+             return py_results(without_gil([&] { return store.remove(keys); }));
+           })
+      .def("stored_length", [](PyKVStore& s, KVKey key) { return s.get().stored_length(key); })
+      .def("checkpoint",
+           [](PyKVStore& s) {
+             KVStore& store = s.get();
+             without_gil([&] { store.checkpoint(); });
+           })
+      .def("keys", [](PyKVStore& s) { return s.get().keys(); })
+      .def("stats", [](PyKVStore& s) {
+        const KVStats st = s.get().stats();
+        nb::dict d;
+        d["directory"] = st.directory.string();
+        d["block_bytes"] = st.block_bytes;
+        d["slot_bytes"] = st.slot_bytes;
+        d["capacity_blocks"] = st.capacity_blocks;
+        d["blocks"] = st.blocks;
+        d["puts"] = st.puts;
+        d["gets"] = st.gets;
+        d["hits"] = st.hits;
+        d["misses"] = st.misses;
+        d["evictions"] = st.evictions;
+        d["corrupt_dropped"] = st.corrupt_dropped;
+        d["journal_records"] = st.journal_records;
+        d["checkpoints"] = st.checkpoints;
+        d["index_bytes"] = st.index_bytes;
+        d["last_sequence"] = st.last_sequence;
+        d["direct_io"] = st.direct_io;
+        d["read_only"] = st.read_only;
+        d["gpu_path"] = st.gpu_path == KVPath::Auto     ? "auto"
+                        : st.gpu_path == KVPath::Staged ? "staged"
+                                                        : "direct";
+        return d;
+      });
+}
+
+}  // namespace ferry

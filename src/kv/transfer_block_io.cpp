@@ -1,0 +1,327 @@
+#include "kv/transfer_block_io.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
+#include "transfer/backend.hpp"
+
+namespace ferry::detail::kv {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+// Device bounce memory for one cuFile group of multi-piece blocks (more blocks: more groups).
+constexpr std::uint64_t kGatherBytes = 256ull << 20;
+
+std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::uint64_t total(const BlockRequest& r) {
+  std::uint64_t sum = 0;
+  for (const BlockSpan& p : r.pieces) sum += p.size;
+  return sum;
+}
+
+// The first GPU the block touches, or -1 for a block wholly in host memory.
+int gpu_of(const BlockRequest& r) {
+  for (const BlockSpan& p : r.pieces)
+    if (p.device.is_cuda()) return p.device.index;
+  return -1;
+}
+
+// cuFile moves one contiguous device range: anything else goes through the bounce buffer.
+bool needs_gather(const BlockRequest& r) {
+  return r.pieces.size() != 1 || !r.pieces[0].device.is_cuda();
+}
+
+Backend backend_of(KVPath path) {
+  switch (path) {
+    case KVPath::Staged:
+      return Backend::Posix;
+    case KVPath::Direct:
+      return Backend::Cufile;
+    case KVPath::Auto:
+      break;
+  }
+  return Backend::Auto;
+}
+
+KVRoute route_of(const TransferStats& stats, int slab) {
+  if (stats.backend != "cufile") return KVRoute::staged;
+  for (std::size_t f = 0; f < stats.files.size(); ++f)
+    if (static_cast<int>(f) == slab && stats.files[f].io_path == IoPath::CufileGds)
+      return KVRoute::cufile_gds;
+  return KVRoute::cufile_compat;
+}
+
+void fail(BlockRequest& r, BlockOutcome outcome, std::string message) {
+  r.outcome = outcome;
+  r.message = std::move(message);
+}
+
+// One stream per device for the bounce copies, made on first use and kept (leaked with the
+// process, like the transfer core's: never destroyed after the driver).
+const Stream& bounce_stream(int ordinal) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<int, std::unique_ptr<Stream>>;
+  std::lock_guard lock(mutex);
+  device_context(ordinal).make_current();
+  auto& s = (*streams)[ordinal];
+  if (!s) s = std::make_unique<Stream>();
+  return *s;
+}
+
+}  // namespace
+
+TransferBlockIo::TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable,
+                                 KVPath path, bool allow_compat)
+    : _host(slabs, slot_bytes),
+      _slabs(slabs),
+      _writable(writable),
+      _path(path),
+      _allow_compat(allow_compat) {}
+
+template <class HostMove, class GpuMove>
+void TransferBlockIo::split(std::span<BlockRequest> batch, HostMove&& host, GpuMove&& gpu) {
+  std::vector<BlockRequest> host_blocks;
+  std::vector<std::size_t> host_index;
+  std::vector<BlockRequest*> gpu_blocks;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (gpu_of(batch[i]) >= 0) {
+      gpu_blocks.push_back(&batch[i]);
+    } else {
+      host_blocks.push_back(batch[i]);
+      host_index.push_back(i);
+    }
+  }
+  if (!host_blocks.empty()) {
+    host(std::span(host_blocks));
+    for (std::size_t h = 0; h < host_blocks.size(); ++h) batch[host_index[h]] = host_blocks[h];
+  }
+  if (!gpu_blocks.empty()) gpu(gpu_blocks);
+}
+
+void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
+  split(
+      batch,
+      [&](std::span<BlockRequest> b) {
+        // Host memory a device copy still fills (a D2H into pinned memory): wait for it here.
+        if (after_event) {
+          try {
+            FERRY_EXPECT(cuda_available(), CudaError, "a producer's event was given, but no CUDA ",
+                         "driver is usable here: ", shim::CudaDriver::get().why_unusable);
+            FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(after_event));
+          } catch (const std::exception& e) {
+            for (BlockRequest& r : b)
+              fail(r, BlockOutcome::io_error,
+                   concat("waiting for the producer's event: ", e.what()));
+            return;
+          }
+        }
+        _host.write(b, after_event);
+      },
+      [&](std::vector<BlockRequest*>& b) { move_gpu(b, true, after_event); });
+}
+
+void TransferBlockIo::read(std::span<BlockRequest> batch) {
+  split(
+      batch, [&](std::span<BlockRequest> b) { _host.read(b); },
+      [&](std::vector<BlockRequest*>& b) { move_gpu(b, false, nullptr); });
+}
+
+TransferOptions TransferBlockIo::options(void* after_event) const {
+  TransferOptions o;
+  o.backend = backend_of(_path);
+  o.allow_compat = _allow_compat;
+  o.after_event = after_event;
+  return o;
+}
+
+void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
+                               void* after_event) {
+  std::lock_guard lock(_mutex);
+  bool direct = false;
+  try {
+    if (!_files) {
+      auto files = FileSet::create();
+      for (unsigned i = 0; i < _slabs.count(); ++i)
+        files->add(_slabs.name(static_cast<int>(i)),
+                   _writable ? FileAccess::ReadWrite : FileAccess::Read);
+      _files = std::move(files);
+    }
+    const Route route = choose_route(*_files, Device::cuda(gpu_of(*blocks[0])), options(nullptr));
+    direct = route.backend == &cufile_backend();
+  } catch (const std::exception& e) {
+    for (BlockRequest* b : blocks)
+      fail(*b, BlockOutcome::unsupported,
+           concat("the ", writing ? "put" : "get", " path cannot run: ", e.what()));
+    return;
+  }
+  const auto run = [&](std::span<BlockRequest* const> group) {
+    try {
+      move_group(group, writing, direct, after_event);
+    } catch (const std::exception& e) {
+      for (BlockRequest* b : group)
+        fail(*b, BlockOutcome::io_error,
+             concat(_slabs.name(b->slab), ": block at offset ", b->offset, ": ", e.what()));
+    }
+  };
+  if (!direct) return run(blocks);
+  // cuFile: groups whose multi-piece blocks fit the bounce buffer.
+  std::size_t start = 0;
+  std::uint64_t need = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::uint64_t n = needs_gather(*blocks[i]) ? round_up(total(*blocks[i])) : 0;
+    if (i > start && need + n > kGatherBytes) {
+      run(std::span(blocks).subspan(start, i - start));
+      start = i;
+      need = 0;
+    }
+    need += n;
+  }
+  run(std::span(blocks).subspan(start));
+}
+
+void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
+                                 void* after_event) {
+  // Where each gathered block sits in its device's bounce buffer.
+  std::vector<std::uintptr_t> bounce(blocks.size(), 0);
+  if (direct) {
+    std::map<int, std::uint64_t> need;
+    std::vector<std::uint64_t> at(blocks.size(), 0);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (needs_gather(*blocks[i])) {
+        at[i] = need[gpu_of(*blocks[i])];
+        need[gpu_of(*blocks[i])] += round_up(total(*blocks[i]));
+      }
+    std::map<int, std::uintptr_t> base;
+    for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, bytes);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (needs_gather(*blocks[i])) bounce[i] = base[gpu_of(*blocks[i])] + at[i];
+  }
+  // Copies between the caller's pieces and the bounce buffer, on the block's device stream.
+  const auto bounce_copies = [&](bool into_bounce) {
+    std::map<int, bool> used;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (!bounce[i] || (!into_bounce && blocks[i]->outcome != BlockOutcome::ok)) continue;
+      const int ordinal = gpu_of(*blocks[i]);
+      const Stream& stream = bounce_stream(ordinal);
+      if (into_bounce && after_event && !used[ordinal])
+        FERRY_CU(cuStreamWaitEvent, stream.get(), static_cast<shim::cu::Event>(after_event), 0);
+      used[ordinal] = true;
+      std::uintptr_t at = bounce[i];
+      for (const BlockSpan& p : blocks[i]->pieces) {
+        const auto memory = reinterpret_cast<shim::cu::DevicePtr>(p.data);
+        if (p.size == 0) continue;
+        if (into_bounce && p.device.is_cuda())
+          FERRY_CU(cuMemcpyDtoDAsync, at, memory, p.size, stream.get());
+        else if (into_bounce)
+          FERRY_CU(cuMemcpyHtoDAsync, at, p.data, p.size, stream.get());
+        else if (p.device.is_cuda())
+          FERRY_CU(cuMemcpyDtoDAsync, memory, at, p.size, stream.get());
+        else
+          FERRY_CU(cuMemcpyDtoHAsync, p.data, at, p.size, stream.get());
+        at += p.size;
+      }
+    }
+    for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
+  };
+  // The bytes of each block as they are on the device side of the transfer: its pieces, or its
+  // place in the bounce buffer.
+  std::vector<std::vector<BlockSpan>> views(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (bounce[i])
+      views[i] = {{reinterpret_cast<void*>(bounce[i]), total(*blocks[i]),
+                   Device::cuda(gpu_of(*blocks[i]))}};
+    else
+      views[i].assign(blocks[i]->pieces.begin(), blocks[i]->pieces.end());
+  }
+
+  if (writing) bounce_copies(true);
+  std::vector<Extent> extents(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    extents[i].file = static_cast<std::uint32_t>(blocks[i]->slab);
+    extents[i].file_offset = blocks[i]->offset;
+    for (const BlockSpan& p : views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
+  }
+  Ticket ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
+                         std::move(extents), options(writing ? after_event : nullptr));
+  if (writing) {  // the checksums, while the transfer runs (gathered blocks are ready already)
+    std::vector<void*> waits(blocks.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = bounce[i] ? nullptr : after_event;
+    const auto sums = hash_blocks(views, std::vector<bool>(blocks.size(), true), waits);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
+  }
+  ticket.wait();
+  const TransferStats& stats = ticket.stats();
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    BlockRequest& b = *blocks[i];
+    b.route = route_of(stats, b.slab);
+    const ExtentStatus status = ticket.status(i);
+    if (status.state != ExtentStatus::State::Done) {
+      fail(b, BlockOutcome::io_error,
+           concat(_slabs.name(b.slab), ": ", writing ? "write" : "read", " of the block at offset ",
+                  b.offset,
+                  " failed: ", status.error.empty() ? std::string("cancelled") : status.error));
+      continue;
+    }
+    b.outcome = BlockOutcome::ok;
+  }
+  if (writing) return;
+  std::vector<bool> landed(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    landed[i] = blocks[i]->outcome == BlockOutcome::ok;
+  const auto sums = hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr));
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (landed[i] && sums[i] != blocks[i]->checksum)
+      fail(*blocks[i], BlockOutcome::checksum_mismatch,
+           concat(_slabs.name(blocks[i]->slab), ": block at offset ", blocks[i]->offset,
+                  " fails its checksum; dropped"));
+  bounce_copies(false);  // verified blocks only
+}
+
+std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
+    const std::vector<std::vector<BlockSpan>>& views, const std::vector<bool>& wanted,
+    const std::vector<void*>& after_events) {
+  std::vector<std::uint64_t> sums(views.size(), 0);
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&](BlockHasher& hasher) {
+    try {
+      for (std::size_t i; (i = next.fetch_add(1)) < views.size();)
+        if (wanted[i]) sums[i] = hasher.hash(views[i], after_events[i]);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next = views.size();
+    }
+  };
+  const std::size_t count =
+      static_cast<std::size_t>(std::count(wanted.begin(), wanted.end(), true));
+  std::vector<std::thread> helpers;
+  try {
+    for (std::size_t t = 1; t < std::min(_hashers.size(), count); ++t)
+      helpers.emplace_back(work, std::ref(_hashers[t]));
+  } catch (const std::system_error&) {
+    // No more threads: those made (and this one) hash the rest.
+  }
+  work(_hashers[0]);
+  for (auto& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
+  return sums;
+}
+
+std::uintptr_t TransferBlockIo::gather_buffer(int ordinal, std::uint64_t bytes) {
+  Gather& g = _gather[ordinal];
+  if (g.bytes < bytes) {
+    g.memory.reset();
+    g.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), bytes);
+    g.bytes = bytes;
+  }
+  return reinterpret_cast<std::uintptr_t>(g.memory.get());
+}
+
+}  // namespace ferry::detail::kv

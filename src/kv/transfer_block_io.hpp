@@ -1,0 +1,71 @@
+// BlockIo over the transfer core (ferry/transfer.hpp): blocks with any piece in GPU memory go
+// as ONE extent each (its pieces the extent's spans, gathered by the core into one write) to the
+// staged backend (device <-> pinned slots <-> O_DIRECT) or to cuFile (straight between device
+// memory and the slab files, handles registered once in the core's cache). cuFile moves one
+// contiguous device range per call, so a block of several pieces is first gathered on the
+// device into a bounce buffer (device-to-device copies), written with one cuFile call, and read
+// back the same way: never one write per piece. Blocks wholly in host memory go to HostBlockIo.
+//
+// The path is chosen per batch by KVPath (auto: cuFile only where it does true GPUDirect
+// Storage) and reported per block. Checksums come from BlockHasher (the bytes copied down from
+// the device), or from the device bounce buffer before it is scattered.
+#pragma once
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ferry/file_set.hpp"
+#include "ferry/kv_store.hpp"
+#include "ferry/transfer.hpp"
+#include "kv/block_hasher.hpp"
+#include "kv/host_block_io.hpp"
+
+namespace ferry::detail::kv {
+
+class TransferBlockIo final : public BlockIo {
+ public:
+  TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable, KVPath path,
+                  bool allow_compat);
+  void write(std::span<BlockRequest> batch, void* after_event) override;
+  void read(std::span<BlockRequest> batch) override;
+  void sync(int slab) override { _host.sync(slab); }
+  bool direct() const override { return _host.direct(); }
+
+ private:
+  // Runs `move` over the blocks with GPU pieces, HostBlockIo over the others.
+  template <class HostMove, class GpuMove>
+  void split(std::span<BlockRequest> batch, HostMove&& host, GpuMove&& gpu);
+  void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
+  // One submission; `direct`: cuFile, multi-piece blocks through the device bounce buffer.
+  void move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
+                  void* after_event);
+  TransferOptions options(void* after_event) const;
+  // XXH3 of each wanted block's device-side bytes, on up to kHashers threads (a hasher each, its
+  // own pinned buffers and stream): the copies down and the hashing of several blocks overlap.
+  std::vector<std::uint64_t> hash_blocks(const std::vector<std::vector<BlockSpan>>& views,
+                                         const std::vector<bool>& wanted,
+                                         const std::vector<void*>& after_events);
+  // A device bounce buffer of at least `bytes` on `ordinal`, kept for later batches.
+  std::uintptr_t gather_buffer(int ordinal, std::uint64_t bytes);
+
+  HostBlockIo _host;
+  SlabFiles& _slabs;
+  bool _writable;
+  KVPath _path;
+  bool _allow_compat;
+  std::shared_ptr<FileSet>
+      _files;         // the slabs for the transfer core, opened at the first GPU batch
+  std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared
+  static constexpr std::size_t kHashers = 4;
+  std::array<BlockHasher, kHashers> _hashers;
+  struct Gather {
+    std::shared_ptr<void> memory;
+    std::uint64_t bytes = 0;
+  };
+  std::map<int, Gather> _gather;
+};
+
+}  // namespace ferry::detail::kv

@@ -1,0 +1,194 @@
+"""ferry.KVStore and the vLLM-shaped offloading handler (ferry.kv_offload) with torch tensors:
+round trips bit-exact (contiguous and per-layer pieces), async forms with callbacks, per-key
+status, keys as ints and bytes, reopening, and paged KV laid out as vLLM lays it out. CPU tensors
+here; the same tests run on cuda:0 where a GPU is present (both gpu paths)."""
+import os
+import sys
+import threading
+
+import pytest
+
+if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
+    pytest.skip("the package's tests are skipped in the sanitizer run", allow_module_level=True)
+
+torch = pytest.importorskip("torch")
+
+import ferry  # noqa: E402
+from ferry.kv_offload import FerryOffloadingHandler, GPUBlocks, StoredBlocks  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
+PATHS = ["staged", "direct"] if torch.cuda.is_available() else ["auto"]
+
+
+def open_store(root, block_bytes=64 * 1024, blocks=64, **kw):
+    kw.setdefault("allow_compat", True)
+    return ferry.KVStore(root, model="test-model", dtype="bf16", block_layout="l=4",
+                         capacity_bytes=blocks * ((block_bytes + 4095) // 4096 * 4096),
+                         block_bytes=block_bytes, **kw)
+
+
+def direct_unusable(path, device):
+    """cuFile may be missing on a GPU machine: a direct put is then `unsupported`, said so."""
+    return path == "direct" and device != "cpu"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gpu_path", PATHS)
+def test_round_trip_contiguous_and_pieces(tmp_path, device, gpu_path):
+    gen = torch.Generator().manual_seed(1)
+    with open_store(tmp_path, gpu_path=gpu_path) as store:
+        whole = [torch.randint(0, 255, (64 * 1024,), dtype=torch.uint8, generator=gen).to(device)
+                 for _ in range(4)]
+        layers = [[torch.randn(8, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+                   for _ in range(8)] for _ in range(3)]  # 8 pieces of 2 KiB: 16 KiB blocks
+        results = store.put([1, 2, 3, 4], whole)
+        if direct_unusable(gpu_path, device) and results[0].status == "unsupported":
+            pytest.skip(results[0].message)
+        assert all(r.ok for r in results), results
+        routes = {r.route for r in results}
+        if device == "cpu":
+            assert routes == {"host"}
+        elif gpu_path == "staged":
+            assert routes == {"staged"}
+        else:
+            assert routes <= {"cufile-gds", "cufile-compat"}
+        assert all(r.ok for r in store.put([b"req-a", b"req-b", b"req-c"], layers))
+        back = [torch.empty_like(t) for t in whole]
+        assert all(r.ok for r in store.get([1, 2, 3, 4], back))
+        for a, b in zip(whole, back):
+            assert torch.equal(a.cpu(), b.cpu())
+        # Per-layer pieces read back as pieces, and as one contiguous block (the host view).
+        back_layers = [[torch.zeros_like(p) for p in block] for block in layers]
+        assert all(r.ok for r in store.get([b"req-a", b"req-b", b"req-c"], back_layers))
+        for a, b in zip(layers, back_layers):
+            assert all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(a, b))
+        flat = torch.empty(16 * 1024, dtype=torch.uint8)
+        assert store.get([b"req-b"], [flat])[0].ok
+        assert torch.equal(flat, torch.cat([p.cpu().view(torch.uint8).reshape(-1)
+                                            for p in layers[1]]))
+        assert store.lookup([1, 2, 3, 99, 4]) == 3
+        assert store.contains([1, 99, b"req-c"]) == [True, False, True]
+
+
+def test_per_key_status_and_bad_input(tmp_path):
+    with open_store(tmp_path) as store:
+        block = torch.arange(64 * 1024 // 4, dtype=torch.int32)
+        assert store.put([7], [block])[0].ok
+        assert store.put([7], [block])[0].status == "already_present"
+        small = torch.empty(100, dtype=torch.uint8)
+        results = store.get([7, 8, 7], [torch.empty_like(block), torch.empty_like(block), small])
+        assert [r.status for r in results] == ["ok", "missing", "bad_size"]
+        assert "100" in results[2].message
+        assert results[1].route == "none"
+        too_big = torch.empty(64 * 1024 + 1, dtype=torch.uint8)
+        assert store.put([9], [too_big])[0].status == "bad_size"
+        with pytest.raises(ValueError, match="contiguous"):
+            store.put([10], [torch.empty(64, 1024, dtype=torch.uint8).t()])
+        with pytest.raises(ValueError, match="2 keys but 1 blocks"):
+            store.put([1, 2], [block])
+        with pytest.raises(TypeError):
+            store.put([1.5], [block])
+        assert [r.status for r in store.remove([7, 7])] == ["ok", "missing"]
+        assert store.stats()["blocks"] == 0
+    with pytest.raises(ValueError, match="block size"):
+        open_store(tmp_path, block_bytes=4096)
+
+
+def test_async_with_callbacks_and_reopen(tmp_path):
+    store = open_store(tmp_path, blocks=256)
+    blocks = [torch.full((64 * 1024,), i, dtype=torch.uint8) for i in range(100)]
+    seen = []
+    done = threading.Event()
+
+    def callback(results):
+        seen.append(results)
+        done.set()
+
+    ticket = store.put_async(range(100), blocks, callback=callback)
+    assert ticket.wait(60)
+    assert done.is_set() and len(seen) == 1
+    assert all(r.ok for r in ticket.results()) and len(seen[0]) == 100
+    # Tickets whose owners drop them still finish (the tensors are held until then).
+    back = [torch.empty(64 * 1024, dtype=torch.uint8) for _ in range(100)]
+    tickets = [store.get_async([i], [back[i]]) for i in range(100)]
+    assert all(t.results()[0].ok for t in tickets)
+    assert all(int(b[0]) == i and int(b[-1]) == i for i, b in enumerate(back))
+    # A callback that raises does not break the store: it is reported as unraisable.
+    reported = []
+    hook, sys.unraisablehook = sys.unraisablehook, reported.append
+    try:
+        broken = store.get_async([1], [back[1]], callback=lambda r: 1 / 0)
+        assert broken.results()[0].ok
+    finally:
+        sys.unraisablehook = hook
+    assert len(reported) == 1 and isinstance(reported[0].exc_value, ZeroDivisionError)
+    store.close()
+    with pytest.raises(ValueError, match="closed"):
+        store.lookup([1])
+    with open_store(tmp_path, blocks=256) as again:
+        assert again.lookup(list(range(100))) == 100
+        assert again.stats()["blocks"] == 100
+        reader = open_store(tmp_path, blocks=256, read_only=True)
+        assert reader.lookup(list(range(100))) == 100
+        assert reader.put([1000], [blocks[0]])[0].status == "read_only"
+        reader.close()
+
+
+def vllm_kv_caches(layers, num_blocks, device, block_dim=1, seed=0):
+    """Paged KV as vLLM's FlashAttention backend lays it out: one tensor per layer of shape
+    (2, num_blocks, block_size=16, num_kv_heads=2, head_size=64), or (num_blocks, 2, ...)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (2, num_blocks, 16, 2, 64) if block_dim == 1 else (num_blocks, 2, 16, 2, 64)
+    return {f"model.layers.{i}.self_attn": torch.randn(*shape, generator=gen).to(
+        device=device, dtype=torch.bfloat16) for i in range(layers)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_dim", [1, 0])
+def test_offloading_handler_saves_a_request_and_loads_the_prefix(tmp_path, device, block_dim):
+    layers, num_blocks = 4, 12
+    block_bytes = layers * 2 * 16 * 2 * 64 * 2  # 32 KiB
+    store = open_store(tmp_path, block_bytes=block_bytes, blocks=64)
+    source = vllm_kv_caches(layers, num_blocks, device, block_dim, seed=1)
+    handler = FerryOffloadingHandler(store, source, block_dim=block_dim)
+    assert handler.block_bytes == block_bytes
+    hashes = [hash(("prompt", i)) for i in range(6)]
+    assert handler.transfer_async(1, (GPUBlocks([3, 7, 1, 9]), StoredBlocks(hashes[:4])))
+    handler.wait({1})
+    (saved,) = handler.get_finished()
+    assert saved.job_id == 1 and saved.success and saved.transfer_type == ("GPU", "FERRY")
+    assert saved.transfer_size == 4 * block_bytes
+    assert handler.get_finished() == []
+    # A second request shares the first 4 blocks: lookup finds the prefix to load.
+    assert handler.lookup(hashes) == 4
+    target = vllm_kv_caches(layers, num_blocks, device, block_dim, seed=2)
+    loader = FerryOffloadingHandler(store, target, block_dim=block_dim)
+    assert loader.transfer_async(2, (StoredBlocks(hashes[:4]), GPUBlocks([0, 2, 4, 5])))
+    loader.wait({2})
+    (loaded,) = loader.get_finished()
+    assert loaded.success, loaded.errors
+    for name in source:
+        s, t = source[name], target[name]
+        for src_id, dst_id in zip([3, 7, 1, 9], [0, 2, 4, 5]):
+            if block_dim == 1:
+                assert torch.equal(s[:, src_id].cpu(), t[:, dst_id].cpu())
+            else:
+                assert torch.equal(s[src_id].cpu(), t[dst_id].cpu())
+    # Saving stored blocks again succeeds (a hash names its content).
+    assert handler.transfer_async(3, (GPUBlocks([3]), StoredBlocks(hashes[:1])))
+    handler.wait({3})
+    assert handler.get_finished()[0].success
+    # A load of blocks never stored: the job fails and names its GPU block ids.
+    assert loader.transfer_async(4, (StoredBlocks([hashes[0], 12345]), GPUBlocks([6, 8])))
+    loader.wait({4})
+    (failed,) = loader.get_finished()
+    assert not failed.success and failed.failed_block_ids == [8]
+    assert "missing" in failed.errors[0]
+    assert loader.get_block_ids_with_load_errors() == {8}
+    assert loader.get_block_ids_with_load_errors() == set()
+    # Specs it cannot run are refused, as vLLM's handlers refuse them.
+    assert not loader.transfer_async(5, (GPUBlocks([1]), GPUBlocks([2])))
+    assert not loader.transfer_async(6, (StoredBlocks([1]), GPUBlocks([num_blocks])))
+    handler.shutdown()
+    loader.shutdown()
+    store.close()
