@@ -22,7 +22,7 @@ namespace ferry {
 
 struct FanoutOptions {
   // Engine settings, tensor names, progress and keep_going as for one device; `device` is
-  // ignored. Reader threads (unless given) and staging are per device: N devices get N times
+  // ignored. Reader threads and staging are per device: N devices get N times
   // one load's, within the worker pool's 64 threads and half the process's staging limit. Only
   // the staged path runs (cuFile registers one destination per load).
   LoadOptions load;

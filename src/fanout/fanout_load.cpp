@@ -175,8 +175,7 @@ class FanoutLoader {
     // would have (2 x H200: 16 threads fed both GPUs at 62 GB/s, two processes of 16 at 93 GB/s),
     // within the pool's cap, and two submissions in flight fit the process's staging limit.
     TransferOptions t = transfer_options(_options.load, settings);
-    if (_options.load.reader_threads == 0)
-      t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
+    t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
     t.staging_bytes = std::max(_options.load.staging_bytes,
                                std::min(_options.load.staging_bytes * n, staging_limit() / 2));
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
