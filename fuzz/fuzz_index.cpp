@@ -26,7 +26,7 @@ void check_invariants(const ferry::detail::SafetensorsIndex& index) {
       if (part == "..") __builtin_trap();
   }
   for (const auto& [tensor, shard] : index.shard_of_tensor)
-    if (tensor.find('\0') != std::string::npos || shards.count(shard) != 1) __builtin_trap();
+    if (tensor.find('\0') != std::string::npos || shard >= index.shards.size()) __builtin_trap();
 }
 
 }  // namespace

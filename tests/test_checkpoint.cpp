@@ -217,6 +217,30 @@ TEST_F(CheckpointTest, DirectoryWithIndex) {
   expect_read_order(c);
 }
 
+TEST_F(CheckpointTest, ManyTensorsOverShardsAreEachFoundByName) {
+  // Enough names that the flat name table wraps and collides; shards named "./x" and "x" alike.
+  std::map<std::string, std::string> weight_map;
+  for (int s = 0; s < 7; ++s) {
+    std::vector<TensorSpec> specs;
+    for (int i = 0; i < 3000; ++i)
+      specs.push_back({"model.layers." + std::to_string(s * 3000 + i) + ".w", DType::U8, {1}});
+    const std::string name = "model-" + std::to_string(s) + ".safetensors";
+    shard(dir / name, specs);
+    for (const auto& spec : specs)
+      weight_map[spec.name] = (spec.name.size() % 2 ? "./" : "") + name;
+  }
+  index(weight_map);
+  const Checkpoint c = Checkpoint::open(dir.path());
+  ASSERT_EQ(c.files().size(), 7u);
+  expect_all_readable(c);
+  for (const char* absent :
+       {"", "model", "model.layers.", "model.layers.21000.w", "model.layers.1.w "})
+    EXPECT_EQ(c.find(absent), nullptr) << absent;
+  const Checkpoint copy = c;  // a copy finds names in its own list
+  EXPECT_EQ(copy.find("model.layers.20999.w"), &copy.tensors()[c.find("model.layers.20999.w") -
+                                                                &c.tensors()[0]]);
+}
+
 TEST_F(CheckpointTest, IndexLeavesOtherSafetensorsFilesAlone) {
   shard(dir / kName1, kShard1);
   shard(dir / kName2, kShard2);

@@ -1,6 +1,7 @@
 // The transfer core with GPU memory: staged round trips (aligned and unaligned, several devices'
 // spans in one extent where there are several GPUs), cuFile round trips, and a write ordered
-// after the caller's event never reads memory a GPU operation is still writing. Skipped without
+// after the caller's event never reads memory a GPU operation is still writing; per-key reads
+// (TensorReader::submit) into device memory equal the host path. Skipped without
 // a GPU (cuFile cases also without cuFile).
 #include <gtest/gtest.h>
 
@@ -8,7 +9,9 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "cufile/gds_mode.hpp"
+#include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
+#include "ferry/tensor_reader.hpp"
 #include "ferry/transfer.hpp"
 #include "shim/cuda_driver.hpp"
 #include "test_support.hpp"
@@ -244,6 +247,28 @@ TEST_F(GpuTransfer, AReadPastTheEndAmongGroupedGpuExtentsFailsAlone) {
       EXPECT_EQ(t.status(i).state, ExtentStatus::State::Failed) << i;
       EXPECT_NE(t.status(i).error.find("f.bin"), std::string::npos) << t.status(i).error;
     }
+  }
+}
+
+TEST_F(GpuTransfer, TensorReaderSubmissionsToTheGpuEqualTheHostPath) {
+  TempDir dir;
+  const auto path = dir / "m.safetensors";
+  test::write_random_checkpoint(
+      path, {{"big", DType::U8, {(9u << 20) + 13}}, {"w", DType::BF16, {300, 7}}}, 8);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  for (const auto& t : checkpoint->tensors()) {
+    const auto plain = test::read_plain(*checkpoint, t);
+    auto gpu = detail::allocate_device_memory(context, t.size);
+    // After an event of another stream, as safe_open orders its reads after torch's stream.
+    detail::Stream caller;
+    detail::Event ready;
+    ready.record(caller);
+    reader.wait(reader.submit(t, 5, t.size - 5, gpu.get(), Device::cuda(0), ready.get()));
+    std::vector<std::byte> back(t.size - 5);
+    FERRY_CU(cuMemcpyDtoH, back.data(), reinterpret_cast<shim::cu::DevicePtr>(gpu.get()),
+             back.size());
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), plain.begin() + 5)) << t.name;
   }
 }
 

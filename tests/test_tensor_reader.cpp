@@ -85,5 +85,78 @@ TEST(TensorReader, FileTruncatedUnderneathIsAClearError) {
   EXPECT_THROW(TensorReader{checkpoint}, FormatError);
 }
 
+TEST(TensorReader, StridedRangesEqualThePlainHostPath) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  test::write_random_checkpoint(path, {{"a", DType::F32, {64, 40}}}, 3);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  const TensorInfo& t = *checkpoint->find("a");
+  const auto plain = test::read_plain(*checkpoint, t);
+  // The second half of every row's columns (a 2-way column split), then two touching ranges.
+  std::vector<TensorReader::Range> ranges;
+  for (std::uint64_t row = 0; row < 64; ++row) ranges.push_back({row * 160 + 80, row * 160 + 160});
+  ranges.push_back({0, 8});
+  ranges.push_back({8, 24});
+  std::vector<std::byte> want;
+  for (const auto& r : ranges)
+    want.insert(want.end(), plain.begin() + r.begin, plain.begin() + r.end);
+  const std::uint64_t before = reader.bytes_read();
+  std::vector<std::byte> got(want.size());
+  reader.read_ranges(t, ranges, got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(reader.bytes_read() - before, want.size());  // only the bytes asked for
+  // The same ranges through the transfer engine.
+  std::vector<std::byte> engine(want.size());
+  reader.wait(reader.submit_ranges(t, ranges, engine.data(), Device::cpu()));
+  EXPECT_EQ(engine, want);
+  EXPECT_THROW(reader.submit_ranges(t, std::vector<TensorReader::Range>{{8, 4}}, engine.data(),
+                                    Device::cpu()),
+               std::out_of_range);
+  const std::vector<TensorReader::Range> reversed = {{8, 4}};
+  EXPECT_THROW(reader.read_ranges(t, reversed, got.data()), std::out_of_range);
+  const std::vector<TensorReader::Range> outside = {{0, t.size + 1}};
+  EXPECT_THROW(reader.read_ranges(t, outside, got.data()), std::out_of_range);
+}
+
+TEST(TensorReader, SubmittedReadsEqualThePlainHostPath) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  // Large enough to be cut into several chunks read by several workers.
+  test::write_random_checkpoint(path, {{"a", DType::U8, {9u << 20}}, {"b", DType::F32, {1000}}}, 4);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  for (const auto& t : checkpoint->tensors()) {
+    const auto plain = test::read_plain(*checkpoint, t);
+    std::vector<std::byte> got(t.size - 3);
+    const std::uint64_t before = reader.bytes_read();
+    const Ticket ticket = reader.submit(t, 3, got.size(), got.data(), Device::cpu());
+    reader.wait(ticket);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), plain.begin() + 3)) << t.name;
+    EXPECT_GE(reader.bytes_read() - before, got.size()) << t.name;
+  }
+  std::vector<std::byte> buffer(16);
+  EXPECT_THROW(reader.submit(*checkpoint->find("b"), 3990, 16, buffer.data(), Device::cpu()),
+               std::out_of_range);
+}
+
+TEST(TensorReader, SubmittedReadOfATruncatedFileIsAClearError) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  test::write_random_checkpoint(path, {{"a", DType::U8, {1u << 20}}}, 1);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  fs::resize_file(path, fs::file_size(path) - 4096);
+  std::vector<std::byte> got(1u << 20);
+  const Ticket ticket =
+      reader.submit(*checkpoint->find("a"), 0, got.size(), got.data(), Device::cpu());
+  try {
+    reader.wait(ticket);
+    ADD_FAILURE() << "no error for a truncated file";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path.string()));
+  }
+}
+
 }  // namespace
 }  // namespace ferry

@@ -8,6 +8,9 @@
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
 #   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
+#   dropin (not in the default): the safe_open tests on the GPU, per-key reads (cpu, cuda:0 with
+#   read-ahead, tensor-parallel slices with bytes read) on the generated file and the 8B shape
+#   beside load_file, and opening 100,000 tensors.
 #   core (not in the default): the transfer core's tests, benchmark and loads after the first;
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
@@ -185,6 +188,26 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The safetensors drop-in: GPU tests of safe_open (read-ahead bit-exact, random access), per-key
+# reads on the generated 1,000-tensor file and on the Llama-3-8B shape (shard by shard, beside
+# ferry.torch.load_file and safetensors), tensor-parallel slices with the bytes they read, and
+# opening 100,000 tensors.
+dropin() {
+  log "safe_open tests (tests/python/test_dropin.py, GPU ones included)"
+  FERRY_BIN=$ferry FERRY_LIB=/tmp/build/libferry.so python3 -m pytest -q tests/python/test_dropin.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt" || status=1
+  log "per-key reads, 1,000 x 256 KiB (bench/per_key_reads.py)"
+  for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
+    (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  [ -d "$ckpts/llama3-8b" ] || { log "checkpoint llama3-8b"; (cd bench && python3 make_checkpoints.py "$ckpts" llama3-8b) | tee -a "$OUT/summary.txt"; }
+  log "per-key reads, Llama-3-8B shape"
+  for args in "--device cuda:0" "--device cuda:0 --slices"; do
+    (cd bench && python3 per_key_reads.py --checkpoint "$ckpts/llama3-8b" --repeat 3 $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "opening 100,000 tensors (bench/open_many_tensors.py)"
+  (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 # The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,
 # submission latency, beside raw O_DIRECT and pinned copies) and loads after the first in one
 # process of the Qwen3-0.6B shape, beside pinned H2D.
@@ -284,6 +307,7 @@ want tests && tests
 want compare && compare
 want python && python_benches
 want engine && engine_benches
+want dropin && dropin
 want core && core_checks
 want kv && kv_stage
 want mgpu && mgpu

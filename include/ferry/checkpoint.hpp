@@ -12,7 +12,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ferry/file_set.hpp"
@@ -20,6 +19,10 @@
 #include "ferry/tensor_info.hpp"
 
 namespace ferry {
+
+namespace detail {
+class NameIndex;
+}
 
 // A file is GGUF when it starts with the bytes "GGUF" or is named *.gguf (Ollama's blobs have
 // no extension); otherwise safetensors. One checkpoint holds files of one format.
@@ -85,7 +88,8 @@ class Checkpoint {
   std::shared_ptr<FileSet> _file_set;
   std::vector<CheckpointFile> _files;
   std::vector<TensorInfo> _tensors;
-  std::unordered_map<std::string, std::size_t> _by_name;
+  // Immutable once built, so copies of the checkpoint share it.
+  std::shared_ptr<const detail::NameIndex> _by_name;
   std::uint64_t _total_bytes = 0;
   CheckpointFormat _format = CheckpointFormat::Safetensors;
 };

@@ -1,6 +1,8 @@
-"""ferry.safe_open: safetensors' lazy reader. Each get_tensor / get_slice is one positioned read
-of the bytes asked for (ferry's TensorReader), straight into the tensor handed out; get_tensors
-runs ferry's engine over the whole checkpoint."""
+"""ferry.safe_open: safetensors' lazy reader over ferry's TensorReader. On the host each
+get_tensor is one positioned read straight into the tensor handed out, and get_slice reads only
+the slice's bytes; to cuda:N get_tensor goes through the transfer engine with read-ahead
+(_read_ahead.py); get_tensors runs the engine over the whole checkpoint."""
+import math
 import os
 import threading
 from typing import Any, Dict, List, Optional
@@ -9,15 +11,14 @@ from . import _ferry
 from ._dtypes import (BITS, engine_device, normalize_device, numpy_from_bytes, numpy_view,
                       tensor_table, torch_dtype, torch_shape)
 from ._ferry import SafetensorError
-from ._slicing import as_python_index, byte_ranges, leading_rows, parse_indexers
+from ._read_ahead import ReadAhead
+from ._slicing import (as_python_index, byte_ranges, leading_rows, parse_indexers, range_count,
+                       torch_indexers)
 
 _TORCH_NAMES = ("pt", "torch", "pytorch")
 _NUMPY_NAMES = ("np", "numpy")
 _OTHER_FRAMEWORKS = ("tf", "tensorflow", "jax", "flax", "mlx", "paddle")
 BACKENDS = ("mmap", "pread")
-
-# A GPU read goes through one pinned host buffer per handle, at most this large.
-_PINNED_BYTES = 64 << 20
 
 
 class _MissingTensor(SafetensorError, KeyError):
@@ -60,9 +61,16 @@ def open_checkpoint(filename: Any) -> "_ferry.Checkpoint":
         raise FileNotFoundError(f"No such file or directory: {path}") from None
 
 
+# Strided slices are read range by range where the ranges are few and not tiny; otherwise the
+# rows that cover the slice are read whole and indexed.
+_MAX_RANGES = 1 << 16
+_MIN_RANGE_BYTES = 512
+
+
 class _Slice:
-    """What get_slice returns: shape and dtype without reading; indexing reads only the rows of
-    the first dimension that the index touches and returns a tensor of its own."""
+    """What get_slice returns: shape and dtype without reading; indexing reads only the bytes of
+    the slice (a row block, or the rows' parts of a column block) and returns a tensor of its
+    own."""
 
     def __init__(self, handle: "safe_open", name: str):
         # The reader, not the handle, is kept: as in safetensors, a slice outlives `with`.
@@ -77,19 +85,24 @@ class _Slice:
         return self._dtype
 
     def __getitem__(self, index):
+        bits = BITS[self._dtype]
         if self._framework == "pt" and self._backend == "mmap":
-            return self._torch_rules(index if isinstance(index, tuple) else (index,))
+            index = index if isinstance(index, tuple) else (index,)
+            if bits % 8:  # torch cannot index packed types by their logical shape
+                return self._gather(*byte_ranges(parse_indexers(index, self._shape), self._shape, bits))
+            indexers = torch_indexers(index, self._shape)
+            if indexers is not None and self._few_ranges(indexers):
+                return self._gather(*byte_ranges(indexers, self._shape, bits))
+            return self._index(index)
         indexers = parse_indexers(index, self._shape)
-        ranges, newshape = byte_ranges(indexers, self._shape, BITS[self._dtype])
-        if BITS[self._dtype] % 8:
+        ranges, newshape = byte_ranges(indexers, self._shape, bits)
+        if bits % 8 or self._few_ranges(indexers):
             return self._gather(ranges, newshape)
         return self._index(as_python_index(indexers, self._shape))
 
-    def _torch_rules(self, index: tuple):
-        if BITS[self._dtype] % 8:  # torch cannot index packed types by their logical shape
-            indexers = parse_indexers(index, self._shape)
-            return self._gather(*byte_ranges(indexers, self._shape, BITS[self._dtype]))
-        return self._index(index)
+    def _few_ranges(self, indexers) -> bool:
+        count = range_count(indexers, self._shape)
+        return count == 1 or (count <= _MAX_RANGES and self._size // count >= _MIN_RANGE_BYTES)
 
     def _index(self, index: tuple):
         """Reads the rows `index` needs and applies `index` to them."""
@@ -103,8 +116,17 @@ class _Slice:
             first, end, relative = plan
             begin, length = first * row_bytes, (end - first) * row_bytes
             shape = [end - first] + list(self._shape[1:])
-        part = _read(self._reader, self._name, self._dtype, shape, begin, length, self._framework,
-                     "cpu", None)[relative]
+        if self._framework == "pt" and self._device.startswith("cuda:"):
+            import torch
+
+            raw = torch.empty(length, dtype=torch.uint8, device=self._device)
+            if length:
+                _engine_read(self._reader, self._name, [(begin, begin + length)], raw, self._device)
+            whole = raw.view(torch_dtype(self._dtype, self._name))
+            part = whole.reshape(torch_shape(self._dtype, shape))[relative]
+        else:
+            part = _read(self._reader, self._name, self._dtype, shape, begin, length,
+                         self._framework)[relative]
         if self._framework == "np":
             small = part.nbytes < length or not part.flags.c_contiguous
             return part.copy() if small else part
@@ -113,26 +135,43 @@ class _Slice:
         return part if self._device == "cpu" else part.to(self._device)
 
     def _gather(self, ranges, newshape):
-        """Sub-byte dtypes: the byte ranges of the slice, joined."""
-        import numpy
-
-        whole = numpy.empty(self._size, dtype=numpy.uint8)
-        if self._size:
-            self._reader.read(self._name, 0, self._size, whole.ctypes.data)
-        joined = numpy.concatenate([whole[a:b] for a, b in ranges]) if ranges else whole[:0]
+        """The byte ranges of the slice, read back to back: the slice itself."""
+        length = sum(b - a for a, b in ranges)
+        if length * 8 != math.prod(newshape) * BITS[self._dtype]:  # an empty slice
+            ranges, length = [], 0
         if self._framework == "np":
-            return numpy_from_bytes(joined, self._name, self._dtype, newshape)
+            import numpy
+
+            raw = numpy.empty(length, dtype=numpy.uint8)
+            if length:
+                self._reader.read_ranges(self._name, ranges, raw.ctypes.data)
+            return numpy_from_bytes(raw, self._name, self._dtype, newshape)
         import torch
 
-        raw = torch.from_numpy(joined)
+        on_gpu = self._device.startswith("cuda:")
+        raw = torch.empty(length, dtype=torch.uint8, device=self._device if on_gpu else "cpu")
+        if length and on_gpu:  # the ranges read in parallel and copied up by the engine
+            _engine_read(self._reader, self._name, ranges, raw, self._device)
+        elif length:
+            self._reader.read_ranges(self._name, ranges, raw.data_ptr())
         out = raw.view(torch_dtype(self._dtype, self._name)).reshape(torch_shape(self._dtype, newshape))
-        return out if self._device == "cpu" else out.to(self._device)
+        return out if on_gpu or self._device == "cpu" else out.to(self._device)
 
 
-def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: int,
-          framework: str, device: str, pinned: Optional["_PinnedBuffer"]):
-    """`length` bytes at `begin` of tensor `name` as a new tensor (torch) or array (numpy) of
-    `dtype` and `shape` on `device`."""
+def _engine_read(reader, name: str, ranges, tensor, device: str) -> None:
+    """The (begin, end) byte ranges of tensor `name`, packed into `tensor` (on a GPU) through the
+    transfer engine, written after the work already queued on the current stream (the caching
+    allocator may have handed back memory that work still reads)."""
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    reader.wait(reader.submit_ranges(name, ranges, tensor.data_ptr(), device, event.cuda_event))
+
+
+def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: int, framework: str):
+    """`length` bytes at `begin` of tensor `name` as a new host tensor (torch) or array (numpy)
+    of `dtype` and `shape`: one positioned read into its memory."""
     if framework == "np":
         import numpy
 
@@ -142,36 +181,10 @@ def _read(reader, name: str, dtype: str, shape: List[int], begin: int, length: i
         return numpy_from_bytes(raw, name, dtype, shape)
     import torch
 
-    target = torch_dtype(dtype, name)
-    on_gpu = device.startswith("cuda:")
-    raw = torch.empty(length, dtype=torch.uint8, device=device if on_gpu else "cpu")
-    if length and not on_gpu:
+    raw = torch.empty(length, dtype=torch.uint8)
+    if length:
         reader.read(name, begin, length, raw.data_ptr())
-    elif length:
-        with pinned.lock:  # one buffer per handle: threads sharing the handle take turns
-            buffer = pinned.at_least(min(length, _PINNED_BYTES))
-            for at in range(0, length, buffer.numel()):
-                n = min(buffer.numel(), length - at)
-                reader.read(name, begin + at, n, buffer.data_ptr())
-                raw[at:at + n].copy_(buffer[:n])  # synchronous: the buffer is reused next
-    out = raw.view(target).reshape(torch_shape(dtype, shape))
-    return out if on_gpu or device == "cpu" else out.to(device)
-
-
-class _PinnedBuffer:
-    """A handle's pinned host buffer for reads to a GPU, made on first use; hold `lock` while
-    using it."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self._buffer = None
-
-    def at_least(self, size: int):
-        import torch
-
-        if self._buffer is None or self._buffer.numel() < size:
-            self._buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=True)
-        return self._buffer
+    return raw.view(torch_dtype(dtype, name)).reshape(torch_shape(dtype, shape))
 
 
 class safe_open:
@@ -188,9 +201,13 @@ class safe_open:
         if self._framework == "np" and self._device != "cpu":
             raise SafetensorError(f"Device {self._device} is not supported for framework numpy")
         self._checkpoint = checkpoint
-        self._names = checkpoint.names()  # read order; each tensor's entry is asked for when used
+        # Names in read order and sorted, made when first asked for (100,000 names cost some
+        # milliseconds); each tensor's entry is asked for when used.
+        self._in_file_order: Optional[List[str]] = None
+        self._sorted: Optional[List[str]] = None
         self._reader = _ferry.TensorReader(checkpoint)
-        self._pinned = _PinnedBuffer()
+        self._ahead: Optional[ReadAhead] = None  # GPU reads, made at the first one
+        self._ahead_lock = threading.Lock()
         self._open = True
 
     def _check_open(self) -> None:
@@ -202,16 +219,35 @@ class safe_open:
 
     def __exit__(self, *exc) -> None:
         self._open = False
+        if self._ahead is not None:
+            self._ahead.close()
         self._reader = None
-        self._pinned = None
+        self._ahead = None
+
+    def stats(self) -> Dict[str, int]:
+        """ferry's own: bytes_read (file bytes read through this handle and its slices so far,
+        O_DIRECT alignment included), read_ahead_hits (GPU tensors handed out from the
+        read-ahead) and read_ahead_wasted_bytes (read ahead and never asked for)."""
+        self._check_open()
+        ahead = self._ahead
+        return {"bytes_read": self._reader.bytes_read,
+                "read_ahead_hits": ahead.hits if ahead else 0,
+                "read_ahead_wasted_bytes": ahead.wasted_bytes if ahead else 0}
 
     def keys(self) -> List[str]:
         self._check_open()
-        return sorted(self._names)
+        if self._sorted is None:
+            self._sorted = self._checkpoint.names(sorted=True)
+        return list(self._sorted)
 
     def offset_keys(self) -> List[str]:
         self._check_open()
-        return list(self._names)
+        return list(self._names())
+
+    def _names(self) -> List[str]:
+        if self._in_file_order is None:
+            self._in_file_order = self._checkpoint.names()
+        return self._in_file_order
 
     def metadata(self) -> Optional[Dict[str, str]]:
         self._check_open()
@@ -228,8 +264,19 @@ class safe_open:
 
     def get_tensor(self, name: str):
         dtype, shape, size = self._info(name)
-        return _read(self._reader, name, dtype, shape, 0, size, self._framework, self._device,
-                     self._pinned)
+        if self._device == "cpu" or self._framework == "np":
+            return _read(self._reader, name, dtype, shape, 0, size, self._framework)
+        if not self._device.startswith("cuda:"):  # another torch device: through host memory
+            return _read(self._reader, name, dtype, shape, 0, size, "pt").to(self._device)
+        raw = self._read_ahead().take(name, size)
+        return raw.view(torch_dtype(dtype, name)).reshape(torch_shape(dtype, shape))
+
+    def _read_ahead(self) -> ReadAhead:
+        with self._ahead_lock:
+            if self._ahead is None:
+                self._ahead = ReadAhead(self._reader, self._names(), self._device,
+                                        lambda name: self._checkpoint.tensor(name)[2])
+            return self._ahead
 
     def get_slice(self, name: str) -> _Slice:
         self._info(name)

@@ -179,3 +179,46 @@ def leading_rows(index: tuple, rows: int) -> Optional[Tuple[int, int, tuple]]:
         return None  # out of range: let the framework raise its own error
     value %= rows
     return value, value + 1, (0,) + index[1:]
+
+
+def torch_indexers(index: tuple, shape: List[int]) -> Optional[List[Indexer]]:
+    """Indexers equal to a torch-rules index tuple when it is made of in-range ints and slices
+    with a positive step only (what tensor parallelism asks for); None otherwise (torch then
+    judges the index itself)."""
+    if len(index) > len(shape):
+        return None
+    indexers: List[Indexer] = []
+    for item, dim in zip(index, shape):
+        if isinstance(item, slice):
+            try:
+                start, stop, step = item.indices(dim)
+            except (TypeError, ValueError):
+                return None
+            if step <= 0 or start >= stop:
+                return None
+            indexers.append(("narrow", start, stop, step))
+        elif isinstance(item, bool) or item is None or item is Ellipsis:
+            return None
+        else:
+            try:
+                value = operator.index(item)
+            except TypeError:
+                return None
+            if not -dim <= value < dim:
+                return None
+            indexers.append(("select", value % dim))
+    return indexers
+
+
+def range_count(indexers: List[Indexer], shape: List[int]) -> int:
+    """How many byte ranges byte_ranges() makes for these (valid) indexers, before it is asked:
+    a step in an inner dimension can make one per element."""
+    count = 0  # 0: no partial dimension yet (a whole inner block)
+    for i in reversed(range(min(len(indexers), len(shape)))):
+        start, stop, step = _bounds(indexers[i], shape[i])
+        if count == 0:
+            if not (step == 1 and start == 0 and stop == shape[i]):
+                count = 1 if step == 1 else len(range(start, stop, step))
+        else:
+            count *= len(range(start, stop, step))
+    return max(count, 1)

@@ -8,6 +8,7 @@
 #include "ferry/error.hpp"
 #include "ferry/gguf.hpp"
 #include "ferry/safetensors.hpp"
+#include "format/name_index.hpp"
 #include "format/safetensors_index.hpp"
 
 namespace ferry {
@@ -151,20 +152,24 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   ckpt.index_names();
 
   // The index and the shards must agree exactly: a mismatch means a stale or mixed checkout.
+  // Shard i of the index is file i; names are unique on both sides, so every tensor is listed
+  // when each listed one is found.
   const std::string label = index_path.string();
+  std::vector<bool> listed(ckpt._tensors.size());
   for (const auto& [tensor, shard] : index.shard_of_tensor) {
     const TensorInfo* info = ckpt.find(tensor);
     FERRY_FORMAT_EXPECT(info != nullptr, label, ": tensor \"", tensor, "\" is listed in \"",
-                        shard, "\" but no shard holds it");
-    const auto& held_by = ckpt._files[info->file_index].path;
-    FERRY_FORMAT_EXPECT(held_by == dir / shard, label, ": tensor \"",
-                        tensor, "\" is listed in \"", shard, "\" but is held by ",
-                        held_by.string());
+                        index.shards[shard], "\" but no shard holds it");
+    FERRY_FORMAT_EXPECT(info->file_index == shard, label, ": tensor \"", tensor,
+                        "\" is listed in \"", index.shards[shard], "\" but is held by ",
+                        ckpt._files[info->file_index].path.string());
+    listed[info - ckpt._tensors.data()] = true;
   }
-  for (const auto& t : ckpt._tensors)
-    FERRY_FORMAT_EXPECT(index.shard_of_tensor.count(t.name) == 1, label, ": ",
-                        ckpt._files[t.file_index].path.string(), " holds tensor \"", t.name,
-                        "\", which the index does not list");
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    const TensorInfo& t = ckpt._tensors[i];
+    FERRY_FORMAT_EXPECT(listed[i], label, ": ", ckpt._files[t.file_index].path.string(),
+                        " holds tensor \"", t.name, "\", which the index does not list");
+  }
   return ckpt;
 }
 
@@ -210,7 +215,9 @@ void Checkpoint::add_file_unguarded(const fs::path& file) {
   if (ec || parsed_size != entry.size)
     detail::fail_errno(ESTALE, file.string(), ": the file changed while it was being opened");
   const auto file_index = static_cast<std::uint32_t>(_files.size());
-  _tensors.reserve(_tensors.size() + tensors.size());  // no doubling of a huge list
+  // Doubling, not exact: a reserve per shard would move every tensor again for each one.
+  if (_tensors.capacity() < _tensors.size() + tensors.size())
+    _tensors.reserve(std::max(_tensors.size() + tensors.size(), 2 * _tensors.capacity()));
   _files.push_back(std::move(entry));
   for (auto& t : tensors) {
     t.file_index = file_index;
@@ -220,18 +227,20 @@ void Checkpoint::add_file_unguarded(const fs::path& file) {
 }
 
 void Checkpoint::index_names() {
-  _by_name.clear();
-  for (std::size_t i = 0; i < _tensors.size(); ++i) {
-    auto [it, inserted] = _by_name.emplace(_tensors[i].name, i);
-    FERRY_FORMAT_EXPECT(inserted, "tensor \"", _tensors[i].name, "\" appears in both ",
-                        _files[_tensors[it->second].file_index].path.string(), " and ",
-                        _files[_tensors[i].file_index].path.string());
+  auto index = std::make_shared<detail::NameIndex>();
+  if (const auto repeated = index->build(_tensors)) {
+    const auto& [first, second] = *repeated;
+    detail::fail<FormatError>("tensor \"", _tensors[second].name, "\" appears in both ",
+                              _files[_tensors[first].file_index].path.string(), " and ",
+                              _files[_tensors[second].file_index].path.string());
   }
+  _by_name = std::move(index);
 }
 
 const TensorInfo* Checkpoint::find(std::string_view name) const {
-  auto it = _by_name.find(std::string(name));
-  return it == _by_name.end() ? nullptr : &_tensors[it->second];
+  if (!_by_name) return nullptr;
+  const std::size_t at = _by_name->find(name, _tensors);
+  return at == detail::NameIndex::npos ? nullptr : &_tensors[at];
 }
 
 }  // namespace ferry

@@ -2,17 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "ferry/error.hpp"
-#include "format/strict_json.hpp"
+#include "format/safetensors_json.hpp"
 #include "format/tensor_layout.hpp"
 #include "io/file_descriptor.hpp"
 
 namespace ferry {
 namespace {
-
-using Json = nlohmann::json;
 
 std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
   std::uint64_t value = 0;
@@ -22,68 +19,6 @@ std::uint64_t read_le_u64(std::span<const std::byte> bytes) {
 
 // A safetensors header nests three levels deep (header, tensor, shape).
 constexpr int kMaxHeaderDepth = 8;
-
-std::map<std::string, std::string> parse_metadata(const Json& value, std::string_view label) {
-  FERRY_FORMAT_EXPECT(value.is_object(), label, ": __metadata__ is not an object");
-  std::map<std::string, std::string> metadata;
-  for (const auto& [key, item] : value.items()) {
-    FERRY_FORMAT_EXPECT(item.is_string(), label, ": __metadata__ value of \"", key,
-                        "\" is not a string");
-    metadata.emplace(key, item.get<std::string>());
-  }
-  return metadata;
-}
-
-std::uint64_t as_u64(const Json& value, std::string_view label, std::string_view tensor,
-                     std::string_view field) {
-  FERRY_FORMAT_EXPECT(
-      value.is_number_unsigned() || (value.is_number_integer() && value.get<std::int64_t>() >= 0),
-      label, ": tensor \"", tensor, "\": ", field,
-      " holds a value that is not a non-negative integer: ", detail::describe_json(value));
-  return value.get<std::uint64_t>();
-}
-
-TensorInfo parse_tensor(const std::string& name, const Json& entry, std::uint64_t data_bytes,
-                        std::string_view label) {
-  FERRY_FORMAT_EXPECT(!name.empty(), label, ": a tensor has an empty name");
-  // Fields other than these three are ignored, as safetensors ignores them.
-  FERRY_FORMAT_EXPECT(entry.is_object(), label, ": tensor \"", name, "\" is not an object");
-  FERRY_FORMAT_EXPECT(entry.contains("dtype") && entry["dtype"].is_string(), label, ": tensor \"",
-                      name, "\": missing or non-string dtype");
-  FERRY_FORMAT_EXPECT(entry.contains("shape") && entry["shape"].is_array(), label, ": tensor \"",
-                      name, "\": missing or non-array shape");
-  FERRY_FORMAT_EXPECT(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
-                          entry["data_offsets"].size() == 2,
-                      label, ": tensor \"", name, "\": data_offsets must be [begin, end]");
-
-  TensorInfo info;
-  info.name = name;
-  auto dtype_text = entry["dtype"].get<std::string>();
-  auto dtype = dtype_from_name(dtype_text);
-  FERRY_FORMAT_EXPECT(dtype.has_value(), label, ": tensor \"", name, "\": unknown dtype \"",
-                      dtype_text, "\"");
-  info.dtype = *dtype;
-
-  for (const auto& dim : entry["shape"]) info.shape.push_back(as_u64(dim, label, name, "shape"));
-  const auto size = tensor_byte_size(info.dtype, info.shape);
-  FERRY_FORMAT_EXPECT(size.has_value(), label, ": tensor \"", name, "\": shape ",
-                      entry["shape"].dump(), " of ", dtype_text,
-                      " overflows 64 bits or does not fill whole bytes");
-  const std::uint64_t expected = *size;
-
-  std::uint64_t begin = as_u64(entry["data_offsets"][0], label, name, "data_offsets");
-  std::uint64_t end = as_u64(entry["data_offsets"][1], label, name, "data_offsets");
-  FERRY_FORMAT_EXPECT(begin <= end, label, ": tensor \"", name, "\": data_offsets [", begin, ", ",
-                      end, "] are reversed");
-  FERRY_FORMAT_EXPECT(end <= data_bytes, label, ": tensor \"", name, "\": data_offsets [", begin,
-                      ", ", end, "] run past the ", data_bytes, " data bytes of the file");
-  FERRY_FORMAT_EXPECT(end - begin == expected, label, ": tensor \"", name, "\": shape ",
-                      entry["shape"].dump(), " of ", dtype_text, " needs ", expected,
-                      " bytes but data_offsets hold ", end - begin);
-  info.offset = begin;  // made absolute by the caller
-  info.size = end - begin;
-  return info;
-}
 
 // The data section holds the tensors back to back from its first byte, as the format requires
 // (so that a file cannot carry a second payload between them); `tensors` are sorted, absolute.
@@ -138,17 +73,8 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> prefix,
   SafetensorsHeader header;
   header.data_start = 8 + header_bytes;
   const std::uint64_t data_bytes = file_size - header.data_start;
-  // Member by member: no DOM of every tensor is built (it dominated the parse of large headers).
-  const detail::MemberHandler on_member = [&](std::string&& key, Json&& value) {
-    if (key == "__metadata__") {
-      header.metadata = parse_metadata(value, label);
-      header.has_metadata = true;
-    } else {
-      header.tensors.push_back(parse_tensor(key, value, data_bytes, label));
-    }
-  };
-  detail::parse_strict_json_members(std::string_view(text, header_bytes), label, kMaxHeaderDepth,
-                                    on_member);
+  detail::parse_safetensors_json(std::string_view(text, header_bytes), data_bytes, label,
+                                 kMaxHeaderDepth, header);
 
   detail::finish_tensor_layout(header.tensors, header.data_start, label);
   check_packed(header.tensors, header.data_start, label);

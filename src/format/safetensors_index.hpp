@@ -2,17 +2,20 @@
 // Shards must sit beside the index; names are normalised so that "./a" and "a" name one shard.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ferry::detail {
 
 struct SafetensorsIndex {
-  std::vector<std::string> shards;                      // in first-mention order
-  std::map<std::string, std::string> shard_of_tensor;  // tensor -> shard file name
+  std::vector<std::string> shards;  // in first-mention order
+  // (tensor, its shard's position in `shards`) in the index's order; each tensor once (the
+  // strict parser refuses a repeated key).
+  std::vector<std::pair<std::string, std::uint32_t>> shard_of_tensor;
 };
 
 // Throws FormatError naming `label` for anything but a weight_map of shards beside the index.

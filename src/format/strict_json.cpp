@@ -1,7 +1,6 @@
 #include "format/strict_json.hpp"
 
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "ferry/error.hpp"
@@ -13,15 +12,11 @@ using Json = nlohmann::json;
 
 // Builds the DOM from nlohmann's SAX events, refusing repeated keys and deep nesting as it goes.
 // (nlohmann's own callback parser rescans the enclosing object each time an object ends, which
-// made a header of n tensors cost O(n^2): 80,000 tensors ran for minutes.)
-// With `on_member`, the root must be an object and each of its members is handed over as soon
-// as its value is complete, never kept: a header of 100,000 tensors then needs no DOM of 100,000
-// members (whose insertion and final release dominated the parse).
+// made a JSON object of n members cost O(n^2): 80,000 ran for minutes.)
 class StrictDomBuilder {
  public:
-  StrictDomBuilder(Json& root, std::string_view label, int max_depth,
-                   const MemberHandler* on_member = nullptr)
-      : _root(root), _label(label), _max_depth(max_depth), _on_member(on_member) {}
+  StrictDomBuilder(Json& root, std::string_view label, int max_depth)
+      : _root(root), _label(label), _max_depth(max_depth) {}
 
   bool null() { return add(nullptr); }
   bool boolean(bool value) { return add(value); }
@@ -36,11 +31,9 @@ class StrictDomBuilder {
     return true;
   }
   bool key(Json::string_t& key) {
-    // Every earlier key of this object already holds its value (placed when it began); the
-    // root's members are not kept in member mode, so their keys are.
-    const bool repeated = streaming_members() && _open.size() == 1 ? !_root_keys.insert(key).second
-                                                                   : _open.back()->contains(key);
-    FERRY_FORMAT_EXPECT(!repeated, _label, ": key \"", key, "\" appears twice in one object");
+    // Every earlier key of this object already holds its value (placed when it began).
+    FERRY_FORMAT_EXPECT(!_open.back()->contains(key), _label, ": key \"", key,
+                        "\" appears twice in one object");
     _pending_key = std::move(key);
     return true;
   }
@@ -66,15 +59,8 @@ class StrictDomBuilder {
   // no pointer into it is held.
   Json* place(Json&& value) {
     if (_open.empty()) {
-      FERRY_FORMAT_EXPECT(!streaming_members() || value.is_object(), _label,
-                          ": JSON is not an object");
       _root = std::move(value);
       return &_root;
-    }
-    if (streaming_members() && _open.size() == 1) {
-      _member_key = std::move(_pending_key);
-      _member = std::move(value);
-      return &_member;
     }
     Json& parent = *_open.back();
     if (parent.is_array()) {
@@ -87,15 +73,9 @@ class StrictDomBuilder {
   template <class T>
   bool add(T&& value) {
     place(Json(std::forward<T>(value)));
-    if (streaming_members() && _open.size() == 1) hand_over_member();
     return true;
   }
-  void close() {
-    _open.pop_back();
-    if (streaming_members() && _open.size() == 1) hand_over_member();
-  }
-  bool streaming_members() const { return _on_member != nullptr; }
-  void hand_over_member() { (*_on_member)(std::move(_member_key), std::move(_member)); }
+  void close() { _open.pop_back(); }
   void open(Json&& container) {
     FERRY_FORMAT_EXPECT(static_cast<int>(_open.size()) < _max_depth, _label,
                         ": JSON nests deeper than ", _max_depth, " levels");
@@ -105,12 +85,8 @@ class StrictDomBuilder {
   Json& _root;
   std::string_view _label;
   int _max_depth;
-  const MemberHandler* _on_member;
   std::vector<Json*> _open;  // containers not yet closed, innermost last
   std::string _pending_key;
-  std::unordered_set<std::string> _root_keys;  // member mode: the root's keys so far
-  std::string _member_key;                     // member mode: the root member being built
-  Json _member;
 };
 
 }  // namespace
@@ -120,13 +96,6 @@ nlohmann::json parse_strict_json(std::string_view text, std::string_view label, 
   StrictDomBuilder builder(root, label, max_depth);
   Json::sax_parse(text.begin(), text.end(), &builder);
   return root;
-}
-
-void parse_strict_json_members(std::string_view text, std::string_view label, int max_depth,
-                               const MemberHandler& on_member) {
-  Json root;
-  StrictDomBuilder builder(root, label, max_depth, &on_member);
-  Json::sax_parse(text.begin(), text.end(), &builder);
 }
 
 std::string describe_json(const nlohmann::json& value) {

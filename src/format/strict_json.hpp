@@ -2,7 +2,6 @@
 // only exhaust the stack) and a key repeated in any object is refused (it would hide a value).
 #pragma once
 
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -12,14 +11,6 @@ namespace ferry::detail {
 // Throws FormatError naming `label` for invalid JSON, nesting deeper than `max_depth`, or a key
 // that appears twice in one object.
 nlohmann::json parse_strict_json(std::string_view text, std::string_view label, int max_depth);
-
-using MemberHandler = std::function<void(std::string&& key, nlohmann::json&& value)>;
-
-// The same checks for a JSON object read member by member: `on_member` gets each member of the
-// root object as soon as its value is complete, in file order, and nothing is kept. Throws
-// FormatError also where the root is not an object.
-void parse_strict_json_members(std::string_view text, std::string_view label, int max_depth,
-                               const MemberHandler& on_member);
 
 // A short description of a JSON value for error messages: primitives as JSON, containers by kind
 // (never a recursive dump of untrusted input).

@@ -12,9 +12,12 @@ void finish_tensor_layout(std::vector<TensorInfo>& tensors, std::uint64_t data_s
   for (const auto& t : tensors)
     FERRY_FORMAT_EXPECT(t.name.find('\0') == std::string::npos, label, ": tensor \"",
                         t.name.substr(0, t.name.find('\0')), "\\0...\": a NUL character in a name");
-  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+  const auto by_offset = [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
-  });
+  };
+  // Writers usually list tensors in data order: one pass instead of a sort then.
+  if (!std::is_sorted(tensors.begin(), tensors.end(), by_offset))
+    std::sort(tensors.begin(), tensors.end(), by_offset);
   for (std::size_t i = 1; i < tensors.size(); ++i) {
     const auto& prev = tensors[i - 1];
     const auto& cur = tensors[i];

@@ -21,15 +21,9 @@ namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-
-std::unique_ptr<std::byte, FreeDeleter> bounce_buffer(std::uint64_t bytes) {
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  return std::unique_ptr<std::byte, FreeDeleter>(static_cast<std::byte*>(p));
-}
+constexpr std::size_t kMaxThreads = 4;
+constexpr std::uint64_t kInFlightBytes = 16ull << 20;  // the blocks a batch has in flight at once
+constexpr std::uint64_t kKeptBytes = 64ull << 20;      // the most bounce memory kept between calls
 
 std::uint64_t total(std::span<const BlockSpan> pieces) {
   std::uint64_t sum = 0;
@@ -72,22 +66,39 @@ void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, cons
                                    std::generic_category().message(error));
 }
 
-// Runs `one(request, bounce buffer)` over the batch on up to kMaxThreads threads (the caller's
-// among them), each with its own bounce buffer: several blocks in flight keep a device queue
-// busy where one positioned I/O at a time would not.
+}  // namespace
+
+HostBlockIo::Buffer HostBlockIo::take_buffer() {
+  {
+    std::lock_guard lock(_idle_mutex);
+    if (!_idle.empty()) {
+      Buffer b = std::move(_idle.back());
+      _idle.pop_back();
+      return b;
+    }
+  }
+  void* p = std::aligned_alloc(kAlign, _slot_bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return Buffer(static_cast<std::byte*>(p));
+}
+
+void HostBlockIo::give_buffer(Buffer buffer) {
+  std::lock_guard lock(_idle_mutex);
+  if ((_idle.size() + 1) * _slot_bytes <= kKeptBytes) _idle.push_back(std::move(buffer));
+}
+
 template <class One>
-void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One&& one) {
-  constexpr std::size_t kMaxThreads = 4;
-  constexpr std::uint64_t kMaxBounceBytes = 256ull << 20;  // all threads' buffers together
+void HostBlockIo::for_each_block(std::span<BlockRequest> batch, One&& one) {
   std::atomic<std::size_t> next{0};
   std::vector<char> handled(batch.size(), 0);
   std::string error;
   std::mutex error_mutex;
   const auto work = [&] {
     try {
-      auto buffer = bounce_buffer(slot_bytes);
+      Buffer buffer = take_buffer();
       for (std::size_t i; (i = next.fetch_add(1)) < batch.size(); handled[i] = 1)
         one(batch[i], buffer.get());
+      give_buffer(std::move(buffer));
     } catch (const std::exception& e) {  // no buffer: the other threads take the rest
       std::lock_guard lock(error_mutex);
       if (error.empty()) error = e.what();
@@ -95,7 +106,7 @@ void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One
   };
   std::vector<std::thread> helpers;
   const std::size_t threads = std::min<std::size_t>(
-      {kMaxThreads, batch.size(), std::max<std::uint64_t>(1, kMaxBounceBytes / slot_bytes)});
+      {kMaxThreads, batch.size(), std::max<std::uint64_t>(1, kInFlightBytes / _slot_bytes)});
   try {
     for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
   } catch (const std::system_error&) {
@@ -110,10 +121,8 @@ void for_each_block(std::span<BlockRequest> batch, std::uint64_t slot_bytes, One
     }
 }
 
-}  // namespace
-
 void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
-  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
+  for_each_block(batch, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
     std::byte* at = buffer;
@@ -136,7 +145,7 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
 }
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {
-  for_each_block(batch, _slot_bytes, [&](BlockRequest& request, std::byte* buffer) {
+  for_each_block(batch, [&](BlockRequest& request, std::byte* buffer) {
     const std::uint64_t length = total(request.pieces);
     FERRY_ASSERT(length <= _slot_bytes);
     request.route = KVRoute::host;

@@ -172,30 +172,26 @@ def test_torch_slices_follow_torch_rules(small):
         assert torch.equal(f.get_slice("s")[()], tensors["s"])
 
 
-class Recorder:
-    """Stands in for a handle's reader, recording the byte ranges read."""
-
-    def __init__(self, reader):
-        self.reader, self.reads = reader, []
-
-    def read(self, name, begin, length, address):
-        self.reads.append((name, begin, length))
-        return self.reader.read(name, begin, length, address)
-
-
-@pytest.mark.parametrize("framework", ["pt", "np"])
-def test_slices_of_leading_rows_read_only_those_rows(tmp_path, framework):
+@pytest.mark.parametrize("framework,backend", [("pt", "mmap"), ("pt", "pread"), ("np", "mmap")])
+def test_slices_read_only_their_bytes(tmp_path, framework, backend):
+    """Row blocks read their rows; column blocks (tensor parallelism's other split) read only
+    each row's part; bytes_read counts what the files gave."""
     weights = torch.arange(1000 * 16, dtype=torch.float32).reshape(1000, 16)
+    wide = torch.arange(64 * 512, dtype=torch.float32).reshape(64, 512)
     path = tmp_path / "rows.safetensors"
-    safetensors.torch.save_file({"w": weights}, str(path))
-    with ferry.safe_open(path, framework) as f:
-        f._reader = recorder = Recorder(f._reader)
-        part = f.get_slice("w")[500:750]
-        assert recorder.reads == [("w", 500 * 64, 250 * 64)]
-        assert as_bytes(part) == as_bytes(weights[500:750])
-        recorder.reads.clear()
-        assert as_bytes(f.get_slice("w")[3, 2:5]) == as_bytes(weights[3, 2:5])
-        assert recorder.reads == [("w", 3 * 64, 64)]
+    safetensors.torch.save_file({"w": weights, "wide": wide}, str(path))
+    with ferry.safe_open(path, framework, backend=backend) as f:
+        cases = [("w", (slice(500, 750),), 250 * 64), ("w", (3, slice(2, 5)), 3 * 4),
+                 ("wide", (slice(None), slice(0, 256)), 64 * 256 * 4),
+                 ("wide", (slice(10, 20), slice(256, 512)), 10 * 256 * 4),
+                 ("wide", (slice(None), slice(0, 512, 2)), 64 * 512 * 4)]  # tiny ranges: rows
+        for name, index, want_bytes in cases:
+            before = f.stats()["bytes_read"]
+            part = f.get_slice(name)[index]
+            want = (weights if name == "w" else wide)[index]
+            assert as_bytes(part) == as_bytes(want), index
+            assert tuple(part.shape) == tuple(want.shape), index
+            assert f.stats()["bytes_read"] - before == want_bytes, index
 
 
 def test_get_tensor_equals_safetensors_for_every_dtype(tmp_path):
@@ -366,7 +362,7 @@ def test_load_model_with_tied_weights(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path):
-    """Through the handle's pinned buffer, in pieces for a tensor larger than it (64 MiB)."""
+    """Through the transfer engine (a tensor of several chunks, tiny and empty ones)."""
     generator = torch.Generator().manual_seed(1)
     tensors = {"big": torch.randint(0, 255, ((64 << 20) + 4099,), dtype=torch.uint8, generator=generator),
                "w": torch.rand((300, 70), generator=generator).to(torch.bfloat16),
@@ -384,6 +380,70 @@ def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path):
             assert all(as_bytes(everything[n]) == as_bytes(t) for n, t in tensors.items())
     loaded = ferry.torch.load_file(path, device="cuda:0")
     assert all(as_bytes(loaded[n]) == as_bytes(t) for n, t in tensors.items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_read_ahead_to_cuda_follows_the_order_and_stays_out_of_random_access(tmp_path, monkeypatch):
+    """Keys taken in keys() order or in file order are read ahead (hits) and equal the host path;
+    keys taken at random read exactly what is asked for; a handle closed with reads ahead in
+    flight cancels them."""
+    from ferry import _read_ahead
+
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_BYTES", 3 << 20)  # a window of a few tensors
+    generator = torch.Generator().manual_seed(3)
+    tensors = {f"t{i:02d}": torch.rand((256, 1024 + i), generator=generator) for i in range(24)}
+    # First in keys(), last in the file (safetensors writes wider dtypes first).
+    tensors["a_half"] = torch.rand((512, 300), generator=generator).to(torch.float16)
+    path = tmp_path / "ahead.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    with ferry.safe_open(path, "pt") as host:
+        file_order = host.offset_keys()
+    assert file_order != sorted(tensors)
+    for order in (sorted(tensors), file_order):
+        with ferry.safe_open(path, "pt", device="cuda:0") as f:
+            for name in order:
+                got = f.get_tensor(name)
+                torch.cuda.synchronize()
+                assert as_bytes(got) == as_bytes(tensors[name]), name
+                del got  # its memory goes back to torch's cache and may hold the next read
+            stats = f.stats()
+            assert stats["read_ahead_hits"] >= len(order) - 2, stats
+            assert stats["read_ahead_wasted_bytes"] == 0, stats
+    # Strides of 7 through 25 names: no two calls follow each other in either order.
+    shuffled = [sorted(tensors)[(3 + 7 * k) % 25] for k in range(25)]
+    with ferry.safe_open(path, "pt", device="cuda:0") as f:
+        for name in shuffled[:10]:
+            assert as_bytes(f.get_tensor(name)) == as_bytes(tensors[name]), name
+        stats = f.stats()
+        asked = sum(tensors[n].numel() * tensors[n].element_size() for n in shuffled[:10])
+        # Only what was asked for (O_DIRECT may widen each read to 4 KiB pages at both ends).
+        assert asked <= stats["bytes_read"] <= asked + 10 * 8192, stats
+    f = ferry.safe_open(path, "pt", device="cuda:0")
+    f.get_tensor(sorted(tensors)[0])
+    f.get_tensor(sorted(tensors)[1])  # sequential: the next tensors are in flight now
+    f.__exit__(None, None, None)
+    with pytest.raises(ferry.SafetensorError):
+        f.get_tensor(sorted(tensors)[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_slices_to_cuda_read_only_their_bytes_through_the_engine(tmp_path):
+    """Row blocks, column blocks (one extent per row part) and the covering-rows fallback (a
+    step in the last dimension) land on the GPU equal to the host slices."""
+    generator = torch.Generator().manual_seed(6)
+    wide = torch.rand((96, 1024), generator=generator).to(torch.bfloat16)
+    path = tmp_path / "wide.safetensors"
+    safetensors.torch.save_file({"wide": wide}, str(path))
+    cases = [((slice(0, 48),), 48 * 2048), ((slice(None), slice(0, 512)), 96 * 1024),
+             ((slice(5, 9), slice(512, 1024)), 4 * 1024), ((slice(None), slice(0, 1024, 2)), None)]
+    with ferry.safe_open(path, "pt", device="cuda:0") as f:
+        for index, want_bytes in cases:
+            before = f.stats()["bytes_read"]
+            part = f.get_slice("wide")[index]
+            assert part.device == torch.device("cuda:0"), index
+            assert as_bytes(part) == as_bytes(wide[index]), index
+            if want_bytes is not None:
+                assert f.stats()["bytes_read"] - before == want_bytes, index
 
 
 def test_eight_threads_share_one_handle_and_open_their_own(tmp_path):
@@ -406,3 +466,40 @@ def test_eight_threads_share_one_handle_and_open_their_own(tmp_path):
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         assert sum(pool.map(work, range(8))) == len(tensors)
+
+
+def test_read_ahead_logic_on_host_memory(tmp_path, monkeypatch):
+    """The read-ahead that serves cuda:N handles, run to host memory: the orders it follows, its
+    memory bound, and random access reading exactly what is asked for."""
+    from ferry import _ferry, _read_ahead
+
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_BYTES", 3 * 40000)
+    generator = torch.Generator().manual_seed(4)
+    tensors = {f"t{i:02d}": torch.rand((100, 100), generator=generator) for i in range(12)}
+    tensors["a_half"] = torch.rand((100, 100), generator=generator).to(torch.float16)
+    path = tmp_path / "ahead.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    checkpoint = _ferry.Checkpoint.open(str(path))
+    names = checkpoint.names()
+    size_of = lambda name: checkpoint.tensor(name)[2]
+    for order in (sorted(tensors), names):
+        reader = _ferry.TensorReader(checkpoint)
+        ahead = _read_ahead.ReadAhead(reader, names, "cpu", size_of)
+        for name in order:
+            got = ahead.take(name, size_of(name))
+            assert got.numpy().tobytes() == as_bytes(tensors[name]), name
+            assert ahead._pending_bytes <= _read_ahead.READ_AHEAD_BYTES
+        assert ahead.hits == len(order) - 1 and ahead.wasted_bytes == 0
+        assert reader.bytes_read == sum(size_of(n) for n in names)
+    reader = _ferry.TensorReader(checkpoint)
+    ahead = _read_ahead.ReadAhead(reader, names, "cpu", size_of)
+    picks = [sorted(tensors)[(3 + 5 * k) % 13] for k in range(13)]  # never one after another
+    for name in picks:
+        assert ahead.take(name, size_of(name)).numpy().tobytes() == as_bytes(tensors[name]), name
+    assert ahead.hits == 0 and ahead.wasted_bytes == 0 and reader.bytes_read == sum(map(size_of, picks))
+    # A wrong guess is dropped and counted.
+    ahead.take(sorted(tensors)[0], size_of(sorted(tensors)[0]))
+    ahead.take(sorted(tensors)[1], size_of(sorted(tensors)[1]))
+    ahead.take(sorted(tensors)[9], size_of(sorted(tensors)[9]))
+    assert ahead.wasted_bytes > 0 and ahead._pending_bytes == 0
+    ahead.close()
