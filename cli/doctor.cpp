@@ -166,6 +166,15 @@ void print_text(const Json& r) {
   if (ds.contains("cuda0_adapter"))
     std::printf("  D3D12 adapter of cuda:0: %s\n",
                 printable(ds["cuda0_adapter"].get<std::string>()).c_str());
+  const Json& n = r["nccl"];
+  if (n["loaded"].get<bool>()) {
+    const int v = n["version"].get<int>();
+    std::printf("NCCL: %d.%d.%d from %s (multi-GPU loads: --device cuda:0,cuda:1)\n", v / 10000,
+                v / 100 % 100, v % 100, printable(n["path"].get<std::string>()).c_str());
+  } else {
+    std::printf("NCCL: not found (%s)\n",
+                printable(n["why_not_loaded"].get<std::string>()).c_str());
+  }
   const Json& e = r["engine"];
   std::printf(
       "engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
@@ -222,6 +231,9 @@ void add_doctor(CLI::App& app) {
     const DirectStorageFacts ds = directstorage_facts();
     report["directstorage"] = {{"available", ds.available}, {"reason", ds.reason}};
     if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
+    const NcclFacts nccl = nccl_facts();
+    report["nccl"] = {{"loaded", nccl.loaded}, {"path", nccl.path},
+                      {"why_not_loaded", nccl.why_not_loaded}, {"version", nccl.version}};
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},

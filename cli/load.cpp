@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
+#include "ferry/error.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
@@ -14,6 +15,7 @@
 #include "ferry/utf8_path.hpp"
 #include "host_memory.hpp"
 #include "load_command.hpp"
+#include "load_fanout.hpp"
 #include "progress.hpp"
 #include "report.hpp"
 
@@ -68,11 +70,23 @@ void add_load(CLI::App& app) {
   static std::string threads = "0";
   static std::string slots = "0";
   static unsigned repeat = 1;
-  cmd->add_option("path", path,
+  static bool tensor_parallel = false;
+  static unsigned round_mib = 0;
+    cmd->add_option("path", path,
                   "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
-  cmd->add_option("--device", device, "cuda:N, cpu, or auto (the first GPU, else host memory)")
+  cmd->add_option("--device", device,
+                  "cuda:N, cpu, or auto (the first GPU, else host memory); several, "
+                  "comma-separated (cuda:0,cuda:1), load onto each at once, reading every byte "
+                  "once")
       ->capture_default_str();
+  cmd->add_flag("--tensor-parallel", tensor_parallel,
+                "with several devices: each holds its tensor-parallel slices (as vLLM shards "
+                "Llama/Qwen/Mistral) instead of a whole replica");
+  cmd->add_option("--round-mib", round_mib,
+                  "with several devices: each device's share of one all-gather round "
+                  "(default: 256)")
+      ->check(CLI::Range(0u, 65536u));
   cmd->add_flag("--hash", hash,
                 "print name, dtype, shape and XXH3-64 of each tensor as loaded, sorted by name "
                 "(statistics then go to stderr); for GGUF the ggml type and dims, ne[0] first");
@@ -96,7 +110,8 @@ void add_load(CLI::App& app) {
       ->check(CLI::Range(1u, 1000000u));
   cmd->callback([] {
     LoadOptions options;
-    options.device = resolve_device(device);
+    const bool several = lists_several_devices(device);
+    options.device = several ? Device::cpu() : resolve_device(device);
     options.names = names;
     set_load_option(options, "io", io);
     set_load_option(options, "backend", backend);
@@ -105,7 +120,6 @@ void add_load(CLI::App& app) {
     set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
     set_load_option(options, "threads", threads);
     set_load_option(options, "slots", slots);
-    auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)
@@ -115,6 +129,13 @@ void add_load(CLI::App& app) {
     ::sigaction(SIGINT, &on_int, nullptr);
 #endif
     options.keep_going = [] { return interrupted == 0; };
+    if (several) {
+      return run_fanout_load({path, device, options, tensor_parallel, hash, json, repeat,
+                              std::uint64_t{round_mib} << 20});
+    }
+    FERRY_EXPECT(!tensor_parallel, std::invalid_argument,
+                 "--tensor-parallel needs several devices (--device cuda:0,cuda:1)");
+    auto checkpoint = Checkpoint::open_shared(path_from_utf8(path));
     // CUDA start-up is held outside the measured loads, as in a server that already runs.
     prepare_device(options.device);
     std::FILE* report = hash ? stderr : stdout;

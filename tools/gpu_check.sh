@@ -18,6 +18,9 @@
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py. The device tool
+#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
+#   mgpu (not in the default; 2+ GPUs): multi-GPU loading (ctest -L gpu2, replicas' hashes beside
+#   a single-GPU load, bench/multi_gpu_bench.py). The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -36,6 +39,9 @@ models="qwen3-0.6b llama3-8b moe-16x64"
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 export PYTHONUNBUFFERED=1
+# NVLink multicast can take a multi-GPU host's GPUs out of service: off in every process of every
+# stage (ferry itself never changes the environment).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # cuFile's configuration: compatibility mode allowed (this machine has no nvidia-fs), logs out
 # of the working tree.
 export CUFILE_ENV_PATH_JSON=$root/tests/data/cufile.json
@@ -288,6 +294,41 @@ stream_checks() {
   (cd bench && python3 moe_bench.py --json "$OUT/moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# Multi-GPU loading (issue 15) on every GPU of the machine. NVLink multicast can take a host's
+# GPUs out of service: every process of this stage runs with it off (ferry never turns it on
+# itself and never changes the user's environment).
+mgpu() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  log "multi-GPU tests on $gpus GPUs (ctest -L gpu2; planner and host-rank tests)"
+  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
+    { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-mgpu.log" | head -80; }
+  grep -E "tests passed|SKIPPED|Skipped" "$OUT/ctest-mgpu.log" | tee -a "$OUT/summary.txt"
+  log "torch.distributed loads (gloo on the CPU, NCCL on the GPUs)"
+  python3 -m pytest -q tests/python/test_distributed.py 2>&1 | tail -5 | tee -a "$OUT/summary.txt" || status=1
+  models=llama3-8b checkpoints
+  local all="cuda:0"
+  for ((i = 1; i < gpus; i++)); do all="$all,cuda:$i"; done
+  log "replicas on $all: every GPU's hashes equal a single-GPU load's"
+  mkdir -p /tmp/hashes
+  "$ferry" load "$ckpts/llama3-8b" --device cuda:0 --hash >/tmp/hashes/single.txt 2>/dev/null
+  "$ferry" load "$ckpts/llama3-8b" --device "$all" --hash >/tmp/hashes/multi.txt 2>/tmp/hashes/multi.log || \
+    { status=1; tail -5 /tmp/hashes/multi.log; }
+  grep -E "^(loaded|read from|cuda|collectives)" /tmp/hashes/multi.log | tee -a "$OUT/summary.txt"
+  for ((i = 0; i < gpus; i++)); do
+    if grep -P "^cuda:$i\t" /tmp/hashes/multi.txt | cut -f2- | cmp -s - /tmp/hashes/single.txt; then
+      echo "cuda:$i replica: identical to the single-GPU load ($(wc -l </tmp/hashes/single.txt) tensors)" | tee -a "$OUT/summary.txt"
+    else
+      echo "cuda:$i replica: DIFFERENT from the single-GPU load" | tee -a "$OUT/summary.txt"; status=1
+    fi
+  done
+  "$ferry" load "$ckpts/llama3-8b" --device "$all" --tensor-parallel 2>/dev/null | tee -a "$OUT/summary.txt" || status=1
+  log "multi-GPU benchmark (bench/multi_gpu_bench.py)"
+  (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --gpus "$gpus" \
+    --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
@@ -297,6 +338,7 @@ want dropin && dropin
 want core && core_checks
 want kv && kv_stage
 want stream && stream_checks
+want mgpu && mgpu
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

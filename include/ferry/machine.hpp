@@ -56,6 +56,15 @@ DirectStorageFacts directstorage_facts();
 // This machine's physical memory in bytes.
 std::uint64_t physical_memory_bytes();
 
+// NCCL, for loads onto several GPUs from one process: found (where) or not (why), its version.
+struct NcclFacts {
+  bool loaded = false;
+  std::string path;
+  std::string why_not_loaded;
+  int version = 0;  // 22703 for 2.27.3
+};
+NcclFacts nccl_facts();
+
 // The file system type of the mount holding `path` ("ext4", "tmpfs", "NTFS", ...).
 std::string filesystem_name(const std::filesystem::path& path);
 

@@ -12,6 +12,9 @@ namespace ferry {
 
 std::uint64_t tensor_digest(const LoadedCheckpoint& loaded, const LoadedTensor& tensor);
 
+// The digest of `size` bytes at `data` on `device` (read back in pieces from a GPU).
+std::uint64_t memory_digest(const Device& device, const void* data, std::uint64_t size);
+
 // The same digest of bytes in host memory.
 std::uint64_t bytes_digest(std::span<const std::byte> bytes);
 

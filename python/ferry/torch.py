@@ -19,9 +19,9 @@ from ._save import torch_save as save, torch_save_file as save_file, torch_write
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-__all__ = ["ExpertOffload", "Offload", "SafetensorError", "iterate_weights", "load", "load_file",
-           "load_into", "load_model", "load_with_stats", "offload", "offload_experts", "plan_offload",
-           "safe_open", "save", "save_file"]
+__all__ = ["ExpertOffload", "iterate_weights", "load", "load_file", "load_into", "load_model",
+           "load_with_stats", "Offload", "offload", "offload_experts", "plan_offload", "safe_open",
+           "SafetensorError", "save", "save_file", "slice_plan"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
@@ -55,12 +55,31 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
 
 
 def load_file(filename: PathLike, device: Union[str, int] = "cpu", *,
-              backend: str = "mmap") -> Dict[str, torch.Tensor]:
+              backend: str = "mmap", process_group: Any = None,
+              shard: Any = None) -> Dict[str, torch.Tensor]:
     """Like safetensors.torch.load_file; `filename` may also be a shard directory or an index.
     `backend` is accepted as safetensors accepts it ("mmap" or "pread"); ferry reads the same
-    way for both (its engine, no mapping)."""
+    way for both (its engine, no mapping).
+
+    With a torch.distributed `process_group` (every rank calls it, each with its own device), the
+    group reads every byte once and shares it: each rank gets whole tensors (shard None), its
+    tensor-parallel slices ("tensor_parallel": vLLM's sharding of Llama/Qwen/Mistral names), or
+    the slices a dict or callable gives (name -> None, dim, or (dim, [length per rank]))."""
     check_backend(backend)
+    if process_group is not None or shard is not None:
+        from ._distributed import load_sharded
+        if process_group is None and not torch.distributed.is_initialized():
+            raise ValueError("shard needs a process group (torch.distributed is not initialized)")
+        return load_sharded(filename, device, process_group, shard)
     return load_with_stats(filename, device)[0]
+
+
+def slice_plan(path: PathLike, ranks: int, shard: Any = "tensor_parallel",
+               names: Optional[Iterable[str]] = None):
+    """Per rank: name -> (dim, begin, end, shape) of what load_file(..., shard=shard) gives it
+    (dim -1: the whole tensor)."""
+    from ._distributed import slice_plan as plan
+    return plan(path, ranks, shard, names)
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
@@ -177,15 +196,22 @@ def _alias_groups(tensors: Dict[str, torch.Tensor]) -> List[List[str]]:
 
 
 def load_into(target: Union[torch.nn.Module, Dict[str, torch.Tensor]], path: PathLike,
-              strict: bool = True, **engine) -> dict:
+              strict: bool = True, process_group: Any = None, shard: Any = None,
+              **engine) -> dict:
     """Fills existing parameters and buffers in place (no second allocation). `target` is a module
     (its state_dict) or a dict of tensors. Tensors that share memory under several names (tied
     weights) are filled once, from whichever of those names the checkpoint holds, and none of
     them is missing then. Each must match the checkpoint's dtype and shape and be contiguous.
     Returns statistics with 'missing' (target names the checkpoint lacks) and 'unexpected'
     (checkpoint names the target lacks), as load_state_dict reports them; with strict, either
-    raises RuntimeError in load_state_dict's words."""
+    raises RuntimeError in load_state_dict's words.
+
+    With `process_group` and `shard` (as load_file takes them), `target` holds this rank's
+    slices: the group reads each byte once and every rank's slices are copied into place."""
     tensors = target.state_dict(keep_vars=True) if isinstance(target, torch.nn.Module) else target
+    if process_group is not None or shard is not None:
+        from ._distributed import load_into_sharded
+        return load_into_sharded(tensors, path, process_group, shard, strict, **engine)
     checkpoint = open_checkpoint(path)
     table = tensor_table(checkpoint)
     missing: List[str] = []

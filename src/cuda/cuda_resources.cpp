@@ -51,7 +51,18 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { FERRY_CU(cuStreamSynchronize, _stream); }
 
-Event::Event() { FERRY_CU(cuEventCreate, &_event, shim::cu::kEventDisableTiming); }
+Event::Event(bool timed) {
+  FERRY_CU(cuEventCreate, &_event, timed ? shim::cu::kEventDefault : shim::cu::kEventDisableTiming);
+}
+
+double Event::elapsed_seconds(const Event& start, const Event& end) {
+  const auto& d = shim::CudaDriver::get();
+  float ms = 0;
+  if (!d.cuEventElapsedTime || !start._recorded || !end._recorded ||
+      d.cuEventElapsedTime(&ms, start._event, end._event) != shim::cu::kSuccess)
+    return 0;
+  return ms / 1e3;
+}
 
 Event::~Event() {
   if (_event) shim::CudaDriver::get().cuEventDestroy(_event);

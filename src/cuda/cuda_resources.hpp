@@ -22,6 +22,7 @@ class PrimaryContext {
   // Each thread that calls the driver must make the context current first.
   void make_current() const;
   int ordinal() const noexcept { return _ordinal; }
+  shim::cu::Context get() const noexcept { return _context; }
 
  private:
   int _ordinal;
@@ -45,7 +46,8 @@ class Stream {
 
 class Event {
  public:
-  Event();
+  // Timed events cost more to record; only they can be passed to elapsed_seconds.
+  explicit Event(bool timed = false);
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   Event(Event&& other) noexcept
@@ -55,6 +57,8 @@ class Event {
   // Waits for the last recorded work; returns at once if nothing was recorded.
   void synchronize() const;
   shim::cu::Event get() const noexcept { return _event; }
+  // Seconds between two recorded, completed, timed events; 0 where the driver cannot say.
+  static double elapsed_seconds(const Event& start, const Event& end);
 
  private:
   shim::cu::Event _event = nullptr;

@@ -22,16 +22,18 @@ struct StateDeleter {
 }  // namespace
 
 std::uint64_t tensor_digest(const LoadedCheckpoint& loaded, const LoadedTensor& tensor) {
-  const std::uint64_t size = tensor.info->size;
-  if (!loaded.device().is_cuda())
-    return bytes_digest({static_cast<const std::byte*>(tensor.data), size});
+  return memory_digest(loaded.device(), tensor.data, tensor.info->size);
+}
+
+std::uint64_t memory_digest(const Device& device, const void* data, std::uint64_t size) {
+  if (!device.is_cuda()) return bytes_digest({static_cast<const std::byte*>(data), size});
 
   std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
   if (state == nullptr || XXH3_64bits_reset(state.get()) != XXH_OK) throw std::bad_alloc();
-  detail::PrimaryContext context(loaded.device().index);
+  detail::PrimaryContext context(device.index);
   context.make_current();
   std::vector<std::byte> piece(std::min(size, kReadbackBytes));
-  const auto base = reinterpret_cast<shim::cu::DevicePtr>(tensor.data);
+  const auto base = reinterpret_cast<shim::cu::DevicePtr>(data);
   for (std::uint64_t done = 0; done < size; done += piece.size()) {
     const std::uint64_t n = std::min<std::uint64_t>(piece.size(), size - done);
     FERRY_CU(cuMemcpyDtoH, piece.data(), base + done, n);

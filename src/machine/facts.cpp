@@ -11,6 +11,8 @@
 #include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
+#include "shim/cuda_driver.hpp"
+#include "shim/nccl.hpp"
 #include "load/settings.hpp"
 #include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"
@@ -89,6 +91,11 @@ DirectStorageFacts directstorage_facts() {
 #else
   return {a.usable, a.reason, {}};
 #endif
+}
+
+NcclFacts nccl_facts() {
+  const auto& l = shim::NcclLibrary::get();
+  return {l.loaded, l.path, l.why_not_loaded, l.version};
 }
 
 std::string filesystem_name(const std::filesystem::path& path) {

@@ -57,9 +57,14 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuEventRecord", d.cuEventRecord, why);
   ok &= resolve(library, "cuEventSynchronize", d.cuEventSynchronize, why);
   ok &= resolve(library, "cuEventQuery", d.cuEventQuery, why);
+  ok &= resolve(library, "cuCtxEnablePeerAccess", d.cuCtxEnablePeerAccess, why);
+  ok &= resolve(library, "cuMemcpy3DPeerAsync", d.cuMemcpy3DPeerAsync, why);
   if (!ok) return d;
   d.cuDeviceGetLuid =
       reinterpret_cast<decltype(d.cuDeviceGetLuid)>(find_symbol(library, "cuDeviceGetLuid"));
+  std::string optional;
+  if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
+    resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

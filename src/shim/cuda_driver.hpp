@@ -22,8 +22,30 @@ using Event = EventState*;
 inline constexpr Result kSuccess = 0;
 inline constexpr unsigned kMemHostRegisterPortable = 0x01;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
+inline constexpr unsigned kEventDefault = 0x0;
 inline constexpr unsigned kEventDisableTiming = 0x2;
 inline constexpr int kAttributePciBusId = 33;
+inline constexpr Result kErrorPeerAccessAlreadyEnabled = 704;
+inline constexpr unsigned kMemoryTypeDevice = 0x02;
+struct ArrayState;
+// CUDA_MEMCPY3D_PEER: a strided copy between (or within) devices' memory.
+struct Memcpy3DPeer {
+  std::size_t srcXInBytes = 0, srcY = 0, srcZ = 0, srcLOD = 0;
+  unsigned srcMemoryType = 0;
+  const void* srcHost = nullptr;
+  DevicePtr srcDevice = 0;
+  ArrayState* srcArray = nullptr;
+  Context srcContext = nullptr;
+  std::size_t srcPitch = 0, srcHeight = 0;
+  std::size_t dstXInBytes = 0, dstY = 0, dstZ = 0, dstLOD = 0;
+  unsigned dstMemoryType = 0;
+  void* dstHost = nullptr;
+  DevicePtr dstDevice = 0;
+  ArrayState* dstArray = nullptr;
+  Context dstContext = nullptr;
+  std::size_t dstPitch = 0, dstHeight = 0;
+  std::size_t WidthInBytes = 0, Height = 0, Depth = 0;
+};
 }  // namespace cu
 
 // A process-wide table of driver entry points. Loaded once, never unloaded (the library is
@@ -75,6 +97,10 @@ struct CudaDriver {
   cu::Result (*cuEventRecord)(cu::Event, cu::Stream) = nullptr;
   cu::Result (*cuEventSynchronize)(cu::Event) = nullptr;
   cu::Result (*cuEventQuery)(cu::Event) = nullptr;
+  cu::Result (*cuCtxEnablePeerAccess)(cu::Context, unsigned) = nullptr;
+  cu::Result (*cuMemcpy3DPeerAsync)(const cu::Memcpy3DPeer*, cu::Stream) = nullptr;
+  // Optional (null where the driver lacks it): timing only, never needed to move bytes.
+  cu::Result (*cuEventElapsedTime)(float*, cu::Event, cu::Event) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

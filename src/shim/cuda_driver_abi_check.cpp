@@ -3,6 +3,7 @@
 // to CUDA's. A mismatch is a build error, never a corrupted call at run time.
 #include <cuda.h>
 
+#include <cstddef>
 #include <type_traits>
 
 #include "shim/cuda_driver.hpp"
@@ -54,6 +55,11 @@ struct Ours<CUevent> {
   using type = cu::Event;
 };
 
+template <>
+struct Ours<CUDA_MEMCPY3D_PEER> {
+  using type = cu::Memcpy3DPeer;
+};
+
 template <class Real, class Declared>
 constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
 
@@ -103,6 +109,36 @@ FERRY_CHECK_ABI(cuEventCreate, cuEventCreate);
 FERRY_CHECK_ABI(cuEventDestroy_v2, cuEventDestroy);
 FERRY_CHECK_ABI(cuEventRecord, cuEventRecord);
 FERRY_CHECK_ABI(cuEventSynchronize, cuEventSynchronize);
+FERRY_CHECK_ABI(cuEventElapsedTime, cuEventElapsedTime);
+FERRY_CHECK_ABI(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess);
+FERRY_CHECK_ABI(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync);
+static_assert(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED == cu::kErrorPeerAccessAlreadyEnabled);
+static_assert(CU_MEMORYTYPE_DEVICE == cu::kMemoryTypeDevice);
+static_assert(sizeof(CUmemorytype) == sizeof(unsigned));
+// The struct field by field: same size and every offset equal.
+static_assert(sizeof(CUDA_MEMCPY3D_PEER) == sizeof(cu::Memcpy3DPeer));
+#define FERRY_CHECK_FIELD(f) \
+  static_assert(offsetof(CUDA_MEMCPY3D_PEER, f) == offsetof(cu::Memcpy3DPeer, f), #f)
+FERRY_CHECK_FIELD(srcXInBytes);
+FERRY_CHECK_FIELD(srcMemoryType);
+FERRY_CHECK_FIELD(srcHost);
+FERRY_CHECK_FIELD(srcDevice);
+FERRY_CHECK_FIELD(srcArray);
+FERRY_CHECK_FIELD(srcContext);
+FERRY_CHECK_FIELD(srcPitch);
+FERRY_CHECK_FIELD(srcHeight);
+FERRY_CHECK_FIELD(dstXInBytes);
+FERRY_CHECK_FIELD(dstMemoryType);
+FERRY_CHECK_FIELD(dstHost);
+FERRY_CHECK_FIELD(dstDevice);
+FERRY_CHECK_FIELD(dstArray);
+FERRY_CHECK_FIELD(dstContext);
+FERRY_CHECK_FIELD(dstPitch);
+FERRY_CHECK_FIELD(dstHeight);
+FERRY_CHECK_FIELD(WidthInBytes);
+FERRY_CHECK_FIELD(Height);
+FERRY_CHECK_FIELD(Depth);  // cuda.h maps it to the current version
+static_assert(CU_EVENT_DEFAULT == cu::kEventDefault);
 
 }  // namespace
 }  // namespace ferry::shim

@@ -1,0 +1,227 @@
+"""Loading across the processes of a torch.distributed process group: every byte read from
+storage once per group, each rank holding whole tensors (replicas) or its tensor-parallel slices.
+
+Every rank computes the same plan (ferry's planner, in C++) and first checks that all ranks agree
+on it (the same files, sizes and slice plan), so that ranks that disagree all fail with the same
+error instead of hanging. Then, round by round: each rank reads its share into its own memory;
+tensors split along an inner dimension are read whole by one rank and sent to the others
+(point-to-point); replicated bytes are all-gathered in place. Collectives are queued
+asynchronously, so the next round's reads overlap them. A rank that dies mid-load makes the others
+fail when the process group's timeout (init_process_group(timeout=...)) runs out.
+
+On machines with NVLink multicast keep NCCL_NVLS_ENABLE=0 (and TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+NVSHMEM_DISABLE_NVLS=1) in every process: ferry does not change the environment itself.
+"""
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _ferry
+from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
+from ._open import open_checkpoint
+
+# shard: None (replicas), "tensor_parallel" (vLLM's Llama/Qwen/Mistral sharding), a dict mapping
+# names to None (whole), a dimension, or (dimension, [length per rank]), or a callable
+# (name, shape) -> one of those. Names a dict or callable leaves out follow `default`.
+Spec = Union[None, int, Tuple[int, List[int]]]
+Shard = Union[None, str, Dict[str, Spec], Callable[[str, List[int]], Spec]]
+
+
+def _global_rank(group, rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return rank
+    if hasattr(dist, "get_global_rank"):
+        return dist.get_global_rank(group, rank)
+    return dist.distributed_c10d._get_global_rank(group, rank)  # torch < 2.0
+
+
+def _specs(checkpoint, shard: Shard) -> Tuple[str, Dict[str, Optional[Tuple[int, List[int]]]]]:
+    if shard is None or shard == "replicate":
+        return "replicate", {}
+    if shard in ("tp", "tensor_parallel"):
+        return "tensor_parallel", {}
+    if isinstance(shard, str):
+        raise ValueError(f'unknown shard "{shard}": expected None, "tensor_parallel", a dict or a '
+                         "callable")
+    table = tensor_table(checkpoint)
+    chosen = {}
+    for name, (_, shape, _) in table.items():
+        if callable(shard):
+            spec = shard(name, list(shape))
+        elif name in shard:
+            spec = shard[name]
+        else:
+            continue
+        if spec is None:
+            chosen[name] = None
+        elif isinstance(spec, int):
+            chosen[name] = (spec, [])
+        else:
+            dim, sizes = spec
+            chosen[name] = (int(dim), [int(s) for s in sizes])
+    # A callable decides every tensor; a dict only those it names (the rest stay whole).
+    return "replicate", chosen
+
+
+def _collective_device(group, device: torch.device) -> torch.device:
+    backend = dist.get_backend(group)
+    return device if backend == "nccl" else torch.device("cpu")
+
+
+def _check_agreement(plan, group, device: torch.device, label: str) -> None:
+    """Every rank raises the same error when the ranks' plans differ (never a hang on a later
+    collective whose sizes disagree)."""
+    world = dist.get_world_size(group)
+    mine = torch.tensor([plan.digest() & 0x7FFFFFFFFFFFFFFF, plan.read_bytes], dtype=torch.int64,
+                        device=_collective_device(group, device))
+    seen = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(seen, mine, group=group)
+    digests = [tuple(int(x) for x in s.cpu()) for s in seen]
+    if len(set(digests)) > 1:
+        detail = ", ".join(f"rank {r}: plan {d[0]:016x}, {d[1]} bytes" for r, d in enumerate(digests))
+        raise ValueError(f"{label}: the ranks disagree on the checkpoint or its slice plan "
+                         f"(different files, sizes or shard specs): {detail}")
+
+
+def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine):
+    nccl = dist.get_backend(group) == "nccl"
+    pending: List[List[Any]] = []  # per round: its works, and the tensors they send
+
+    def settle(k):  # round k's exchanges are done (its scratch bank can be refilled)
+        for work in pending[k]:
+            if not isinstance(work, torch.Tensor):
+                work.wait()
+        pending[k] = []
+        # NCCL's wait only orders the current stream; ferry's copies run on streams of its own,
+        # so the host waits until the sends out of that bank are done.
+        if memory.is_cuda:
+            torch.cuda.current_stream(memory.device).synchronize()
+
+    def start(k):
+        return _ferry.start_fanout_round(plan, k, rank, engine_device(normalize_device(device)),
+                                         memory.data_ptr(), scratch.data_ptr(), **engine)
+
+    reading = start(0) if plan.rounds else None
+    for k in range(plan.rounds):
+        # Round k + 1's reads queue behind round k's while its bytes are exchanged; they refill
+        # round k - 1's scratch bank, whose exchanges must be done first.
+        following = None
+        if k + 1 < plan.rounds:
+            if k >= 1:
+                settle(k - 1)
+            following = start(k + 1)
+        stats["reads"].append(reading.wait())
+        reading = following
+        works: List[Any] = []
+        p2p = []  # (send?, tensor, peer's global rank)
+        for reader, offset, rows, row_bytes, parts in plan.scatters(k):
+            if reader == rank:
+                whole = scratch[offset:offset + rows * row_bytes].view(rows, row_bytes)
+                for to, dest, begin, width in parts:
+                    piece = whole[:, begin:begin + width]
+                    if to == rank:
+                        memory[dest:dest + rows * width].view(rows, width).copy_(piece)
+                    else:
+                        sent = piece.contiguous()
+                        p2p.append((True, sent, _global_rank(group, to)))
+                        works.append(sent)  # alive until the send completed
+            else:
+                for to, dest, begin, width in parts:
+                    if to == rank:
+                        p2p.append((False, memory[dest:dest + rows * width],
+                                    _global_rank(group, reader)))
+        if p2p and nccl:  # one batch: NCCL groups the sends and receives
+            works += dist.batch_isend_irecv([
+                dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, group)
+                for send, tensor, peer in p2p])
+        else:
+            for send, tensor, peer in p2p:
+                works.append((dist.isend if send else dist.irecv)(tensor, peer, group=group))
+        offset, per_rank = plan.gather(k)
+        if world > 1 and per_rank > 0:
+            region = memory[offset:offset + world * per_rank]
+            own = region[rank * per_rank:(rank + 1) * per_rank]
+            if nccl:  # in place, as NCCL allows
+                works.append(dist.all_gather_into_tensor(region, own, group=group, async_op=True))
+            else:
+                works.append(dist.all_gather(list(region.chunk(world)), own.clone(), group=group,
+                                             async_op=True))
+        pending.append(works)
+    for works in pending:
+        for work in works:
+            if not isinstance(work, torch.Tensor):
+                work.wait()
+
+
+def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = None,
+                 names: Optional[Iterable[str]] = None, round_bytes: int = 0,
+                 return_stats: bool = False, **engine):
+    """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    checkpoint = open_checkpoint(path)
+    label = str(path)
+    rule, specs = _specs(checkpoint, shard)
+    plan = _ferry.plan_fanout(checkpoint, world, rule, specs,
+                              list(names) if names is not None else None,
+                              engine.get("chunk_bytes") or 0, round_bytes)
+    target = torch.device(normalize_device(device))
+    _check_agreement(plan, group, target, label)
+
+    memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
+    scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
+    if target.type == "cuda":  # the allocator may hand out memory that queued work still uses
+        torch.cuda.current_stream(target).synchronize()
+    stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
+             "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
+    try:
+        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine)
+    except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
+        raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
+                           f"(did another rank stop or fail?): {e}") from e
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+
+    table = tensor_table(checkpoint)
+    out: Dict[str, torch.Tensor] = {}
+    for name, dim, begin, end, shape, nbytes, dest in plan.pieces(rank):
+        dtype = table[name][0]
+        raw = memory[dest:dest + nbytes]
+        out[name] = raw.view(torch_dtype(dtype, name)).reshape(torch_shape(dtype, list(shape)))
+    return (out, stats) if return_stats else out
+
+
+def slice_plan(path, ranks: int, shard: Shard = None, names: Optional[Iterable[str]] = None
+               ) -> List[Dict[str, Tuple[int, int, int, List[int]]]]:
+    """Per rank: name -> (dim, begin, end, shape) of what it holds (dim -1: the whole tensor), so
+    that a framework can allocate its sharded parameters before load_into."""
+    checkpoint = open_checkpoint(path)
+    rule, specs = _specs(checkpoint, shard)
+    plan = _ferry.plan_fanout(checkpoint, ranks, rule, specs,
+                              list(names) if names is not None else None)
+    return [{name: (dim, begin, end, list(shape))
+             for name, dim, begin, end, shape, _, _ in plan.pieces(r)} for r in range(ranks)]
+
+
+def load_into_sharded(tensors: Dict[str, torch.Tensor], path, process_group=None,
+                      shard: Shard = None, strict: bool = True, **engine) -> dict:
+    """Fills this rank's (already sharded) parameters from the checkpoint: each target must have
+    its slice's dtype and shape. Returns 'missing' and 'unexpected' as load_into does."""
+    loaded, stats = load_sharded(path, next(iter(tensors.values())).device if tensors else "cpu",
+                                 process_group, shard, return_stats=True, **engine)
+    missing = [n for n in tensors if n not in loaded]
+    unexpected = [n for n in loaded if n not in tensors]
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"{path}: missing {missing}, unexpected {unexpected}")
+    for name, source in loaded.items():
+        if name not in tensors:
+            continue
+        target = tensors[name]
+        data = target.data if isinstance(target, torch.nn.Parameter) else target
+        if data.dtype != source.dtype or data.shape != source.shape:
+            raise ValueError(f'tensor "{name}": this rank\'s slice is {source.dtype} '
+                             f"{list(source.shape)}, target has {data.dtype} {list(data.shape)}")
+        data.copy_(source)
+    stats.update({"missing": missing, "unexpected": unexpected})
+    return stats

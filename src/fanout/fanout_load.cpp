@@ -1,0 +1,335 @@
+// Executes a fanout plan: per round, one transfer-core submission whose extents scatter into
+// every rank's allocation, then the round's all-gather, queued while the next round's reads run.
+// At most two submissions are in flight, each within the staging bound (and all of them within
+// the process's staging limit).
+#include "ferry/fanout_load.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "cuda/cuda_resources.hpp"
+#include "fanout/collective.hpp"
+#include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
+#include "load/settings.hpp"
+#include "transfer/worker_pool.hpp"
+
+namespace ferry {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void check_devices(const std::vector<Device>& devices) {
+  FERRY_EXPECT(!devices.empty(), std::invalid_argument, "multi-device load: no device given");
+  std::set<int> seen;
+  const bool cuda = devices.front().is_cuda();
+  for (const Device& d : devices) {
+    FERRY_EXPECT(d.is_cuda() == cuda, std::invalid_argument,
+                 "multi-device load: cpu cannot be mixed with cuda devices");
+    FERRY_EXPECT(!cuda || seen.insert(d.index).second, std::invalid_argument,
+                 "multi-device load: ", d.to_string(), " is listed twice");
+  }
+}
+
+// One read becomes one extent: its copies are back to back in the chunk; neighbours that are
+// contiguous on the same rank become one span.
+std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
+                            const std::vector<std::uintptr_t>& bases,
+                            const std::vector<std::uintptr_t>& scratch,
+                            const std::vector<Device>& devices) {
+  std::vector<Extent> out;
+  out.reserve(reads.size());
+  for (const FanoutRead& read : reads) {
+    Extent x{read.file_index, read.file_offset, {}};
+    std::uint64_t at = 0;
+    for (const FanoutCopy& c : read.copies) {
+      if (c.chunk_offset > at) x.spans.push_back({Device::cpu(), nullptr, c.chunk_offset - at});
+      const std::uintptr_t dst = (c.to_scratch ? scratch : bases)[c.rank] + c.dest_offset;
+      MemorySpan* last = x.spans.empty() ? nullptr : &x.spans.back();
+      if (last && last->data && c.chunk_offset == at && last->device == devices[c.rank] &&
+          reinterpret_cast<std::uintptr_t>(last->data) + last->size == dst) {
+        last->size += c.size;
+      } else {
+        x.spans.push_back({devices[c.rank], reinterpret_cast<void*>(dst), c.size});
+      }
+      at = c.chunk_offset + c.size;
+    }
+    if (read.size > at) x.spans.push_back({Device::cpu(), nullptr, read.size - at});
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
+  TransferOptions t;
+  t.backend = Backend::Posix;
+  t.io = load.io;
+  t.threads = settings.threads;
+  t.chunk_bytes = settings.chunk_bytes;
+  t.slots_per_thread = settings.slots_per_thread;
+  t.staging_bytes = load.staging_bytes;
+  t.stop_at_first_error = true;
+  return t;
+}
+
+// Until every copy of the ticket landed; polls keep_going, rethrows the first failure.
+void wait_for(Ticket& ticket, const LoadOptions& load) {
+  if (load.keep_going)
+    while (!ticket.wait_for(0.05))
+      if (!load.keep_going()) {
+        ticket.cancel();
+        break;
+      }
+  ticket.wait();
+  ticket.rethrow_if_failed();
+}
+
+}  // namespace
+
+double RankLoadStats::gigabytes_per_second() const {
+  return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1e9 : 0.0;
+}
+
+const LoadedShard* LoadedRank::find(std::string_view name) const {
+  auto it = _by_name.find(name);
+  return it == _by_name.end() ? nullptr : &_tensors[it->second];
+}
+
+class FanoutLoader {
+ public:
+  FanoutLoader(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options)
+      : _checkpoint(std::move(checkpoint)), _options(options) {}
+
+  FanoutLoad run() {
+    FERRY_EXPECT(_checkpoint != nullptr, std::invalid_argument, "load: no checkpoint given");
+    const std::vector<Device>& devices = _options.devices;
+    check_devices(devices);
+    FERRY_EXPECT(_options.load.backend != Backend::Cufile, std::invalid_argument,
+                 "multi-device load: only the staged path runs (cuFile registers one destination "
+                 "per load); use --backend auto or posix");
+    const unsigned n = static_cast<unsigned>(devices.size());
+    // Declared first so that they are freed last, after tickets and collectives have drained.
+    FanoutLoad result;
+    std::vector<std::shared_ptr<void>> scratch_memory;  // two banks per rank, for scatters
+    // Start-up outside the clock, as CUDA's: a server has its GPUs and NCCL up already.
+    std::vector<std::shared_ptr<detail::PrimaryContext>> contexts;
+    for (const Device& d : devices) {
+      if (!d.is_cuda()) continue;
+      prepare_device(d);
+      contexts.push_back(std::make_shared<detail::PrimaryContext>(d.index));
+    }
+    std::unique_ptr<detail::Collective> collective = devices.front().is_cuda() && n > 1
+                                                         ? detail::nccl_collective(devices)
+                                                         : detail::host_collective(n);
+    FanoutStats& stats = result._stats;
+    stats.collective = collective->name();
+    stats.collective_setup_seconds =
+        devices.front().is_cuda() && n > 1 ? detail::last_collective_setup_seconds() : 0;
+
+    const ActiveTuning tuning = detail::tuning_for(_options.load);
+    const auto started = Clock::now();
+    const detail::EngineSettings settings = detail::choose_settings(_options.load, tuning);
+    FanoutPlanOptions plan_options;
+    plan_options.chunk_bytes = settings.chunk_bytes;
+    if (_options.round_bytes) plan_options.round_bytes = _options.round_bytes;
+    auto plan = std::make_shared<const FanoutPlan>(
+        plan_fanout(*_checkpoint, n, _options.rule, _options.load.names, plan_options));
+    result._checkpoint = _checkpoint;
+    result._plan = plan;
+
+    const auto allocating = Clock::now();
+    std::vector<std::uintptr_t> bases;
+    std::vector<void*> base_pointers;
+    for (unsigned r = 0; r < n; ++r) {
+      LoadedRank& rank = result._ranks.emplace_back();
+      rank._device = devices[r];
+      const std::uint64_t bytes = plan->layouts[r].dest_bytes;
+      rank._memory = devices[r].is_cuda() ? detail::allocate_device_memory(contexts[r], bytes)
+                                          : detail::allocate_host_memory(bytes);
+      bases.push_back(reinterpret_cast<std::uintptr_t>(rank._memory.get()));
+      base_pointers.push_back(rank._memory.get());
+      for (const ShardPiece& p : plan->layouts[r].pieces) {
+        rank._by_name.emplace(p.info->name, rank._tensors.size());
+        rank._tensors.push_back({&p, reinterpret_cast<void*>(bases.back() + p.dest_offset)});
+      }
+    }
+    std::vector<std::uintptr_t> scratch;
+    for (unsigned r = 0; r < n; ++r) {
+      const std::uint64_t bytes = 2 * plan->scratch_bank_bytes[r];
+      if (bytes == 0) {
+        scratch.push_back(0);
+        continue;
+      }
+      scratch_memory.push_back(devices[r].is_cuda()
+                                   ? detail::allocate_device_memory(contexts[r], bytes)
+                                   : detail::allocate_host_memory(bytes));
+      scratch.push_back(reinterpret_cast<std::uintptr_t>(scratch_memory.back().get()));
+    }
+    stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
+
+    // One process reads for every device: each gets the reader threads and staging one load
+    // would have (2 x H200: 16 threads fed both GPUs at 62 GB/s, two processes of 16 at 93 GB/s),
+    // within the pool's cap, and two submissions in flight fit the process's staging limit.
+    TransferOptions t = transfer_options(_options.load, settings);
+    t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
+    t.staging_bytes = std::max(_options.load.staging_bytes,
+                               std::min(_options.load.staging_bytes * n, staging_limit() / 2));
+    auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
+    const std::uint64_t total = plan->read_bytes;
+
+    // Round k's reads are submitted before round k-1's gather is queued, so that they overlap.
+    Ticket previous;
+    std::size_t previous_round = 0;
+    for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
+      const FanoutRound& round = plan->rounds[k];
+      if (_options.load.progress) {
+        auto seen = std::make_shared<std::uint64_t>(0);
+        t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
+                                                                            std::uint64_t) {
+          progress(done->fetch_add(d - *seen) + d - *seen, total);
+          *seen = d;
+        };
+      }
+      // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
+      if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
+      Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
+                              resolve(round.reads, bases, scratch, devices), t);
+      if (k > 0)
+        finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+      previous = std::move(current);
+      previous_round = k;
+    }
+    if (!plan->rounds.empty())
+      finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+    collective->wait();
+    stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    stats.collective_seconds = collective->busy_seconds();
+    stats.rounds = plan->rounds.size();
+    stats.settings_source = settings.source;
+    for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
+    for (const TensorInfo* seen : selected(*plan)) stats.checkpoint_bytes += seen->size;
+    for (unsigned r = 0; r < n; ++r) {
+      RankLoadStats rs;
+      rs.device = devices[r].to_string();
+      rs.tensor_bytes = plan->layouts[r].tensor_bytes;
+      rs.link_bytes = plan->link_bytes[r];
+      rs.peer_bytes = plan->peer_bytes[r];
+      rs.seconds = stats.seconds;
+      stats.tensor_bytes += rs.tensor_bytes;
+      stats.ranks.push_back(rs);
+    }
+    return result;
+  }
+
+ private:
+  static std::vector<const TensorInfo*> selected(const FanoutPlan& plan) {
+    std::vector<const TensorInfo*> out;
+    if (!plan.layouts.empty())
+      for (const ShardPiece& p : plan.layouts.front().pieces) out.push_back(p.info);
+    return out;
+  }
+
+  // Waits for a round's reads (every copy landed), then queues its scatters and its gather.
+  void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
+              const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
+              FanoutStats& stats) {
+    wait_for(ticket, _options.load);
+    const TransferStats& ts = ticket.stats();
+    stats.reader_threads = std::max(stats.reader_threads, ts.threads);
+    stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
+    for (const FileLoadStats& f : ts.files) {
+      auto it = std::find_if(stats.files.begin(), stats.files.end(),
+                             [&](const FileLoadStats& g) { return g.path == f.path; });
+      if (it == stats.files.end()) {
+        stats.files.push_back(f);
+      } else {
+        it->bytes_read += f.bytes_read;
+      }
+    }
+    std::vector<detail::Collective::Slice> slices;
+    for (const FanoutScatter& sc : round.scatters) {
+      slices.clear();
+      for (const ScatterPart& p : sc.parts)
+        slices.push_back(
+            {p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset, p.row_begin, p.width});
+      collective.scatter(sc.reader,
+                         reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
+                         sc.rows, sc.row_bytes, slices);
+    }
+    if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
+      collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+  }
+
+  std::shared_ptr<const Checkpoint> _checkpoint;
+  const FanoutOptions& _options;
+};
+
+FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
+  return FanoutLoader(std::move(checkpoint), options).run();
+}
+
+FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
+                                   std::size_t round, unsigned rank, const Device& device,
+                                   void* memory, void* scratch, const LoadOptions& options) {
+  FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
+               "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
+               " of ", plan.ranks, " does not exist");
+  FERRY_EXPECT(options.backend != Backend::Cufile, std::invalid_argument,
+               "multi-device load: only the staged path runs; use backend auto or posix");
+  if (device.is_cuda()) prepare_device(device);
+  FanoutRoundRead out;
+  out._began = Clock::now();
+  out._options = options;
+  const detail::EngineSettings settings =
+      detail::choose_settings(options, detail::tuning_for(options));
+  std::vector<FanoutRead> mine;
+  for (const FanoutRead& read : plan.rounds[round].reads)
+    if (read.reader == rank) mine.push_back(read);
+  // Only this rank's entries are read; the others stay zero.
+  std::vector<std::uintptr_t> bases(plan.ranks, 0), scratches(plan.ranks, 0);
+  std::vector<Device> devices(plan.ranks, device);
+  bases[rank] = reinterpret_cast<std::uintptr_t>(memory);
+  scratches[rank] = reinterpret_cast<std::uintptr_t>(scratch);
+  LoadStats& stats = out._stats;
+  stats.device = device.to_string();
+  stats.settings_source = settings.source;
+  for (const FanoutRead& read : mine)
+    for (const FanoutCopy& c : read.copies) stats.tensor_bytes += c.size;
+  if (!mine.empty()) {
+    TransferOptions t = transfer_options(options, settings);
+    t.progress = options.progress;
+    out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
+                         resolve(mine, bases, scratches, devices), t);
+    out._started = true;
+  }
+  return out;
+}
+
+LoadStats FanoutRoundRead::wait() {
+  if (_started) {
+    _started = false;
+    wait_for(_ticket, _options);
+    const TransferStats& ts = _ticket.stats();
+    _stats.reader_threads = ts.threads;
+    _stats.chunk_bytes = ts.chunk_bytes;
+    _stats.slots_per_thread = ts.slots_per_thread;
+    _stats.staging_bytes = ts.staging_bytes;
+    _stats.staging_pinned = ts.staging_pinned;
+    _stats.files = ts.files;
+    for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
+  }
+  _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
+  return _stats;
+}
+
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
+                            unsigned rank, const Device& device, void* memory, void* scratch,
+                            const LoadOptions& options) {
+  return start_fanout_round(checkpoint, plan, round, rank, device, memory, scratch, options).wait();
+}
+
+}  // namespace ferry

@@ -1,0 +1,41 @@
+#include <nlohmann/json.hpp>
+
+#include "ferry/fanout_load.hpp"
+
+namespace ferry {
+
+std::string to_json(const FanoutStats& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : s.ranks)
+    ranks.push_back({{"device", r.device},
+                     {"tensor_bytes", r.tensor_bytes},
+                     {"link_bytes", r.link_bytes},
+                     {"peer_bytes", r.peer_bytes},
+                     {"seconds", r.seconds},
+                     {"gigabytes_per_second", r.gigabytes_per_second()}});
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : s.files)
+    files.push_back({{"path", f.path.string()},
+                     {"io_path", io_path_name(f.io_path)},
+                     {"reason", f.reason},
+                     {"bytes_read", f.bytes_read}});
+  const nlohmann::json j = {{"collective", s.collective},
+                            {"seconds", s.seconds},
+                            {"gigabytes_per_second", s.gigabytes_per_second()},
+                            {"collective_setup_seconds", s.collective_setup_seconds},
+                            {"collective_seconds", s.collective_seconds},
+                            {"allocate_seconds", s.allocate_seconds},
+                            {"bytes_read", s.bytes_read},
+                            {"checkpoint_bytes", s.checkpoint_bytes},
+                            {"tensor_bytes", s.tensor_bytes},
+                            {"rounds", s.rounds},
+                            {"reader_threads", s.reader_threads},
+                            {"chunk_bytes", s.chunk_bytes},
+                            {"settings_source", s.settings_source},
+                            {"ranks", ranks},
+                            {"files", files}};
+  // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace ferry

@@ -1,0 +1,192 @@
+"""Loading across the processes of a torch.distributed group (gloo on the CPU, 2-4 processes):
+every rank's tensors equal safetensors' own load, sliced as torch.tensor_split slices them; the
+group reads each byte once; ranks that disagree on the plan all fail with the same error."""
+import datetime
+import os
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+from safetensors.torch import load_file as reference_load, save_file  # noqa: E402
+
+
+def llama_like(path):
+    g = torch.Generator().manual_seed(3)
+    t = {"model.embed_tokens.weight": torch.randn(37, 24, generator=g).bfloat16(),
+         "model.norm.weight": torch.randn(24, generator=g),
+         "model.tiny.q_proj.weight": torch.arange(3, dtype=torch.uint8),
+         "lm_head.weight": torch.randn(37, 24, generator=g).half()}
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        t[p + "self_attn.q_proj.weight"] = torch.randn(25, 24, generator=g).bfloat16()
+        t[p + "self_attn.o_proj.weight"] = torch.randn(24, 25, generator=g).bfloat16()
+        t[p + "mlp.down_proj.weight"] = torch.randn(24, 53, generator=g)
+        t[p + "mlp.up_proj.weight"] = torch.randn(53, 24, generator=g)
+        t[p + "input_layernorm.weight"] = torch.randn(24, generator=g)
+    save_file(t, str(path))
+
+
+def expected_slice(name, tensor, rank, world, shard):
+    """The reference: torch.tensor_split's slices (the first len % N ranks one longer)."""
+    if shard == "tensor_parallel":
+        rows = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+        if any(f".{r}." in f".{name}" for r in rows):
+            dim = 0
+        elif any(c in name for c in ("o_proj", "down_proj")) and tensor.dim() >= 2:
+            dim = 1
+        else:
+            return tensor
+    elif isinstance(shard, dict):
+        spec = shard.get(name)
+        if spec is None:
+            return tensor
+        dim, sizes = spec if isinstance(spec, tuple) else (spec, None)
+        if sizes:
+            return torch.split(tensor, sizes, dim)[rank]
+    else:
+        return tensor
+    return torch.tensor_split(tensor, world, dim)[rank]
+
+
+def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
+    try:
+        # NVLink multicast stays off in every process (see ferry/_distributed.py).
+        os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                           "NVSHMEM_DISABLE_NVLS": "1"})
+        device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        kwargs = {"device_id": torch.device(device)} if backend == "nccl" else {}
+        try:
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60), **kwargs)
+        except TypeError:  # torch < 2.3 has no device_id
+            dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60))
+        import ferry.torch
+        from ferry._distributed import load_sharded
+        want = reference_load(path)
+        if mode == "disagree":
+            shard = "tensor_parallel" if rank == 0 else None
+        if mode == "die" and rank == 1:  # dies in the middle of its second round's reads
+            import ferry._ferry
+            real = ferry._ferry.start_fanout_round
+            ferry._ferry.start_fanout_round = (
+                lambda plan, k, *a, **kw: os._exit(3) if k == 1 else real(plan, k, *a, **kw))
+        if mode == "load_into":
+            plan = ferry.torch.slice_plan(path, world, shard)[rank]
+            targets = {n: torch.empty(s, dtype=want[n].dtype, device=device)
+                       for n, (_, _, _, s) in plan.items()}
+            ferry.torch.load_into(targets, path, process_group=dist.group.WORLD, shard=shard)
+            got, stats = targets, None
+        else:
+            got, stats = load_sharded(path, device, dist.group.WORLD, shard, return_stats=True,
+                                      round_bytes=512)
+        got = {n: t.cpu() for n, t in got.items()}
+        assert set(got) == set(want), (set(got) ^ set(want))
+        for name, tensor in want.items():
+            exp = expected_slice(name, tensor, rank, world, shard)
+            assert got[name].dtype == exp.dtype, name
+            assert got[name].shape == exp.shape, (name, got[name].shape, exp.shape)
+            assert torch.equal(got[name].view(torch.uint8) if exp.dim() else got[name],
+                               exp.contiguous().view(torch.uint8) if exp.dim() else exp), name
+        read = sum(r["bytes_read"] for r in stats["reads"]) if stats else 0
+        with open(os.path.join(result_dir, f"{rank}.txt"), "w") as f:
+            f.write(f"ok {read}")
+    except Exception as e:  # reported to the parent, which asserts
+        with open(os.path.join(result_dir, f"{rank}.txt"), "w") as f:
+            f.write(f"error {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_group(tmp_path, world, shard, mode="load", backend="gloo"):
+    path = tmp_path / "m.safetensors"
+    if not path.exists():
+        llama_like(path)
+    results = tmp_path / f"results-{world}-{mode}-{abs(hash(str(shard)))}"
+    results.mkdir()
+    init = f"file://{tmp_path / ('rendezvous-' + results.name)}"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker,
+                         args=(r, world, init, str(path), shard, str(results), mode, backend))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == (3 if mode == "die" and p is procs[1] else 0), p.exitcode
+    return [(results / f"{r}.txt").read_text() if (results / f"{r}.txt").exists() else "died"
+            for r in range(world)], path
+
+
+def checkpoint_bytes(path):
+    import json
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+               if k != "__metadata__")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("shard", [None, "tensor_parallel"])
+def test_every_rank_holds_its_tensors_and_the_group_reads_each_byte_once(tmp_path, world, shard):
+    outcomes, path = run_group(tmp_path, world, shard)
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+    read = sum(int(o.split()[1]) for o in outcomes)
+    assert read == checkpoint_bytes(path)
+
+
+def test_explicit_slice_plan_with_uneven_sizes(tmp_path):
+    shard = {"model.layers.0.mlp.down_proj.weight": (1, [50, 3]),
+             "model.embed_tokens.weight": 0,
+             "model.layers.1.self_attn.o_proj.weight": (0, [0, 24])}
+    outcomes, _ = run_group(tmp_path, 2, shard)
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+
+
+def test_load_into_sharded_targets(tmp_path):
+    outcomes, _ = run_group(tmp_path, 2, "tensor_parallel", mode="load_into")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+
+
+def test_ranks_that_disagree_all_fail_with_the_same_error(tmp_path):
+    outcomes, path = run_group(tmp_path, 2, None, mode="disagree")
+    assert all(o.startswith("error ValueError") for o in outcomes), "\n".join(outcomes)
+    first_lines = {o.splitlines()[0] for o in outcomes}
+    assert len(first_lines) == 1, first_lines
+    assert "disagree" in outcomes[0] and str(path) in outcomes[0]
+
+
+def _gpus():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def test_a_rank_that_dies_mid_load_fails_the_others_in_bounded_time(tmp_path):
+    outcomes, path = run_group(tmp_path, 2, None, mode="die")
+    assert outcomes[1] == "died"
+    assert outcomes[0].startswith("error RuntimeError"), outcomes[0]
+    assert "did another rank stop or fail" in outcomes[0] and str(path) in outcomes[0]
+
+
+@pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+@pytest.mark.parametrize("shard", [None, "tensor_parallel"])
+def test_nccl_on_every_gpu(tmp_path, shard):
+    outcomes, path = run_group(tmp_path, _gpus(), shard, backend="nccl")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+    assert sum(int(o.split()[1]) for o in outcomes) == checkpoint_bytes(path)
+
+
+@pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+def test_nccl_load_into_sharded_targets(tmp_path):
+    outcomes, _ = run_group(tmp_path, 2, "tensor_parallel", mode="load_into", backend="nccl")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)

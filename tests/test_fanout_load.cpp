@@ -1,0 +1,227 @@
+// Multi-device loads executed on the host (ranks in host memory, the memcpy collective): the same
+// route as on GPUs, checked against slices cut on the host from the plain read.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ferry/error.hpp"
+#include "ferry/fanout_load.hpp"
+#include "shard_reference.hpp"
+#include "test_support.hpp"
+
+namespace ferry {
+namespace {
+
+using test::TempDir;
+
+std::vector<TensorSpec> model_specs() {
+  return {{"model.embed_tokens.weight", DType::BF16, {37, 24}},
+          {"model.layers.0.self_attn.q_proj.weight", DType::BF16, {24, 24}},
+          {"model.layers.0.self_attn.o_proj.weight", DType::BF16, {24, 24}},
+          {"model.layers.0.mlp.down_proj.weight", DType::F32, {24, 53}},
+          {"model.layers.0.mlp.up_proj.weight", DType::F32, {53, 24}},
+          {"model.layers.0.input_layernorm.weight", DType::F32, {24}},
+          {"model.tiny.q_proj.weight", DType::U8, {3}},
+          {"lm_head.weight", DType::BF16, {37, 24}}};
+}
+
+void expect_ranks_match_host(const FanoutLoad& loaded,
+                             const std::map<std::string, std::vector<std::byte>>& written) {
+  for (const LoadedRank& rank : loaded.ranks()) {
+    ASSERT_EQ(rank.tensors().size(), written.size());
+    for (const LoadedShard& t : rank.tensors()) {
+      const auto want = test::host_slice(written.at(t.piece->info->name), *t.piece);
+      ASSERT_EQ(t.piece->bytes, want.size());
+      EXPECT_TRUE(want.empty() || std::memcmp(t.data, want.data(), want.size()) == 0)
+          << t.piece->info->name;
+    }
+  }
+}
+
+TEST(FanoutLoad, ReplicasOnThreeHostRanks) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 7);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu(), Device::cpu()};
+  o.round_bytes = 1024;  // many rounds
+  o.load.chunk_bytes = 4096;
+  o.load.io = IoMode::Buffered;  // O_DIRECT would count its 4 KiB alignment as read
+  const FanoutLoad loaded = load_fanout(ckpt, o);
+  expect_ranks_match_host(loaded, written);
+  const FanoutStats& s = loaded.stats();
+  EXPECT_EQ(s.checkpoint_bytes, ckpt->files()[0].size - ckpt->files()[0].data_start);
+  EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once, not three times
+  EXPECT_EQ(s.tensor_bytes, 3 * s.checkpoint_bytes);
+  EXPECT_GT(s.rounds, 1u);
+  ASSERT_EQ(s.ranks.size(), 3u);
+  std::uint64_t links = 0;
+  for (const auto& r : s.ranks) links += r.link_bytes;
+  EXPECT_EQ(links, s.checkpoint_bytes);
+  EXPECT_EQ(s.collective, "host memcpy");
+}
+
+TEST(FanoutLoad, TensorParallelOnHostRanks) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 8);
+  auto ckpt = Checkpoint::open_shared(file);
+  for (unsigned n : {1u, 2u, 4u}) {
+    FanoutOptions o;
+    o.devices.assign(n, Device::cpu());
+    o.rule = llama_tensor_parallel;
+    o.round_bytes = 512;
+    o.load.chunk_bytes = 1000;
+    o.load.io = IoMode::Buffered;
+    const FanoutLoad loaded = load_fanout(ckpt, o);
+    expect_ranks_match_host(loaded, written);
+    EXPECT_EQ(loaded.stats().bytes_read, loaded.stats().checkpoint_bytes);
+    const LoadedShard* o_proj =
+        loaded.ranks().back().find("model.layers.0.self_attn.o_proj.weight");
+    ASSERT_NE(o_proj, nullptr);
+    EXPECT_EQ(o_proj->piece->shape, (std::vector<std::uint64_t>{24, 24 / n}));
+  }
+}
+
+TEST(FanoutLoad, SelectedNamesOnly) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, model_specs(), 9);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  o.load.names = {"lm_head.weight", "model.layers.0.mlp.down_proj.weight"};
+  o.rule = llama_tensor_parallel;
+  o.load.io = IoMode::Buffered;
+  const FanoutLoad loaded = load_fanout(ckpt, o);
+  std::erase_if(written, [&](const auto& kv) {
+    return std::find(o.load.names.begin(), o.load.names.end(), kv.first) == o.load.names.end();
+  });
+  expect_ranks_match_host(loaded, written);
+  EXPECT_EQ(loaded.stats().bytes_read,
+            written.at("lm_head.weight").size() +
+                written.at("model.layers.0.mlp.down_proj.weight").size());
+}
+
+// One process per rank, played by one thread: each rank reads its own share of each round
+// (read_fanout_round), then the test moves bytes between ranks as torch.distributed would.
+TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 12);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutPlanOptions po;
+  po.round_bytes = 700;
+  po.chunk_bytes = 1500;
+  for (unsigned n : {2u, 3u}) {
+    const FanoutPlan plan = plan_fanout(*ckpt, n, llama_tensor_parallel, {}, po);
+    std::vector<std::vector<std::byte>> memory(n), scratch(n);
+    for (unsigned r = 0; r < n; ++r) {
+      memory[r].resize(plan.layouts[r].dest_bytes);
+      scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
+    }
+    LoadOptions o;
+    o.io = IoMode::Buffered;
+    std::uint64_t read = 0;
+    for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
+      for (unsigned r = 0; r < n; ++r)
+        read += read_fanout_round(*ckpt, plan, k, r, Device::cpu(), memory[r].data(),
+                                  scratch[r].data(), o)
+                    .bytes_read;
+      const FanoutRound& round = plan.rounds[k];
+      for (const FanoutScatter& sc : round.scatters)
+        for (const ScatterPart& part : sc.parts)
+          for (std::uint64_t row = 0; row < sc.rows; ++row)
+            std::memcpy(
+                memory[part.rank].data() + part.dest_offset + row * part.width,
+                scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
+                part.width);
+      for (unsigned from = 0; from < n; ++from)
+        for (unsigned to = 0; to < n; ++to)
+          if (to != from && round.gather_bytes_per_rank > 0)
+            std::memcpy(
+                memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+                round.gather_bytes_per_rank);
+    }
+    EXPECT_EQ(read, plan.read_bytes);
+    for (unsigned r = 0; r < n; ++r)
+      for (const ShardPiece& p : plan.layouts[r].pieces) {
+        const auto want = test::host_slice(written.at(p.info->name), p);
+        EXPECT_TRUE(want.empty() ||
+                    std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
+            << p.info->name << " on rank " << r;
+      }
+  }
+  EXPECT_THROW(read_fanout_round(*ckpt, plan_fanout(*ckpt, 2, replicate_all), 99, 0, Device::cpu(),
+                                 nullptr, nullptr, {}),
+               std::invalid_argument);
+}
+
+TEST(FanoutLoad, PlanDigestsDifferWhereRanksWouldDisagree) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "a.safetensors", model_specs(), 13);
+  auto specs = model_specs();
+  specs.back().shape = {36, 24};  // one tensor of another size
+  test::write_random_checkpoint(dir / "b.safetensors", specs, 13);
+  auto a = Checkpoint::open_shared(dir / "a.safetensors");
+  auto b = Checkpoint::open_shared(dir / "b.safetensors");
+  const auto same = fanout_plan_digest(plan_fanout(*a, 2, llama_tensor_parallel));
+  EXPECT_EQ(same, fanout_plan_digest(plan_fanout(*a, 2, llama_tensor_parallel)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 2, replicate_all)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 3, llama_tensor_parallel)));
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*b, 2, llama_tensor_parallel)));
+  const ShardRule uneven = [](const TensorInfo& t) {
+    return t.name == "lm_head.weight" ? ShardSpec::split(0, {30, 7}) : llama_tensor_parallel(t);
+  };
+  EXPECT_NE(same, fanout_plan_digest(plan_fanout(*a, 2, uneven)));
+}
+
+TEST(FanoutLoad, BadRequestsAreClearErrors) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, model_specs(), 10);
+  auto ckpt = Checkpoint::open_shared(file);
+  auto message = [&](FanoutOptions o) -> std::string {
+    try {
+      load_fanout(ckpt, o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  FanoutOptions none;
+  EXPECT_NE(message(none).find("no device"), std::string::npos);
+  FanoutOptions twice;
+  twice.devices = {Device::cuda(0), Device::cuda(0)};
+  EXPECT_NE(message(twice).find("cuda:0 is listed twice"), std::string::npos);
+  FanoutOptions mixed;
+  mixed.devices = {Device::cpu(), Device::cuda(0)};
+  EXPECT_NE(message(mixed).find("cannot be mixed"), std::string::npos);
+  FanoutOptions cufile;
+  cufile.devices = {Device::cpu(), Device::cpu()};
+  cufile.load.backend = Backend::Cufile;
+  EXPECT_NE(message(cufile).find("staged path"), std::string::npos);
+  FanoutOptions bad_split;
+  bad_split.devices = {Device::cpu(), Device::cpu()};
+  bad_split.rule = [](const TensorInfo&) { return ShardSpec::split(3); };
+  const std::string m = message(bad_split);
+  EXPECT_NE(m.find(file.string()), std::string::npos) << m;
+  EXPECT_NE(m.find("cannot split dimension 3"), std::string::npos) << m;
+}
+
+TEST(FanoutLoad, AFileCutShortFailsTheLoad) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, model_specs(), 11);
+  auto ckpt = Checkpoint::open_shared(file);
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  EXPECT_ANY_THROW(load_fanout(ckpt, o));
+}
+
+}  // namespace
+}  // namespace ferry
