@@ -11,5 +11,6 @@ void add_load(CLI::App& app);
 void add_doctor(CLI::App& app);
 void add_demo(CLI::App& app);
 void add_kv(CLI::App& app);
+void add_plan(CLI::App& app);
 
 }  // namespace ferry::cli

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   ferry::cli::add_doctor(app);
   ferry::cli::add_demo(app);
   ferry::cli::add_kv(app);
+  ferry::cli::add_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

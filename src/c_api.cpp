@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "c_api_guard.hpp"
+#include "c_api_handles.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.h"
@@ -27,10 +28,6 @@ struct ferry_loaded {
   ferry::LoadedCheckpoint loaded;
   std::vector<std::string> file_paths;
   std::vector<std::string> file_reasons;
-};
-
-struct ferry_file_set {
-  std::shared_ptr<ferry::FileSet> set;
 };
 
 struct ferry_ticket {

@@ -1,7 +1,8 @@
 /* ferry.h is C: this file is compiled as C11 and drives the ABI as a C host would. It writes a
  * two-tensor safetensors file by hand, loads it into host memory and checks the bytes; then it
  * drives the KV store (FERRY_0.3) in host memory: sync and async puts and gets, per-layer pieces,
- * lookup, contains, remove and statistics. */
+ * lookup, contains, remove and statistics; then streams three groups through two host slots and
+ * an expert cache of two slots. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,73 @@ static void kv_store_from_c(const char* scratch) {
   CHECK(strstr(ferry_last_error(), "block size") != NULL);
 }
 
+/* Three groups of two tensors (group g's bytes are g+1 and 10+g), prefetch 2, two passes. */
+static void weight_stream(void) {
+  unsigned char bytes[3][2][300];
+  ferry_stream_tensor tensors[6];
+  size_t counts[3] = {2, 2, 2};
+  for (int g = 0; g < 3; ++g)
+    for (int t = 0; t < 2; ++t) {
+      memset(bytes[g][t], t ? 10 + g : g + 1, sizeof bytes[g][t]);
+      ferry_stream_tensor* x = &tensors[2 * g + t];
+      memset(x, 0, sizeof *x);
+      x->size = t ? 300 : 100;
+      x->host = bytes[g][t];
+    }
+  ferry_stream_options options;
+  ferry_stream_options_init(&options);
+  CHECK(options.struct_size == sizeof options);
+  ferry_weight_stream* stream = NULL;
+  CHECK(ferry_weight_stream_create(tensors, counts, 3, 4, &options, &stream) ==
+        FERRY_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "prefetch") != NULL);
+  CHECK(ferry_weight_stream_create(tensors, counts, 3, 2, &options, &stream) == FERRY_STATUS_OK);
+  if (!stream) return;
+  size_t slots = 0;
+  uint64_t slot_bytes[4] = {0};
+  CHECK(ferry_weight_stream_slots(stream, &slots, slot_bytes, 4) == FERRY_STATUS_OK);
+  CHECK(slots == 2 && slot_bytes[0] == 256 + 300);
+  CHECK(ferry_weight_stream_prime(stream, NULL) == FERRY_STATUS_OK);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t g = 0; g < 3; ++g) {
+      void* a = NULL;
+      void* b = NULL;
+      CHECK(ferry_weight_stream_wait(stream, g, NULL) == FERRY_STATUS_OK);
+      CHECK(ferry_weight_stream_tensor_address(stream, g, 0, &a) == FERRY_STATUS_OK);
+      CHECK(ferry_weight_stream_tensor_address(stream, g, 1, &b) == FERRY_STATUS_OK);
+      CHECK(a && memcmp(a, bytes[g][0], 100) == 0);
+      CHECK(b && memcmp(b, bytes[g][1], 300) == 0);
+      CHECK(ferry_weight_stream_release(stream, g, NULL) == FERRY_STATUS_OK);
+    }
+  void* none = NULL;
+  CHECK(ferry_weight_stream_tensor_address(stream, 3, 0, &none) == FERRY_STATUS_INVALID_ARGUMENT);
+  ferry_stream_stats stats;
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = sizeof stats;
+  CHECK(ferry_weight_stream_stats(stream, &stats) == FERRY_STATUS_OK);
+  /* slot 0 alternates groups 0 and 2 (a fill per release); group 1 keeps slot 1 */
+  CHECK(stats.hits == 6 && stats.demand_fills == 0 && stats.fills == 2 + 2 * 2);
+  ferry_weight_stream_free(stream);
+
+  ferry_expert_cache* cache = NULL;
+  CHECK(ferry_expert_cache_create(tensors, counts, 3, 2, FERRY_EVICTION_LRU, &options, &cache) ==
+        FERRY_STATUS_OK);
+  if (!cache) return;
+  const size_t trace[] = {2, 0, 2, 1};
+  for (int i = 0; i < 4; ++i) {
+    size_t slot = 99;
+    void* at = NULL;
+    CHECK(ferry_expert_cache_acquire(cache, &trace[i], 1, NULL, 0, NULL, &slot) ==
+          FERRY_STATUS_OK);
+    CHECK(ferry_expert_cache_slot_address(cache, slot, &at) == FERRY_STATUS_OK);
+    CHECK(at && memcmp(at, bytes[trace[i]][0], 100) == 0);
+    CHECK(ferry_expert_cache_release(cache, &trace[i], 1) == FERRY_STATUS_OK);
+  }
+  CHECK(ferry_expert_cache_stats(cache, &stats) == FERRY_STATUS_OK);
+  CHECK(stats.hits == 1 && stats.misses == 3 && stats.evictions == 1);
+  ferry_expert_cache_free(cache);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s SCRATCH_FILE\n", argv[0]);
@@ -168,6 +236,7 @@ int main(int argc, char** argv) {
   ferry_loaded_free(loaded);
   remove(argv[1]);
   kv_store_from_c(argv[1]);
+  weight_stream();
   printf("%s\n", failures ? "C host: FAILED" : "C host: ok");
   return failures ? 1 : 0;
 }

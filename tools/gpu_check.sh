@@ -15,7 +15,9 @@
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
-#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`). The device tool
+#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
+#   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
+#   bench/moe_bench.py. The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -59,10 +61,11 @@ build() {
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # --upgrade: a warm machine keeps /tmp/site from an earlier run (another branch's ferry).
   log "python package (pip install .)"
   CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     CMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
-    python3 -m pip install --no-build-isolation --no-deps --no-index --target /tmp/site . \
+    python3 -m pip install --no-build-isolation --no-deps --no-index --upgrade --target /tmp/site . \
     >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; status=1; }
   log "doctor"
   "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
@@ -262,6 +265,29 @@ kv_stage() {
   echo "$done_trials crash trials passed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 
+# Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
+# CUDA graphs, slot safety, expert caches), then the benchmarks (Llama-3-8B shapes with half the
+# layers streamed; a Mixtral-shaped MoE decoding through expert caches).
+stream_checks() {
+  log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
+  python3 -c "import ferry.torch as t; t.offload, t.offload_experts" 2>&1 || {
+    echo "the ferry in /tmp/site has no weight streaming: run the build stage" | tee -a "$OUT/summary.txt"
+    status=1; return; }
+  ninja -C /tmp/build test_gpu_stream test_weight_stream >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  for t in test_weight_stream test_gpu_stream; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B2 -A12 "Failure\|FAILED" "$OUT/$t.log" | head -60 || true; }
+    tail -1 "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt"
+  done
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_offload.py tests/python/test_offload_gpu.py tests/python/test_experts.py \
+    >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
+  tail -3 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
+  log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
+  (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
+    | tee -a "$OUT/summary.txt" || status=1
+  log "MoE expert cache benchmark (bench/moe_bench.py)"
+  (cd bench && python3 moe_bench.py --json "$OUT/moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
 want tests && tests
 want compare && compare
@@ -270,6 +296,7 @@ want engine && engine_benches
 want dropin && dropin
 want core && core_checks
 want kv && kv_stage
+want stream && stream_checks
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

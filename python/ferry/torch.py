@@ -1,5 +1,6 @@
 """ferry for PyTorch: safetensors.torch's loading API (load_file, load, load_model, safe_open),
-plus loaders for inference servers (load_with_stats, iterate_weights, load_into)."""
+plus loaders for inference servers (load_with_stats, iterate_weights, load_into) and weight
+streaming (offload)."""
 import concurrent.futures
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -9,14 +10,18 @@ import torch
 from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
+from ._experts import ExpertOffload, offload_experts
+from ._offload import Offload, offload
 from ._open import check_backend, open_checkpoint, safe_open
+from ._plan import plan_offload
 from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-__all__ = ["SafetensorError", "iterate_weights", "load", "load_file", "load_into", "load_model",
-           "load_with_stats", "safe_open", "save", "save_file"]
+__all__ = ["ExpertOffload", "Offload", "SafetensorError", "iterate_weights", "load", "load_file",
+           "load_into", "load_model", "load_with_stats", "offload", "offload_experts", "plan_offload",
+           "safe_open", "save", "save_file"]
 
 
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:

@@ -4,7 +4,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set,
 import torch
 
 from ._ferry import SafetensorError as SafetensorError
+from ._experts import ExpertOffload as ExpertOffload, offload_experts as offload_experts
+from ._offload import Offload as Offload, offload as offload
 from ._open import safe_open as safe_open
+from ._plan import plan_offload as plan_offload
 
 PathLike = Union[str, os.PathLike]
 

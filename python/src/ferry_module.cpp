@@ -38,6 +38,7 @@ using namespace nb::literals;
 namespace ferry {
 void bind_save(nb::module_& m);  // save_bindings.cpp
 void bind_kv(nb::module_& m);    // kv_bindings.cpp
+void bind_stream(nb::module_& m);  // stream_bindings.cpp
 
 namespace {
 
@@ -496,4 +497,5 @@ NB_MODULE(_ferry, m) {
   m.def("release_staging_memory", &release_staging_memory);
   bind_save(m);
   bind_kv(m);
+  bind_stream(m);
 }

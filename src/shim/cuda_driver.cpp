@@ -47,6 +47,7 @@ CudaDriver load_driver() {
   ok &= resolve(library, "cuStreamDestroy_v2", d.cuStreamDestroy, why);
   ok &= resolve(library, "cuStreamSynchronize", d.cuStreamSynchronize, why);
   ok &= resolve(library, "cuStreamWaitEvent", d.cuStreamWaitEvent, why);
+  ok &= resolve(library, "cuStreamIsCapturing", d.cuStreamIsCapturing, why);
   ok &= resolve(library, "cuEventCreate", d.cuEventCreate, why);
   ok &= resolve(library, "cuEventDestroy_v2", d.cuEventDestroy, why);
   ok &= resolve(library, "cuEventRecord", d.cuEventRecord, why);

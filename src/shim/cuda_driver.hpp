@@ -65,6 +65,8 @@ struct CudaDriver {
   cu::Result (*cuStreamDestroy)(cu::Stream) = nullptr;
   cu::Result (*cuStreamSynchronize)(cu::Stream) = nullptr;
   cu::Result (*cuStreamWaitEvent)(cu::Stream, cu::Event, unsigned) = nullptr;
+  // status: 0 none, 1 active, 2 invalidated (CUstreamCaptureStatus)
+  cu::Result (*cuStreamIsCapturing)(cu::Stream, int*) = nullptr;
   cu::Result (*cuEventCreate)(cu::Event*, unsigned) = nullptr;
   cu::Result (*cuEventDestroy)(cu::Event) = nullptr;
   cu::Result (*cuEventRecord)(cu::Event, cu::Stream) = nullptr;

@@ -33,6 +33,11 @@ struct Ours<CUdevice_attribute> {
 };
 static_assert(sizeof(CUdevice_attribute) == sizeof(int));
 template <>
+struct Ours<CUstreamCaptureStatus> {
+  using type = int;
+};
+static_assert(sizeof(CUstreamCaptureStatus) == sizeof(int));
+template <>
 struct Ours<CUresult> {
   using type = cu::Result;
 };
@@ -88,6 +93,7 @@ FERRY_CHECK_ABI(cuStreamCreate, cuStreamCreate);
 FERRY_CHECK_ABI(cuStreamDestroy_v2, cuStreamDestroy);
 FERRY_CHECK_ABI(cuStreamSynchronize, cuStreamSynchronize);
 FERRY_CHECK_ABI(cuStreamWaitEvent, cuStreamWaitEvent);
+FERRY_CHECK_ABI(cuStreamIsCapturing, cuStreamIsCapturing);
 FERRY_CHECK_ABI(cuEventQuery, cuEventQuery);
 FERRY_CHECK_ABI(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync);
 FERRY_CHECK_ABI(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync);

@@ -141,3 +141,7 @@ def o_direct_supported(directory) -> bool:
         return False
     finally:
         probe.unlink()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")

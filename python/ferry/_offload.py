@@ -1,0 +1,369 @@
+"""ferry.torch.offload: some of a model's repeated blocks (decoder layers) live off the GPU, in
+ferry's pinned host arena or in the checkpoint on disk, and stream into static GPU slots just
+before they run (ferry's WeightStream). Their parameters become views of slot memory, so
+torch.compile and CUDA graphs see ordinary GPU tensors; two custom ops (ferry::wait_group before
+a block, ferry::release_group after it) keep the copies ordered on the device, and declare the
+hidden state mutated so that torch.compile cannot move them.
+
+Under CUDA graph capture, copies issued during the capture are part of the graph and the last
+streamed block joins them before returning; capture whole forward passes, after at least one
+eager pass (as torch.cuda.graph users do to warm up)."""
+import ctypes
+import itertools
+import weakref
+from collections import Counter
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from . import _ferry
+from ._dtypes import torch_dtype, torch_shape
+
+__all__ = ["Offload", "offload", "choose_layers", "find_blocks"]
+
+# handle -> Offload, for the ops (which take plain ints). Weak: the hooks hold their Offload, so
+# a model dropped without undo() frees its arena and slots.
+_live: "weakref.WeakValueDictionary[int, Offload]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+
+
+def _compute_stream(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _wait(x: torch.Tensor, handle: int, group: int) -> None:
+    off = _live[handle]
+    off._stream.wait(group, _compute_stream(off.device))
+
+
+def _release(x: torch.Tensor, handle: int, group: int) -> None:
+    off = _live[handle]
+    stream = _compute_stream(off.device)
+    off._stream.release(group, stream)
+    if group == off._last_group:
+        off._stream.join(stream)  # ends the copy stream's forks inside a graph capture
+
+
+# torch >= 2.4: custom ops, so torch.compile keeps them in place and calls them as they are.
+_custom_ops = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+if _custom_ops:
+    @torch.library.custom_op("ferry::wait_group", mutates_args=("x",))
+    def _wait_op(x: torch.Tensor, handle: int, group: int) -> None:
+        _wait(x, handle, group)
+
+    @_wait_op.register_fake
+    def _(x, handle, group):
+        return None
+
+    @torch.library.custom_op("ferry::release_group", mutates_args=("x",))
+    def _release_op(x: torch.Tensor, handle: int, group: int) -> None:
+        _release(x, handle, group)
+
+    @_release_op.register_fake
+    def _(x, handle, group):
+        return None
+
+    _wait_call, _release_call = _wait_op, _release_op
+else:
+    _wait_call, _release_call = _wait, _release
+
+
+def find_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's repeated blocks: the ModuleList holding the most parameter bytes
+    (model.model.layers for transformers' decoders)."""
+    best, best_bytes = None, 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            size = sum(p.numel() * p.element_size() for p in module.parameters())
+            if size > best_bytes:
+                best, best_bytes = module, size
+    if best is None:
+        raise ValueError("offload: the model has no ModuleList of blocks with parameters; "
+                         "pass blocks=")
+    return best
+
+
+def _block_params(block: torch.nn.Module) -> List[torch.nn.Parameter]:
+    seen, out = set(), []
+    for p in block.parameters():
+        if id(p) not in seen and p.numel() > 0:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _uses(root: torch.nn.Module, ids=None, outside=False) -> "Counter[int]":
+    """How many modules under `root` hold each parameter (by id): with outside=True, only the
+    parameters not in `ids`."""
+    out: Counter = Counter()
+    for m in root.modules():
+        for p in m._parameters.values():
+            if p is not None and (not outside or id(p) not in ids):
+                out[id(p)] += 1
+    return out
+
+
+def _replace_parameter(block: torch.nn.Module, old: torch.nn.Parameter,
+                       data: torch.Tensor) -> torch.nn.Parameter:
+    new = torch.nn.Parameter(data, requires_grad=old.requires_grad)
+    for module in block.modules():
+        for name, p in module._parameters.items():
+            if p is old:
+                module._parameters[name] = new
+    return new
+
+
+def _aligned_bytes(n: int, device: torch.device) -> torch.Tensor:
+    """n bytes at a 256-byte aligned address (CUDA allocations are; host ones may not be)."""
+    raw = torch.empty(n + 255, dtype=torch.uint8, device=device)
+    skip = -raw.data_ptr() % 256
+    return raw[skip:skip + n]
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    return p.numel() * p.element_size()
+
+
+def choose_layers(sizes: Sequence[int], group_size: Optional[int] = None, last: int = 1,
+                  budget_bytes: Optional[int] = None, prefetch: int = 1) -> List[int]:
+    """Which of blocks of these byte sizes stream. `group_size` N and `last` K: the last K of
+    every N consecutive blocks (vLLM's offload groups); `budget_bytes`: the fewest evenly spaced
+    blocks whose streaming saves at least that much GPU memory (streamed bytes minus the
+    `prefetch` slots they need). Neither: every block."""
+    n = len(sizes)
+    if n == 0:
+        raise ValueError("offload: no blocks")
+    if budget_bytes is not None:
+        if group_size is not None:
+            raise ValueError("offload: give group_size/last or budget_bytes, not both")
+        if budget_bytes <= 0:
+            raise ValueError(f"offload: budget_bytes must be positive, not {budget_bytes}")
+        most = sum(sizes) - min(prefetch, n) * max(sizes)
+        if budget_bytes > most:
+            raise ValueError(f"offload: a budget of {budget_bytes} bytes is more than streaming "
+                             f"can save: at most {most} bytes of the {sum(sizes)} the {n} blocks "
+                             f"hold with prefetch {prefetch}")
+        plan = _ferry.plan_stream(list(sizes), [], 0, 1.0, prefetch, None, sum(sizes) - budget_bytes)
+        return plan["streamed"]
+    group_size = 1 if group_size is None else group_size
+    try:
+        return _ferry.every_nth_blocks(n, group_size, last)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"offload: group_size {group_size} and last {last}: need "
+                         "1 <= last <= group_size") from e
+
+
+class Offload:
+    """What offload() did, and the way back (undo())."""
+
+    def __init__(self):
+        self.handle = next(_ids)
+        self.device = torch.device("cpu")
+        self.layers: List[int] = []
+        self.source = "cpu"
+        self.streamed_bytes = 0
+        self.slot_bytes = 0
+        self._stream = None
+        self._blocks: List[torch.nn.Module] = []
+        self._params: List[List[torch.nn.Parameter]] = []
+        self._slots: List[torch.Tensor] = []
+        self._last_group = -1
+
+    @property
+    def saved_bytes(self) -> int:
+        """GPU memory the streamed blocks no longer hold, less the slots."""
+        return self.streamed_bytes - self.slot_bytes
+
+    def stats(self) -> dict:
+        return self._stream.stats()
+
+    def undo(self) -> None:
+        """Puts every streamed parameter back on the device, resident, and removes the hooks."""
+        if self._stream is None:
+            return
+        stream = _compute_stream(self.device)
+        for g, (block, params) in enumerate(zip(self._blocks, self._params)):
+            self._stream.wait(g, stream)
+            for p in params:
+                p.data = p.data.clone()
+            self._stream.release(g, stream)
+            block.__dict__.pop("forward", None)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self._stream.synchronize()
+        _live.pop(self.handle, None)
+        self._stream, self._slots = None, []
+
+    def __repr__(self) -> str:
+        return (f"Offload(layers={self.layers}, source={self.source!r}, prefetch="
+                f"{self._stream.prefetch if self._stream else None}, saved_bytes={self.saved_bytes})")
+
+
+def _first_tensor(value: Any) -> Optional[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(value, dict):
+        return _first_tensor(list(value.values()))
+    if hasattr(value, "to_tuple"):  # transformers' ModelOutput
+        return _first_tensor(value.to_tuple())
+    return None
+
+
+def _hook(block: torch.nn.Module, owner: "Offload", group: int) -> None:
+    inner = block.forward
+    handle = owner.handle
+
+    def forward(*args, **kwargs):
+        x = _first_tensor((args, kwargs))
+        if x is None:
+            raise TypeError(f"offload: block {group}'s forward got no tensor to order the "
+                            "stream's wait after")
+        # Detached aliases: the ops need no autograd, and a mutation of an alias still orders
+        # every later use of the tensor under torch.compile.
+        _wait_call(x.detach(), handle, group)
+        out = inner(*args, **kwargs)
+        y = _first_tensor(out)
+        if y is None:
+            raise TypeError(f"offload: block {group}'s forward returned no tensor")
+        _release_call(y.detach(), handle, group)
+        return out
+
+    forward._ferry_offload = owner  # keeps the stream alive as long as the hook
+    block.forward = forward
+
+
+def _checkpoint_table(checkpoint) -> Dict[str, tuple]:
+    return {n: (dtype, list(shape), size, file, offset)
+            for n, dtype, shape, size, file, offset in checkpoint.tensors()}
+
+
+def _checked_entry(checkpoint, table, name: str, p: torch.Tensor) -> tuple:
+    """(bytes, file, offset) of `name`, which must have p's dtype and shape."""
+    if name not in table:
+        raise ValueError(f'offload: the checkpoint {checkpoint.path} has no tensor "{name}"')
+    dtype, shape, size, file, offset = table[name]
+    if torch_dtype(dtype, name) != p.dtype or torch_shape(dtype, shape) != list(p.shape):
+        raise ValueError(f'offload: tensor "{name}" is {dtype} {shape} in the checkpoint '
+                         f"{checkpoint.path} but {p.dtype} {list(p.shape)} in the model")
+    return size, file, offset
+
+
+def _disk_groups(checkpoint, names: List[List[str]], params: List[List[torch.nn.Parameter]]):
+    table = _checkpoint_table(checkpoint)
+    groups = []
+    for block_names, block_params in zip(names, params):
+        group = []
+        for name, p in zip(block_names, block_params):
+            size, file, offset = _checked_entry(checkpoint, table, name, p)
+            group.append((size, 0, file, offset))
+        groups.append(group)
+    return groups
+
+
+def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequence[torch.nn.Module]] = None,
+            group_size: Optional[int] = None, last: int = 1, budget_bytes: Optional[int] = None,
+            layers: Optional[Sequence[int]] = None, prefetch: int = 1, source: str = "cpu",
+            checkpoint: Any = None, prefix: str = "", io: str = "auto") -> Offload:
+    """Streams some of `model`'s blocks into static slots on `device` (default: where the
+    model's first parameter is, else cuda:0). Which: `layers` (indices into the blocks), or
+    `group_size`/`last`, or `budget_bytes` (see choose_layers); default every block. `source`:
+    "cpu" (ferry's pinned arena, filled from the parameters' current bytes) or "disk" (read
+    from `checkpoint`, a safetensors/GGUF path whose names are the model's parameter names,
+    after `prefix`, at every use; the streamed parameters may then be on the meta device).
+    Every other parameter and buffer moves to `device`. Host memory grows by the streamed bytes
+    (the arena) while each streamed parameter's own memory is freed as its bytes move there.
+    Returns an Offload; its undo() makes the model resident again."""
+    if source not in ("cpu", "disk"):
+        raise ValueError(f'offload: source must be "cpu" or "disk", not {source!r}')
+    if source == "disk" and checkpoint is None:
+        raise ValueError('offload: source="disk" needs checkpoint= (a safetensors or GGUF path)')
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None and first.device.type == "cuda" else (
+            "cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    blocks = list(blocks) if blocks is not None else list(find_blocks(model))
+    params_of = [_block_params(b) for b in blocks]
+    sizes = [sum(_nbytes(p) for p in ps) for ps in params_of]
+    if layers is None:
+        chosen = choose_layers(sizes, group_size, last, budget_bytes, prefetch)
+    else:
+        chosen = sorted(set(layers))
+        if not chosen or chosen[0] < 0 or chosen[-1] >= len(blocks):
+            raise ValueError(f"offload: layers {list(layers)} are not indices of the {len(blocks)} blocks")
+    if not 1 <= prefetch <= len(chosen):
+        raise ValueError(f"offload: a prefetch distance of {prefetch}; it must be 1 to the "
+                         f"{len(chosen)} streamed blocks")
+    streamed_ids = set()
+    for i in chosen:
+        if not params_of[i]:
+            raise ValueError(f"offload: block {i} has no parameters to stream")
+        for p in params_of[i]:
+            if id(p) in streamed_ids:
+                raise ValueError(f"offload: a parameter of block {i} is shared with another streamed block")
+            streamed_ids.add(id(p))
+    if source == "cpu" and any(p.device.type == "meta" for i in chosen for p in params_of[i]):
+        raise ValueError('offload: source="cpu" needs the parameters\' bytes; they are on the '
+                         'meta device (use source="disk")')
+    if _uses(model) != sum((_uses(blocks[i]) for i in chosen), Counter()) + _uses(model, streamed_ids, True):
+        raise ValueError("offload: a streamed parameter is shared with a module outside the streamed blocks")
+
+    off = Offload()
+    off.device, off.layers, off.source = device, chosen, source
+    off._blocks = [blocks[i] for i in chosen]
+    off._params = [params_of[i] for i in chosen]
+    off.streamed_bytes = sum(sizes[i] for i in chosen)
+    checkpoint_handle = None
+    if source == "disk":
+        from ._open import open_checkpoint
+        checkpoint_handle = open_checkpoint(checkpoint)
+        names_of = {id(p): n for n, p in model.named_parameters()}
+        names = [[prefix + names_of[id(p)] for p in ps] for ps in off._params]
+        groups = _disk_groups(checkpoint_handle, names, off._params)
+    else:
+        groups = [[(_nbytes(p), 0, 0, 0) for p in ps] for ps in off._params]
+    slot_sizes = _ferry.WeightStream.slot_sizes(groups, prefetch)
+    off._slots = [_aligned_bytes(n, device) for n in slot_sizes]
+    off.slot_bytes = sum(slot_sizes)
+    engine_device = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    stream = _ferry.WeightStream(groups, prefetch, engine_device, checkpoint_handle,
+                                 [s.data_ptr() for s in off._slots], io)
+    # Block by block: the bytes into the arena (cpu source), then the parameter onto its slot,
+    # so each parameter's own memory is freed as soon as the arena holds it.
+    for g, ps in enumerate(off._params):
+        for t, p in enumerate(ps):
+            n = _nbytes(p)
+            if source == "cpu":
+                arena = torch.frombuffer((ctypes.c_uint8 * n).from_address(stream.host_address(g, t)),
+                                         dtype=torch.uint8)
+                arena.copy_(p.data.detach().contiguous().reshape(-1).view(torch.uint8))
+            slot = off._slots[stream.slot_of(g)]
+            at = stream.tensor_address(g, t) - slot.data_ptr()
+            view = slot[at:at + n].view(p.dtype).view(p.shape)
+            if p.device.type == "meta":  # set_data cannot leave the meta device: a new Parameter
+                ps[t] = _replace_parameter(off._blocks[g], p, view)
+            else:
+                p.data = view
+    for module in model.modules():  # the rest: resident on the device
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) not in streamed_ids and p.device != device:
+                p.data = p.data.to(device)
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and b.device != device:
+                module._buffers[name] = b.to(device)
+    off._stream = stream
+    off._last_group = len(chosen) - 1
+    _live[off.handle] = off
+    stream.prime(_compute_stream(device))
+    for g, block in enumerate(off._blocks):
+        _hook(block, off, g)
+    return off
