@@ -146,6 +146,43 @@ TEST(TensorReader, SubmittedReadsEqualThePlainHostPath) {
                std::out_of_range);
 }
 
+TEST(TensorReader, TensorsSubmittedAsOneTicketEqualThePlainHostPath) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  // Many small tensors (a read-ahead window), one large enough for several chunks, one empty.
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 40; ++i)
+    specs.push_back({"t" + std::to_string(100 + i), DType::F32, {64, 33 + std::uint64_t(i)}});
+  specs.push_back({"big", DType::U8, {9u << 20}});
+  specs.push_back({"empty", DType::F32, {0}});
+  test::write_random_checkpoint(path, specs, 7);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  std::vector<std::vector<std::byte>> memory;
+  std::vector<TensorReader::Whole> wanted;
+  // In reverse file order, every other one: the ticket lands each tensor in its own memory.
+  const auto& tensors = checkpoint->tensors();
+  for (std::size_t i = tensors.size(); i-- > 0;) {
+    if (i % 2 == 1 && tensors[i].size < (1u << 20) && tensors[i].size > 0) continue;
+    memory.emplace_back(tensors[i].size + 1, std::byte{0x5a});  // one guard byte after each
+    wanted.push_back({&tensors[i], memory.back().data()});
+  }
+  const std::uint64_t before = reader.bytes_read();
+  const Ticket ticket = reader.submit_tensors(wanted, Device::cpu());
+  std::uint64_t expected = 0;
+  for (const auto& w : wanted) expected += w.tensor->size;
+  EXPECT_EQ(ticket.extent_count(), wanted.size() - 1);  // the empty tensor needs no extent
+  reader.wait(ticket);
+  EXPECT_GE(reader.bytes_read() - before, expected);  // O_DIRECT may widen reads to pages
+  for (std::size_t k = 0; k < wanted.size(); ++k) {
+    const auto plain = test::read_plain(*checkpoint, *wanted[k].tensor);
+    EXPECT_TRUE(std::equal(plain.begin(), plain.end(), memory[k].begin())) << wanted[k].tensor->name;
+    EXPECT_EQ(memory[k].back(), std::byte{0x5a}) << wanted[k].tensor->name;
+  }
+  const std::vector<TensorReader::Whole> no_memory = {{checkpoint->find("big"), nullptr}};
+  EXPECT_THROW(reader.submit_tensors(no_memory, Device::cpu()), std::invalid_argument);
+}
+
 TEST(TensorReader, SubmittedReadOfATruncatedFileIsAClearError) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";

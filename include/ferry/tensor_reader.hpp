@@ -61,6 +61,16 @@ class TensorReader {
   // range (ranges that touch are one), so a column block reads only its bytes, in parallel.
   Ticket submit_ranges(const TensorInfo& tensor, std::span<const Range> ranges, void* to,
                        const Device& device, void* after_event = nullptr) const;
+  // A whole tensor and the memory it goes to (its `size` bytes at `to`).
+  struct Whole {
+    const TensorInfo* tensor = nullptr;
+    void* to = nullptr;
+  };
+  // submit() for many whole tensors at once: ONE ticket with one extent per tensor, so that a
+  // read-ahead window of small tensors costs one submission (the engine reads them in parallel
+  // and lands each in its own memory). Throws std::invalid_argument for a null tensor or memory.
+  Ticket submit_tensors(std::span<const Whole> tensors, const Device& device,
+                        void* after_event = nullptr) const;
   // Waits for a ticket from submit() and throws its failure (FormatError naming the file where
   // it was truncated after opening); counts its bytes in bytes_read().
   void wait(const Ticket& ticket) const;

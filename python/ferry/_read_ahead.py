@@ -5,7 +5,11 @@ or in keys() order, the next tensors of that order are submitted to ferry's tran
 (parallel reads, staged copies) into GPU tensors of their own while the caller works on the
 current one. What is read ahead and not yet taken holds at most READ_AHEAD_BYTES of GPU memory
 (or one tensor, where a single one is larger). A call that follows no order (random access) cancels the guesses and
-reads just its tensor: nothing is read that was not asked for until an order shows again."""
+reads just its tensor: nothing is read that was not asked for until an order shows again.
+
+The window is refilled in batches, each ONE engine submission with one extent per tensor: once
+half of it has been taken, the tensors that fill it again go together, so that a checkpoint of
+small tensors costs a submission per batch rather than per key."""
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -15,15 +19,24 @@ READ_AHEAD_BYTES = 512 << 20
 READ_AHEAD_TENSORS = 64
 
 
+class _Batch:
+    """Tensors submitted together: the engine's ticket and the event the writes wait for (both
+    kept until the reads are over: the engine's copy streams wait on the event when they
+    start). Waited for once, by the first of its tensors taken."""
+
+    __slots__ = ("ticket", "event", "waited")
+
+    def __init__(self, ticket, event):
+        self.ticket, self.event, self.waited = ticket, event, ticket is None
+
+
 class _Read:
-    """One tensor on its way: its memory, the engine's ticket and the event the writes wait for
-    (both kept until the read is over: the engine's copy streams wait on the event when they
-    start)."""
+    """One tensor on its way: its memory and the batch that reads it."""
 
-    __slots__ = ("tensor", "ticket", "size", "event")
+    __slots__ = ("tensor", "batch", "size")
 
-    def __init__(self, tensor, ticket, size: int, event):
-        self.tensor, self.ticket, self.size, self.event = tensor, ticket, size, event
+    def __init__(self, tensor, batch: _Batch, size: int):
+        self.tensor, self.batch, self.size = tensor, batch, size
 
 
 class ReadAhead:
@@ -38,6 +51,8 @@ class ReadAhead:
         self._pending: Dict[str, _Read] = {}  # read ahead, not taken yet
         self._pending_bytes = 0
         self._last: Optional[str] = None
+        # Taken since the last miss: not guessed again (keys() and file order differ at the ends).
+        self._taken = set()
         self._lock = threading.Lock()
         self.hits = 0  # tensors handed out from the read-ahead
         self.wasted_bytes = 0  # read ahead, never taken (a wrong guess)
@@ -51,21 +66,40 @@ class ReadAhead:
                 self.hits += 1
             else:
                 self._drop_pending()  # the guess was wrong: free its memory before reading more
+                self._taken.clear()
             event = self._event()
             if read is None:
-                read = self._start(name, size, event)
-            for following in self._predicted(name):
-                if following in self._pending:
-                    continue
-                nbytes = self._size_of(following)
-                if self._pending and self._pending_bytes + nbytes > READ_AHEAD_BYTES:
-                    break
-                self._pending[following] = self._start(following, nbytes, event)
-                self._pending_bytes += nbytes
+                read = self._start([(name, size)], event)[0]
+            self._taken.add(name)
+            self._refill(name, event)
             self._last = name
-        if read.ticket is not None:
-            self._reader.wait(read.ticket)
+            ticket, first = read.batch.ticket, not read.batch.waited
+            read.batch.waited = True  # the first taker waits (below, outside the lock)
+        if ticket is not None:
+            if first:
+                self._reader.wait(ticket)  # counts the batch's bytes once; raises its failure
+            else:
+                ticket.wait()  # the batch another thread is waiting for; raises its failure
         return read.tensor
+
+    def _refill(self, name: str, event) -> None:
+        """Once the window is half empty, the tensors that fill it again go as one batch."""
+        if self._pending and (len(self._pending) > READ_AHEAD_TENSORS // 2 or
+                              self._pending_bytes > READ_AHEAD_BYTES // 2):
+            return
+        wanted, total = [], self._pending_bytes
+        for following in self._predicted(name):
+            if following in self._pending or following in self._taken:
+                continue
+            nbytes = self._size_of(following)
+            if (self._pending or wanted) and total + nbytes > READ_AHEAD_BYTES:
+                break
+            wanted.append((following, nbytes))
+            total += nbytes
+        if wanted:
+            for (following, nbytes), read in zip(wanted, self._start(wanted, event)):
+                self._pending[following] = read
+            self._pending_bytes = total
 
     def close(self) -> None:
         with self._lock:
@@ -83,27 +117,33 @@ class ReadAhead:
         event.record(torch.cuda.current_stream(self._device))
         return event
 
-    def _start(self, name: str, size: int, event) -> _Read:
+    def _start(self, wanted: List[Tuple[str, int]], event) -> List[_Read]:
+        """Reads of the (name, size) tensors, submitted as one batch."""
         import torch
 
-        tensor = torch.empty(size, dtype=torch.uint8, device=self._device)
+        tensors = [torch.empty(size, dtype=torch.uint8, device=self._device) for _, size in wanted]
+        submitted = [(name, t.data_ptr()) for (name, size), t in zip(wanted, tensors) if size]
         ticket = None
-        if size:
-            ticket = self._reader.submit(name, 0, size, tensor.data_ptr(), self._device,
-                                         event.cuda_event if event is not None else 0)
-        return _Read(tensor, ticket, size, event)
+        if submitted:
+            ticket = self._reader.submit_tensors(submitted, self._device,
+                                                 event.cuda_event if event is not None else 0)
+        batch = _Batch(ticket, event)
+        return [_Read(t, batch, size) for t, (_, size) in zip(tensors, wanted)]
 
     def _drop_pending(self) -> None:
         reads = list(self._pending.values())
         self._pending.clear()
         self._pending_bytes = 0
+        batches = {id(read.batch): read.batch for read in reads}.values()
+        for batch in batches:
+            if batch.ticket is not None and not batch.waited:  # a taker may still wait on others
+                batch.ticket.cancel()
         for read in reads:
-            if read.ticket is not None:
-                read.ticket.cancel()
             self.wasted_bytes += read.size
-        for read in reads:
+        for batch in batches:
             # The ticket's destructor waits for the chunks in flight: it goes before the memory.
-            read.ticket = None
+            batch.ticket = None
+        for read in reads:
             read.tensor = None
 
     def _predicted(self, name: str) -> List[str]:

@@ -434,6 +434,26 @@ NB_MODULE(_ferry, m) {
           "name"_a, "ranges"_a, "address"_a, "device"_a, "after_event"_a = 0,
           "submit() for (begin, end) byte ranges, packed back to back at address.")
       .def(
+          "submit_tensors",
+          [](const TensorReader& r,
+             const std::vector<std::pair<std::string, std::uintptr_t>>& tensors,
+             const std::string& device, std::uintptr_t after_event) {
+            std::vector<TensorReader::Whole> list;
+            list.reserve(tensors.size());
+            for (const auto& [name, address] : tensors) {
+              const TensorInfo* t = r.checkpoint().find(name);
+              FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+              list.push_back({t, reinterpret_cast<void*>(address)});
+            }
+            const Device d = Device::parse(device);
+            return without_gil([&] {
+              return r.submit_tensors(list, d, reinterpret_cast<void*>(after_event));
+            });
+          },
+          "tensors"_a, "device"_a, "after_event"_a = 0,
+          "Starts reading whole tensors, (name, address) each, as ONE ticket (one extent per\n"
+          "tensor); the memory must outlive the ticket.")
+      .def(
           "wait",
           [](const TensorReader& r, const Ticket& ticket) {
             without_gil([&] { r.wait(ticket); });
@@ -444,6 +464,13 @@ NB_MODULE(_ferry, m) {
 
   nb::class_<Ticket>(m, "Ticket")
       .def("ready", &Ticket::ready)
+      .def(
+          "wait",
+          [](const Ticket& t) {
+            without_gil([&] { t.wait(); });
+            t.rethrow_if_failed();
+          },
+          "Waits until the transfer is over; raises its failure.")
       .def("cancel", &Ticket::cancel,
            "Stops the transfer before its next chunk; dropping the ticket then waits only for "
            "chunks in flight.");

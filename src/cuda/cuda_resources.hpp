@@ -104,7 +104,8 @@ const PrimaryContext& device_context(int ordinal);
 std::shared_ptr<void> allocate_device_memory(std::shared_ptr<PrimaryContext> context,
                                              std::size_t bytes);
 
-// Page-aligned host memory freed when the last reference goes.
+// Page-aligned host memory (2 MiB-aligned huge pages where granted, for large sizes) freed when
+// the last reference goes.
 std::shared_ptr<void> allocate_host_memory(std::size_t bytes);
 
 }  // namespace ferry::detail

@@ -111,6 +111,33 @@ Ticket TensorReader::submit_ranges(const TensorInfo& tensor, std::span<const Ran
                        options);
 }
 
+Ticket TensorReader::submit_tensors(std::span<const Whole> tensors, const Device& device,
+                                    void* after_event) const {
+  std::vector<Extent> extents;
+  extents.reserve(tensors.size());
+  std::optional<IoMode> io;
+  for (const Whole& w : tensors) {
+    FERRY_EXPECT(w.tensor != nullptr, std::invalid_argument, "submit_tensors: a null tensor");
+    const TensorInfo& t = *w.tensor;
+    if (t.size == 0) continue;
+    FERRY_EXPECT(w.to != nullptr, std::invalid_argument, "submit_tensors: tensor \"", t.name,
+                 "\" has no memory to go to");
+    FERRY_EXPECT(t.file_index < _files->fds.size(), std::out_of_range, "tensor \"", t.name,
+                 "\" names file ", t.file_index, " of ", _files->fds.size());
+    // One I/O path per ticket: the files' own where they agree, else through the page cache
+    // (which every file system serves).
+    const IoMode mode = io_mode(t.file_index);
+    io = !io || *io == mode ? mode : IoMode::Buffered;
+    extents.push_back({t.file_index, t.offset, {{device, w.to, t.size}}});
+  }
+  TransferOptions options;
+  options.stop_at_first_error = true;
+  options.io = io.value_or(IoMode::Buffered);
+  options.after_event = after_event;
+  return ferry::submit(_checkpoint->shared_file_set(), Direction::FileToMemory, std::move(extents),
+                       options);
+}
+
 IoMode TensorReader::io_mode(std::uint32_t file) const {
   FERRY_EXPECT(file < _files->fds.size(), std::out_of_range, "file ", file, " of ",
                _files->fds.size());

@@ -503,3 +503,42 @@ def test_read_ahead_logic_on_host_memory(tmp_path, monkeypatch):
     ahead.take(sorted(tensors)[9], size_of(sorted(tensors)[9]))
     assert ahead.wasted_bytes > 0 and ahead._pending_bytes == 0
     ahead.close()
+
+
+def test_read_ahead_submits_its_window_in_batches(tmp_path):
+    """Keys taken in order cost one engine submission per half window, not one per key; every
+    tensor equals the host path and the reader counts each byte once."""
+    from ferry import _ferry, _read_ahead
+
+    generator = torch.Generator().manual_seed(8)
+    tensors = {f"t{i:03d}": torch.rand((16, 17 + i % 5), generator=generator) for i in range(200)}
+    path = tmp_path / "small.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    checkpoint = _ferry.Checkpoint.open(str(path))
+    names = checkpoint.names()
+    size_of = lambda name: checkpoint.tensor(name)[2]
+
+    class Counting:
+        """The reader, counting the tensors of each submission."""
+
+        def __init__(self, reader):
+            self.reader, self.batches = reader, []
+
+        def submit_tensors(self, wanted, device, after_event=0):
+            self.batches.append(len(wanted))
+            return self.reader.submit_tensors(wanted, device, after_event)
+
+        def __getattr__(self, name):
+            return getattr(self.reader, name)
+
+    reader = _ferry.TensorReader(checkpoint)
+    counting = Counting(reader)
+    ahead = _read_ahead.ReadAhead(counting, names, "cpu", size_of)
+    for name in names:
+        assert ahead.take(name, size_of(name)).numpy().tobytes() == as_bytes(tensors[name]), name
+    window = _read_ahead.READ_AHEAD_TENSORS
+    assert sum(counting.batches) == len(names) and ahead.hits == len(names) - 1
+    assert len(counting.batches) <= 2 + len(names) // (window // 2), counting.batches
+    assert max(counting.batches) == window, counting.batches
+    assert reader.bytes_read == sum(size_of(n) for n in names)
+    ahead.close()
