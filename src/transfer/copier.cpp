@@ -99,8 +99,9 @@ EventPool& event_pool() {
 
 class CudaCopier final : public Copier {
  public:
-  CudaCopier(int ordinal, unsigned slots) : _ordinal(ordinal) {
-    device_context(ordinal).make_current();
+  CudaCopier(int ordinal, unsigned slots)
+      : _ordinal(ordinal), _context(&device_context(ordinal)) {
+    _context->make_current();
     _stream = stream_pool().take(ordinal);
     try {
       _fences = event_pool().take(ordinal, slots);
@@ -114,18 +115,24 @@ class CudaCopier final : public Copier {
     event_pool().give(_ordinal, _fences);
     stream_pool().give(_ordinal, _stream);
   }
+  // A job may hold copiers of several devices on one thread: each call makes its own device's
+  // context current (a thread-local set in the driver), so streams and events match it.
   void put(std::uintptr_t memory, const std::byte* staging, std::uint64_t size) override {
+    _context->make_current();
     FERRY_CU(cuMemcpyHtoDAsync, memory, staging, size, _stream->get());
   }
   void get(std::byte* staging, std::uintptr_t memory, std::uint64_t size) override {
+    _context->make_current();
     FERRY_CU(cuMemcpyDtoHAsync, staging, memory, size, _stream->get());
   }
   void fence(unsigned slot) override { _fences[slot].record(*_stream); }
   void wait(unsigned slot) override { _fences[slot].synchronize(); }
   void after(void* event) override {
+    _context->make_current();
     if (event) FERRY_CU(cuStreamWaitEvent, _stream->get(), static_cast<shim::cu::Event>(event), 0);
   }
   PooledEvent mark_end() override {
+    _context->make_current();
     auto taken = event_pool().take(_ordinal, 1);
     PooledEvent end(new Event(std::move(taken.front())), EventReturn{_ordinal});
     end->record(*_stream);
@@ -135,6 +142,7 @@ class CudaCopier final : public Copier {
 
  private:
   int _ordinal;
+  const PrimaryContext* _context;
   Stream* _stream;
   std::vector<Event> _fences;
 };
