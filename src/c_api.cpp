@@ -21,6 +21,10 @@
 #include "ferry/transfer.hpp"
 #include "ferry/utf8_path.hpp"
 
+namespace ferry::capi {
+thread_local std::string last_error;
+}  // namespace ferry::capi
+
 struct ferry_checkpoint {
   std::shared_ptr<const ferry::Checkpoint> checkpoint;
   std::vector<std::string> file_names;

@@ -11,7 +11,8 @@
 namespace ferry::capi {
 
 // The message ferry_last_error() returns, per thread.
-inline thread_local std::string last_error;
+// Defined once in c_api.cpp: an inline thread_local would be defined in every file under mingw.
+extern thread_local std::string last_error;
 
 inline ferry_status fail(ferry_status status, std::string message) {
   last_error = std::move(message);

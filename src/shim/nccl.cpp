@@ -1,6 +1,8 @@
 #include "shim/nccl.hpp"
 
+#ifndef _WIN32
 #include <glob.h>
+#endif
 
 #include <cstdlib>
 #include <vector>
@@ -13,6 +15,7 @@ namespace {
 
 constexpr const char* kLibrary = "libnccl.so.2";
 
+#ifndef _WIN32
 // PyTorch's CUDA wheels bring NCCL as nvidia/nccl/lib/libnccl.so.2 inside site-packages.
 std::vector<std::string> wheel_candidates() {
   std::vector<std::string> patterns;
@@ -45,7 +48,15 @@ std::vector<std::string> wheel_candidates() {
   }
   return found;
 }
+#endif
 
+#ifdef _WIN32
+// NCCL is not built for Windows: loads onto several GPUs say so instead of looking for it.
+void* open_nccl(std::string&, std::string& why) {
+  why = "NCCL is not available on Windows";
+  return nullptr;
+}
+#else
 void* open_nccl(std::string& path, std::string& why) {
   if (void* library = ::dlopen(kLibrary, RTLD_LAZY | RTLD_LOCAL | RTLD_NODELETE)) {
     path = kLibrary;
@@ -65,6 +76,7 @@ void* open_nccl(std::string& path, std::string& why) {
         "folder's nvidia/nccl/lib (PyTorch's CUDA wheels bring it)";
   return nullptr;
 }
+#endif
 
 template <class Fn>
 bool resolve(void* library, const char* symbol, Fn& slot, std::string& why) {
