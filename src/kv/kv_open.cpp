@@ -1,0 +1,216 @@
+// Opening a KVStore: the namespace's directory, its manifest (written once, checked on every
+// open), listing the namespaces under a root, and the store's files set up for open().
+#include "ferry/kv_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_set>
+
+#include "ferry/error.hpp"
+#include "io/file_descriptor.hpp"
+#include "kv/durable_file.hpp"
+#include "kv/kv_format.hpp"
+#include "kv/kv_index.hpp"
+#include "kv/kv_store_impl.hpp"
+#include "kv/slab_files.hpp"
+#include "kv/transfer_block_io.hpp"
+
+
+namespace ferry {
+
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+constexpr int kManifestVersion = 1;
+
+nlohmann::json namespace_json(const KVNamespace& ns) {
+  return {{"model", ns.model},       {"dtype", ns.dtype},       {"block_layout", ns.block_layout},
+          {"tp_rank", ns.tp_rank},   {"world_size", ns.world_size}};
+}
+
+std::string hex16(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+}  // namespace
+
+std::string KVStore::directory_name(const KVNamespace& ns) {
+  const std::string canonical = namespace_json(ns).dump();  // keys sorted: a stable text
+  return "ns-" + hex16(XXH3_64bits(canonical.data(), canonical.size()));
+}
+
+
+namespace {
+
+nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>& bytes) {
+  nlohmann::json found;
+  try {
+    found = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                  reinterpret_cast<const char*>(bytes.data() + bytes.size()));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": not JSON: " + e.what());
+  }
+  FERRY_FORMAT_EXPECT(found.is_object() && found.value("format", "") == "ferry-kv-store" &&
+                          found.value("version", 0) == kManifestVersion,
+                      path.string(), ": not a version ", kManifestVersion,
+                      " ferry KV store manifest");
+  try {
+    for (const char* field : {"block_bytes", "slot_bytes", "slot_count", "slab_count",
+                              "slots_per_slab"})
+      FERRY_FORMAT_EXPECT(found.at(field).is_number_unsigned(), path.string(), ": ", field,
+                          " is not a count");
+    const auto& ns = found.at("namespace");
+    (void)ns.at("model").get<std::string>(), (void)ns.at("dtype").get<std::string>();
+    (void)ns.at("block_layout").get<std::string>(), (void)ns.at("tp_rank").get<int>();
+    (void)ns.at("world_size").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": " + e.what());
+  }
+  return found;
+}
+
+}  // namespace
+
+void KVStore::Impl::check_manifest(bool writable) {
+  nlohmann::json wanted = {{"format", "ferry-kv-store"},
+                           {"version", kManifestVersion},
+                           {"namespace", namespace_json(ns)},
+                           {"block_bytes", block_bytes},
+                           {"slot_bytes", slot_bytes},
+                           {"slot_count", slot_count},
+                           {"slab_count", slab_count},
+                           {"slots_per_slab", slots_per_slab}};
+  const fs::path path = dir / "manifest.json";
+  auto bytes = read_if_exists(path);
+  if (!bytes) {
+    FERRY_EXPECT(writable, std::invalid_argument, path.string(),
+                 ": no KV store here (a writer creates it)");
+    const std::string text = wanted.dump(2) + "\n";
+    write_atomically(path, std::as_bytes(std::span(text)));
+    return;
+  }
+  const nlohmann::json found = read_manifest(path, *bytes);
+  FERRY_EXPECT(found["namespace"] == wanted["namespace"], std::invalid_argument, path.string(),
+               ": belongs to namespace ", found["namespace"].dump(), ", not ",
+               wanted["namespace"].dump());
+  // Block size and capacity must be what was asked; the slab split is the creator's choice.
+  for (const char* field : {"block_bytes", "slot_bytes", "slot_count"})
+    FERRY_EXPECT(found[field] == wanted[field], std::invalid_argument, path.string(),
+                 ": the store was created with ", field, " ", found[field].dump(), "; opened with ",
+                 wanted[field].dump(), " (block size and capacity are fixed at creation)");
+  const auto found_slabs = found["slab_count"].get<std::uint64_t>();
+  const auto found_per_slab = found["slots_per_slab"].get<std::uint64_t>();
+  FERRY_FORMAT_EXPECT(found_slabs >= 1 && found_slabs <= 256 &&
+                          found_per_slab == (slot_count + found_slabs - 1) / found_slabs,
+                      path.string(), ": slab_count ", found_slabs, " and slots_per_slab ",
+                      found_per_slab, " do not fit ", slot_count, " slots");
+  wanted["slab_count"] = found_slabs;
+  wanted["slots_per_slab"] = found_per_slab;
+  FERRY_EXPECT(found == wanted, std::invalid_argument, path.string(), ": the store was created as ",
+               found.dump(), "; opened as ", wanted.dump(),
+               " (block size and capacity are fixed at creation)");
+  slab_count = static_cast<unsigned>(found_slabs);
+  slots_per_slab = found_per_slab;
+}
+
+std::vector<KVStoreInfo> KVStore::list(const fs::path& root) {
+  std::vector<KVStoreInfo> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const fs::path path = entry.path() / "manifest.json";
+    if (entry.path().filename().string().rfind("ns-", 0) != 0) continue;
+    auto bytes = read_if_exists(path);
+    if (!bytes) continue;  // a store being created
+    const nlohmann::json m = read_manifest(path, *bytes);
+    KVStoreInfo info;
+    info.directory = entry.path();
+    const auto& ns = m["namespace"];
+    info.ns = {ns["model"].get<std::string>(), ns["dtype"].get<std::string>(),
+               ns["block_layout"].get<std::string>(), ns["tp_rank"].get<int>(),
+               ns["world_size"].get<int>()};
+    info.block_bytes = m["block_bytes"].get<std::uint64_t>();
+    info.capacity_bytes = m["slot_count"].get<std::uint64_t>() * m["slot_bytes"].get<std::uint64_t>();
+    out.push_back(std::move(info));
+  }
+  if (error) detail::fail_errno(error.value(), root.string(), ": cannot list the KV root");
+  std::sort(out.begin(), out.end(),
+            [](const KVStoreInfo& a, const KVStoreInfo& b) { return a.directory < b.directory; });
+  return out;
+}
+
+KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t capacity_bytes,
+                      std::uint64_t block_bytes, const KVStoreOptions& options) {
+  FERRY_EXPECT(block_bytes > 0 && block_bytes <= (std::uint64_t{1} << 31), std::invalid_argument,
+               "KV store at ", root.string(), ": block size ", block_bytes,
+               " must be 1 byte to 2 GiB");
+  FERRY_EXPECT(ns.world_size >= 1 && ns.tp_rank >= 0 && ns.tp_rank < ns.world_size,
+               std::invalid_argument, "KV store at ", root.string(), ": tensor-parallel rank ",
+               ns.tp_rank, " of world size ", ns.world_size);
+  FERRY_EXPECT(options.slab_count >= 1 && options.slab_count <= 256, std::invalid_argument,
+               "KV store at ", root.string(), ": slab count ", options.slab_count,
+               " must be 1 to 256");
+  FERRY_EXPECT(options.checkpoint_every >= 1, std::invalid_argument, "KV store at ",
+               root.string(), ": checkpoint_every must be at least 1");
+  auto impl = std::make_unique<Impl>();
+  impl->ns = ns;
+  impl->options = options;
+  impl->block_bytes = block_bytes;
+  impl->slot_bytes = (block_bytes + kAlign - 1) / kAlign * kAlign;
+  impl->slot_count = capacity_bytes / impl->slot_bytes;
+  FERRY_EXPECT(impl->slot_count >= 1 && impl->slot_count < kNoSlot, std::invalid_argument,
+               "KV store at ", root.string(), ": capacity ", capacity_bytes, " bytes holds ",
+               impl->slot_count, " blocks of ", impl->slot_bytes, " (need 1 to 2^32-2)");
+  impl->slab_count =
+      static_cast<unsigned>(std::min<std::uint64_t>(options.slab_count, impl->slot_count));
+  impl->slots_per_slab = (impl->slot_count + impl->slab_count - 1) / impl->slab_count;
+  impl->limits = {impl->slot_count, block_bytes};
+  impl->dir = root / directory_name(ns);
+  impl->journal_path = impl->dir / "journal";
+  impl->checkpoint_path = impl->dir / "checkpoint";
+  const bool writable = !options.read_only;
+
+  if (writable) {
+    std::error_code error;
+    fs::create_directories(root, error);
+    if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
+    if (::mkdir(impl->dir.c_str(), 0700) == 0)
+      fsync_directory(root);  // the new directory's name is durable before files go in it
+    else if (errno != EEXIST)
+      FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
+    const fs::path lock_path = impl->dir / "writer.lock";
+    impl->lock_fd = detail::FileDescriptor(
+        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
+    if (::flock(impl->lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        FERRY_SYSCALL_FAIL(lock_path.string(),
+                           ": another process writes this namespace (open read_only to share)");
+      FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
+    }
+  } else {
+    struct stat st {};
+    if (::stat(impl->dir.c_str(), &st) != 0)
+      FERRY_SYSCALL_FAIL(impl->dir.string(), ": no KV store for this namespace (a writer creates it)");
+  }
+  impl->check_manifest(writable);
+  impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,
+                                            impl->slots_per_slab * impl->slot_bytes, writable);
+  impl->io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,
+                                               options.gpu_path, options.allow_compat);
+  impl->load_state(writable);
+  return KVStore(std::move(impl));
+}
+
+}  // namespace ferry
