@@ -14,12 +14,14 @@
 #include "ferry/tensor_reader.hpp"
 #include "ferry/transfer.hpp"
 #include "shim/cuda_driver.hpp"
+#include "staging_limit.hpp"
 #include "test_support.hpp"
 #include "transfer/pinned_pool.hpp"
 
 namespace ferry {
 namespace {
 
+using test::StagingLimit;
 using test::TempDir;
 
 class GpuTransfer : public ::testing::Test {
@@ -150,22 +152,6 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
   compute.synchronize();
   EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
 }
-
-// The process's staging bound lowered for one test, restored after.
-class StagingLimit {
- public:
-  explicit StagingLimit(std::uint64_t bytes) : _old(staging_limit()) {
-    set_staging_limit(bytes);
-    detail::staging_pool().release_idle();
-    detail::staging_pool().reset_high_water();
-  }
-  ~StagingLimit() { set_staging_limit(_old); }
-  StagingLimit(const StagingLimit&) = delete;
-  StagingLimit& operator=(const StagingLimit&) = delete;
-
- private:
-  std::uint64_t _old;
-};
 
 // Many small extents of GPU memory at unaligned offsets and sizes, grouped into shared slots
 // and written with their copies queued ahead of the writes, under a staging bound of a few

@@ -15,6 +15,7 @@
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "platform/file.hpp"
+#include "staging_limit.hpp"
 #include "test_support.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
@@ -23,6 +24,7 @@
 namespace ferry {
 namespace {
 
+using test::StagingLimit;
 using test::TempDir;
 
 std::vector<std::byte> file_bytes(const std::filesystem::path& path) {
@@ -383,22 +385,6 @@ TEST(Pipeline, AWritePastTheFileSizeLimitAmongGroupedExtentsFailsAlone) {
     }
   }
 }
-
-// The process's staging bound lowered for one test, restored after.
-class StagingLimit {
- public:
-  explicit StagingLimit(std::uint64_t bytes) : _old(staging_limit()) {
-    set_staging_limit(bytes);
-    detail::staging_pool().release_idle();
-    detail::staging_pool().reset_high_water();
-  }
-  ~StagingLimit() { set_staging_limit(_old); }
-  StagingLimit(const StagingLimit&) = delete;
-  StagingLimit& operator=(const StagingLimit&) = delete;
-
- private:
-  std::uint64_t _old;
-};
 
 // Three writers with deep pipelines (8 slots each, 4 workers) under a bound that holds a few
 // slots: leases take fewer slots or wait, and the pool never holds more than the bound.
