@@ -1,10 +1,17 @@
 """Loads in one process after the first: `ferry load --repeat N --json` of a checkpoint already
 in the page cache, beside pinned host-to-device copy measured in the same run (GPU) or alone
 (cpu: the host path's fixed costs per load), on the built-in defaults (no tuning file). The
-later loads show the per-call setup a server still pays once it has loaded once. Prints each
-load's GB/s and where its time went.
+later loads show the per-call setup a server still pays once it has loaded once.
 
-usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 6] [--json OUT]
+Prints each load's GB/s and where its time went: before the submission (plan, allocation), the
+head (submission to the first copy queued), the steady part, the tail (last read done to every
+copy finished) and the end (statistics); then, from a run with --profile (timed events around
+each read's copies), how long the GPU had copies queued or running (copy busy) within the span
+of the copies, and the copy rate while busy. --sweep adds the later loads' median for other
+thread counts, read sizes and slots, each in its own process.
+
+usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 8] [--sweep]
+                      [--json OUT]
 """
 import argparse
 import json
@@ -15,13 +22,57 @@ import sys
 
 from run_bench import warm_page_cache
 
+# (threads, read MiB, slots per thread) beside the built-in defaults (16, 4, 2).
+SWEEP = [(16, 4, 2), (16, 1, 2), (16, 2, 2), (16, 8, 2), (16, 2, 4), (16, 4, 3), (16, 4, 4),
+         (12, 4, 2), (8, 4, 2), (8, 8, 2), (8, 4, 4), (4, 8, 4), (24, 2, 2)]
+
+
+def ferry_loads(args, extra=()):
+    # The built-in defaults, as bench/compare_loads.py measures them (no tuning file).
+    env = dict(os.environ, FERRY_TUNING_FILE="/nonexistent/ferry-second-load-tuning.json")
+    out = subprocess.run([args.ferry, "load", args.checkpoint, "--device", args.device, "--json",
+                          "--repeat", str(args.repeat), *extra],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"ferry load {' '.join(extra)} failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout)
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:7.2f}"
+
+
+def breakdown(loads):
+    """Per load: where the time went, in ms (pipeline times are from the submission)."""
+    print(f"{'load':>4} {'GB/s':>7} {'total':>7} {'submit':>7} {'alloc':>7} {'1st read':>8} "
+          f"{'head':>7} {'steady':>7} {'tail':>7} {'end':>7} {'wait/thr':>8} {'read/thr':>8}")
+    for i, s in enumerate(loads):
+        p = s.get("pipeline_seconds", {})
+        threads = max(s.get("reader_threads", 1), 1)
+        submit = s.get("submit_seconds", 0)
+        head = p.get("first_copy", 0)
+        tail = p.get("copies_done", 0) - p.get("last_read", 0)
+        steady = p.get("last_read", 0) - head
+        end = s["seconds"] - submit - p.get("copies_done", 0)
+        print(f"{i + 1:>4} {s['gigabytes_per_second']:7.2f} {ms(s['seconds'])} {ms(submit)} "
+              f"{ms(s['allocate_seconds'])} {ms(p.get('first_read', 0)):>8} {ms(head)} "
+              f"{ms(steady)} {ms(tail)} {ms(end)} "
+              f"{ms(s.get('wait_thread_seconds', 0) / threads):>8} "
+              f"{ms(s.get('read_thread_seconds', 0) / threads):>8}")
+
+
+def later_median(loads, key="gigabytes_per_second"):
+    return statistics.median(s[key] for s in loads[1:]) if len(loads) > 1 else loads[0][key]
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
     ap.add_argument("--ferry", required=True)
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--repeat", type=int, default=6)
+    ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--sweep", action="store_true",
+                    help="also other thread counts, read sizes and slots (one process each)")
     ap.add_argument("--json")
     args = ap.parse_args()
     pinned = None
@@ -29,27 +80,47 @@ def main():
         from run_bench import pinned_h2d_gbps
         pinned = pinned_h2d_gbps()
     warm_page_cache(args.checkpoint)
-    # The built-in defaults, as bench/compare_loads.py measures them (no tuning file).
-    env = dict(os.environ, FERRY_TUNING_FILE="/nonexistent/ferry-second-load-tuning.json")
-    out = subprocess.run([args.ferry, "load", args.checkpoint, "--device", args.device, "--json",
-                          "--repeat", str(args.repeat)], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        sys.exit(f"ferry load failed: {out.stderr.strip()[-500:]}")
-    loads = json.loads(out.stdout)
-    print(f"{'load':>4} {'GB/s':>7} {'seconds':>8} {'alloc ms':>9} {'staging ms':>10} "
-          f"{'setup ms':>9} {'read s':>7} {'queue s':>8} {'wait s':>7}")
-    for i, s in enumerate(loads):
-        print(f"{i + 1:>4} {s['gigabytes_per_second']:7.2f} {s['seconds']:8.4f} "
-              f"{s['allocate_seconds'] * 1e3:9.2f} {s.get('staging_seconds', 0) * 1e3:10.2f} "
-              f"{s.get('setup_thread_seconds', 0) * 1e3:9.2f} {s.get('read_thread_seconds', 0):7.3f} "
-              f"{s.get('queue_thread_seconds', 0):8.3f} {s.get('wait_thread_seconds', 0):7.3f}")
-    later = statistics.median(s["gigabytes_per_second"] for s in loads[1:])
+    loads = ferry_loads(args)
+    print(f"built-in defaults, {args.repeat} loads in one process (ms; head = submission to the "
+          f"first copy queued, tail = last read done to every copy finished, wait/read per thread)")
+    breakdown(loads)
+    later = later_median(loads)
     result = {"device": args.device, "loads": loads, "later_gbps": later, "pinned_h2d_gbps": pinned}
-    line = f"later loads: median {later:.2f} GB/s"
+    line = f"later loads: median {later:.2f} GB/s of {len(loads) - 1}"
     if pinned:
         result["later_x_pinned"] = later / pinned
-        line += f" = {later / pinned:.3f} x pinned H2D ({pinned:.1f} GB/s)"
+        line += f" = {later / pinned:.3f} x pinned H2D ({pinned:.1f} GB/s, same run)"
     print(line)
+    if args.device.startswith("cuda"):
+        profiled = ferry_loads(args, ["--profile"])
+        result["profiled"] = profiled
+        rows = []
+        for s in profiled[1:]:
+            p = s["pipeline_seconds"]
+            if p.get("copy_busy", 0) > 0:
+                rows.append((s["gigabytes_per_second"], p["copy_busy"] / p["copy_span"],
+                             s["tensor_bytes"] / p["copy_busy"] / 1e9,
+                             (s["seconds"] - p["copy_busy"]) * 1e3))
+        if rows:
+            gbps, busy, rate, idle = (statistics.median(r[i] for r in rows) for i in range(4))
+            print(f"profiled later loads (median of {len(rows)}): {gbps:.2f} GB/s; copies queued "
+                  f"or running {busy * 100:.1f}% of their span; {rate:.1f} GB/s while they were; "
+                  f"{idle:.2f} ms of the load without a copy")
+            result["profile"] = {"gbps": gbps, "busy_fraction": busy, "busy_gbps": rate,
+                                 "idle_ms": idle}
+    if args.sweep:
+        print(f"{'threads':>7} {'read MiB':>8} {'slots':>5} {'staging MiB':>11} {'GB/s':>7} "
+              f"{'x pinned':>8}  (median of later loads, one process each)")
+        result["sweep"] = []
+        for threads, mib, slots in SWEEP:
+            runs = ferry_loads(args, ["--threads", str(threads), "--chunk-mib", str(mib),
+                                      "--slots", str(slots), "--staging-mib", "1024"])
+            gbps = later_median(runs)
+            ratio = f"{gbps / pinned:8.3f}" if pinned else f"{'-':>8}"
+            print(f"{threads:>7} {mib:>8} {slots:>5} {runs[-1]['staging_bytes'] / 2**20:11.0f} "
+                  f"{gbps:7.2f} {ratio}")
+            result["sweep"].append({"threads": threads, "chunk_mib": mib, "slots": slots,
+                                    "gbps": gbps, "loads": runs})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -62,6 +62,7 @@ void add_load(CLI::App& app) {
   static bool allow_compat = false;
   static bool hash = false;
   static bool json = false;
+  static bool profile = false;
   static std::vector<std::string> names;
   // Engine settings stay text here: set_load_option, the one mapping every front end uses,
   // parses and checks them.
@@ -106,6 +107,9 @@ void add_load(CLI::App& app) {
   cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)");
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
+  cmd->add_flag("--profile", profile,
+                "time the copies on the GPU for the statistics (copy engine busy time; costs a "
+                "little)");
   cmd->add_option("--repeat", repeat, "load this many times and report each")
       ->check(CLI::Range(1u, 1000000u));
   cmd->callback([] {
@@ -120,6 +124,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
     set_load_option(options, "threads", threads);
     set_load_option(options, "slots", slots);
+    set_load_option(options, "profile", profile ? "true" : "false");
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)

@@ -93,6 +93,44 @@ INSTANTIATE_TEST_SUITE_P(
                       EngineCase{IoMode::Direct, 100000, 3, 4 << 20},
                       EngineCase{IoMode::Auto, 1 << 20, 4, 16 << 20}));
 
+// The statistics' timeline: every stage reached, in order, within the load's own time.
+void expect_ordered_timeline(const LoadStats& stats) {
+  const PipelineTimes& p = stats.pipeline;
+  EXPECT_GT(p.first_read, 0.0);
+  EXPECT_LE(p.first_read, p.last_read);
+  if (p.last_copy > 0) {  // some group went through staging
+    EXPECT_GE(p.first_copy, p.first_read);  // a copy leaves a slot after its read
+    EXPECT_LE(p.first_copy, p.last_copy);
+    EXPECT_LE(p.last_copy, p.copies_done);
+  }
+  EXPECT_LE(p.last_read, p.copies_done);
+  EXPECT_LE(p.copies_done, p.done);
+  EXPECT_GT(stats.submit_seconds, 0.0);
+  EXPECT_LE(stats.submit_seconds + p.done, stats.seconds);
+}
+
+TEST(Engine, StatisticsSayWhenEachStageOfTheLoadWasReached) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, odd_specs(), 12);
+  auto ckpt = Checkpoint::open_shared(file);
+  for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{64 << 10}}) {
+    LoadOptions options;
+    options.io = IoMode::Buffered;
+    options.chunk_bytes = chunk;
+    options.profile = true;  // no GPU copies: nothing to time, no error
+    auto loaded = load(ckpt, options);
+    expect_equal_to_plain(loaded);
+    expect_ordered_timeline(loaded.stats());
+    // Reads of several tensors go through staging (memcpy copies out of the slot).
+    if (chunk == 0) {
+      EXPECT_GT(loaded.stats().pipeline.first_copy, 0.0);
+    }
+    EXPECT_EQ(loaded.stats().pipeline.copy_groups, 0u);
+    EXPECT_EQ(loaded.stats().pipeline.copy_busy, 0.0);
+  }
+}
+
 TEST(Engine, LoadsASubsetOnly) {
   TempDir dir;
   auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 12);

@@ -63,6 +63,34 @@ TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
     }
 }
 
+// Profiled loads time each slot's copies on the GPU: the same bytes, and a busy time within
+// the copies' span.
+TEST_F(Gpu, ProfiledLoadsLandTheSameBytesAndTimeTheCopies) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, mixed_specs(), 43);
+  auto ckpt = Checkpoint::open_shared(file);
+  for (unsigned threads : {1u, 4u}) {
+    LoadOptions options;
+    options.device = Device::cuda(0);
+    options.io = IoMode::Buffered;
+    options.chunk_bytes = 256 << 10;
+    options.reader_threads = threads;
+    options.profile = true;
+    auto loaded = load(ckpt, options);
+    for (const auto& t : loaded.tensors())
+      ASSERT_EQ(tensor_digest(loaded, t), bytes_digest(written.at(t.info->name))) << t.info->name;
+    const PipelineTimes& p = loaded.stats().pipeline;
+    EXPECT_GT(p.copy_groups, 0u);
+    EXPECT_GT(p.copy_busy, 0.0);
+    EXPECT_LE(p.copy_busy, p.copy_span * (1 + 1e-9));
+    EXPECT_GT(p.first_copy, 0.0);
+    EXPECT_LE(p.first_copy, p.last_copy);
+    EXPECT_LE(p.last_copy, p.copies_done);
+    EXPECT_LE(p.copies_done, p.done);
+  }
+}
+
 TEST_F(Gpu, LoadIntoDeviceMemoryTheCallerOwns) {
   TempDir dir;
   auto written = test::write_random_checkpoint(dir / "m.safetensors", mixed_specs(), 42);

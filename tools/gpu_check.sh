@@ -11,7 +11,9 @@
 #   dropin (not in the default): the safe_open tests on the GPU, per-key reads (cpu, cuda:0 with
 #   read-ahead, tensor-parallel slices with bytes read) on the generated file and the 8B shape
 #   beside load_file, and opening 100,000 tensors.
-#   core (not in the default): the transfer core's tests, benchmark and loads after the first;
+#   core (not in the default): the transfer core's tests, benchmark, the copy probe (pinned copies
+#   by size and streams, and beside host threads copying memory) and loads after the first (where
+#   their time goes, GPU copy busy time, a sweep of threads, read sizes and slots);
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
@@ -227,10 +229,14 @@ core_checks() {
   /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
     --json "$OUT/transfer-cpu.json" 2>&1 | grep latency | sed 's/^/cpu memory: /' | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/tb
-  log "transfer core: loads after the first in one process (bench/second_load.py)"
+  log "transfer core: the host (lscpu) and its copies (bench/copy_probe.py: by size and streams; while host threads copy memory)"
+  lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA|L3)" | tee -a "$OUT/summary.txt" || true
+  (cd bench && python3 copy_probe.py --gib 1 --contention) 2>&1 | grep -v "^allocate" |
+    tee -a "$OUT/summary.txt" || status=1
+  log "transfer core: loads after the first in one process (bench/second_load.py --sweep)"
   models=qwen3-0.6b checkpoints
   (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
-    --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    --sweep --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
 # The KV block store on the GPU (issue 13).

@@ -27,6 +27,24 @@ struct FileLoadStats {
   std::uint64_t bytes_read = 0;
 };
 
+// Where a staged submission's time went, in seconds from its start (0 where a stage was not
+// reached, or on another backend): the head is the wait for the first copy, the tail the time
+// from the last read to the last copy finished. With profiling, the GPU's own clock says how
+// long copies were queued or running (copy_busy) within copy_span: the copy engine starved for
+// the rest.
+struct PipelineTimes {
+  double first_read = 0;   // the first read into staging finished
+  double first_copy = 0;   // the first copy out of staging was queued
+  double last_read = 0;    // the last read finished
+  double last_copy = 0;    // the last copy was queued
+  double copies_done = 0;  // every copy had finished (the workers' drains returned)
+  double done = 0;         // the submission completed (statistics gathered)
+  // Profiled only (timed events around each read's copies, on the GPU's clock):
+  double copy_span = 0;       // from the first copy's start to the last one's end
+  double copy_busy = 0;       // of which at least one copy was queued or running
+  std::uint64_t copy_groups = 0;  // reads whose copies were timed
+};
+
 struct LoadStats {
   std::string device;                 // "cuda:0" or "cpu"
   std::uint64_t tensor_bytes = 0;     // bytes that landed in destination memory
@@ -50,6 +68,8 @@ struct LoadStats {
   double wait_thread_seconds = 0;
   double queue_thread_seconds = 0;
   std::vector<FileLoadStats> files;
+  double submit_seconds = 0;  // from the load's start to the submission (plan, allocation, route)
+  PipelineTimes pipeline;     // from the submission on
 
   double gigabytes_per_second() const {
     return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1e9 : 0.0;

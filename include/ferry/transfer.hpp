@@ -50,6 +50,9 @@ struct TransferOptions {
   void* after_event = nullptr;
   bool durable = false;              // memory -> file: fdatasync each file before completing
   bool stop_at_first_error = false;  // cancel what is left once one extent fails
+  // Time each read's copies on the GPU (staged path, file -> GPU memory) for the statistics'
+  // copy_busy: a diagnostic, it costs two timed events per read.
+  bool profile_copies = false;
   // Called from workers, one call at a time, as bytes land.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
 };
@@ -75,6 +78,7 @@ struct TransferStats {
          queue_thread_seconds = 0;
   std::uint64_t bytes_moved = 0;     // file bytes read or written (alignment included)
   std::vector<FileLoadStats> files;  // the files touched
+  PipelineTimes pipeline;            // the staged path's timeline
 };
 
 namespace detail {

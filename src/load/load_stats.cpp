@@ -11,6 +11,12 @@ std::string to_json(const LoadStats& s) {
                      {"io_path", io_path_name(f.io_path)},
                      {"reason", f.reason},
                      {"bytes_read", f.bytes_read}});
+  const PipelineTimes& p = s.pipeline;
+  const nlohmann::json pipeline = {{"first_read", p.first_read},   {"first_copy", p.first_copy},
+                                   {"last_read", p.last_read},     {"last_copy", p.last_copy},
+                                   {"copies_done", p.copies_done}, {"done", p.done},
+                                   {"copy_span", p.copy_span},     {"copy_busy", p.copy_busy},
+                                   {"copy_groups", p.copy_groups}};
   const nlohmann::json j = {{"device", s.device},
                             {"tensor_bytes", s.tensor_bytes},
                             {"allocated_bytes", s.allocated_bytes},
@@ -30,6 +36,8 @@ std::string to_json(const LoadStats& s) {
                             {"wait_thread_seconds", s.wait_thread_seconds},
                             {"queue_thread_seconds", s.queue_thread_seconds},
                             {"chunk_bytes", s.chunk_bytes},
+                            {"submit_seconds", s.submit_seconds},
+                            {"pipeline_seconds", pipeline},
                             {"files", files}};
   // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -56,7 +56,7 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
 // caller-owned destinations.
 void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
              const detail::EngineSettings& settings, const LoadOptions& options, LoadStats& stats,
-             std::uintptr_t own_base, std::uint64_t own_bytes) {
+             std::uintptr_t own_base, std::uint64_t own_bytes, Clock::time_point started) {
   TransferOptions t;
   t.backend = options.backend;
   t.allow_compat = options.allow_compat;
@@ -67,6 +67,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.staging_bytes = options.staging_bytes;
   t.stop_at_first_error = true;  // a load fails whole: no need to read the rest
   t.progress = options.progress;
+  t.profile_copies = options.profile;
   const detail::Route route = detail::choose_route(checkpoint.file_set(), options.device, t);
   auto state = std::make_shared<detail::TicketState>(
       checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
@@ -76,6 +77,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
     state->registered_base = registered->base();
   }
   state->stats.note = route.note;
+  stats.submit_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   Ticket ticket = detail::start(*route.backend, std::move(state));
   // Every copy out of staging has finished when the wait returns, even on failure.
   if (options.keep_going) {
@@ -101,6 +103,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
     stats.read_thread_seconds = ts.read_thread_seconds;
     stats.wait_thread_seconds = ts.wait_thread_seconds;
     stats.queue_thread_seconds = ts.queue_thread_seconds;
+    stats.pipeline = ts.pipeline;
   }
   stats.files = ts.files;
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
@@ -184,7 +187,7 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   stats.tensor_bytes = plan.tensor_bytes;
   stats.allocated_bytes = plan.dest_bytes;
   execute(*checkpoint, resolve(plan, addresses, options.device), settings, options, stats, base,
-          plan.dest_bytes);
+          plan.dest_bytes, started);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return result;
 }
@@ -215,7 +218,8 @@ LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestinat
   LoadStats stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
-  execute(checkpoint, resolve(plan, addresses, options.device), settings, options, stats, 0, 0);
+  execute(checkpoint, resolve(plan, addresses, options.device), settings, options, stats, 0, 0,
+          started);
   stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return stats;
 }

@@ -99,8 +99,8 @@ EventPool& event_pool() {
 
 class CudaCopier final : public Copier {
  public:
-  CudaCopier(int ordinal, unsigned slots)
-      : _ordinal(ordinal), _context(&device_context(ordinal)) {
+  CudaCopier(int ordinal, unsigned slots, bool timed)
+      : _ordinal(ordinal), _context(&device_context(ordinal)), _timed(timed) {
     _context->make_current();
     _stream = stream_pool().take(ordinal);
     try {
@@ -119,13 +119,34 @@ class CudaCopier final : public Copier {
   // context current (a thread-local set in the driver), so streams and events match it.
   void put(std::uintptr_t memory, const std::byte* staging, std::uint64_t size) override {
     _context->make_current();
+    if (_timed) open_timing();
     FERRY_CU(cuMemcpyHtoDAsync, memory, staging, size, _stream->get());
   }
   void get(std::byte* staging, std::uintptr_t memory, std::uint64_t size) override {
     _context->make_current();
+    if (_timed) open_timing();
     FERRY_CU(cuMemcpyDtoHAsync, staging, memory, size, _stream->get());
   }
-  void fence(unsigned slot) override { _fences[slot].record(*_stream); }
+  void fence(unsigned slot) override {
+    _fences[slot].record(*_stream);
+    if (_timed && _open) {
+      _timings.back().second.record(*_stream);
+      _open = false;
+    }
+  }
+  std::vector<std::pair<double, double>> timed_copies(const Event& reference) override {
+    std::vector<std::pair<double, double>> out;
+    for (auto& [start, end] : _timings) {
+      const double b = Event::elapsed_seconds(reference, start);
+      const double e = Event::elapsed_seconds(reference, end);
+      if (e > 0) out.emplace_back(b, e);
+    }
+    return out;
+  }
+  void record(Event& reference) override {
+    _context->make_current();
+    reference.record(*_stream);
+  }
   void wait(unsigned slot) override { _fences[slot].synchronize(); }
   void after(void* event) override {
     _context->make_current();
@@ -141,10 +162,21 @@ class CudaCopier final : public Copier {
   void drain() noexcept override { shim::CudaDriver::get().cuStreamSynchronize(_stream->get()); }
 
  private:
+  // Starts a timed run of copies at the first copy after a fence.
+  void open_timing() {
+    if (_open) return;
+    _timings.emplace_back(Event(true), Event(true));
+    _timings.back().first.record(*_stream);
+    _open = true;
+  }
+
   int _ordinal;
   const PrimaryContext* _context;
   Stream* _stream;
   std::vector<Event> _fences;
+  bool _timed = false;
+  bool _open = false;  // a timed run started and not fenced yet
+  std::vector<std::pair<Event, Event>> _timings;
 };
 
 }  // namespace
@@ -158,9 +190,9 @@ void EventReturn::operator()(Event* event) const noexcept {
   delete event;
 }
 
-std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots) {
+std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed) {
   if (!device.is_cuda()) return std::make_unique<HostCopier>();
-  return std::make_unique<CudaCopier>(device.index, slots);
+  return std::make_unique<CudaCopier>(device.index, slots, timed);
 }
 
 }  // namespace ferry::detail

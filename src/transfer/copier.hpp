@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "ferry/device.hpp"
 
@@ -37,10 +39,19 @@ class Copier {
   virtual PooledEvent mark_end() = 0;
   // Waits for every queued copy; never throws (a failed copy was reported when queued).
   virtual void drain() noexcept = 0;
+  // A timed copier (see make_copier): after drain(), each fenced run of copies as (start, end)
+  // seconds after `reference`, a timed event recorded before any copy; empty otherwise.
+  virtual std::vector<std::pair<double, double>> timed_copies(const Event& /*reference*/) {
+    return {};
+  }
+  // Records `reference` (a timed event) on this copier's stream.
+  virtual void record(Event& /*reference*/) {}
 };
 
 // For memory on `device`, with `slots` fences. A GPU copier borrows a stream of the device and
 // events from the process's pools (kept between submissions) and gives them back when dropped.
-std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots);
+// A timed one also records a timed event before and after each fenced run of copies (a
+// diagnostic: two driver calls more per fence).
+std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed = false);
 
 }  // namespace ferry::detail

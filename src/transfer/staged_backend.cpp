@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
 #include "transfer/backend.hpp"
+#include "cuda/cuda_resources.hpp"
 #include "transfer/copier.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
@@ -34,6 +36,13 @@ constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
 std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
   const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
   return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds from `start` to now.
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Seconds since the last lap (or construction).
@@ -64,10 +73,31 @@ struct Run {
   std::vector<std::unique_ptr<SourceFile>> files;  // null for a file no extent names
   std::vector<Device> gpus;                        // the GPUs the spans name
   std::atomic<std::size_t> next{0};                // the next group to take
-  std::mutex mutex;                                // guards what follows
+  Clock::time_point started = Clock::now();
+  // Profiling: a timed event recorded before any copy, on the first job's stream of gpus[0].
+  std::once_flag reference_once;
+  std::unique_ptr<Event> reference;
+  std::mutex mutex;  // guards what follows
   unsigned jobs_left = 0;
   TransferStats stats;
+  std::vector<std::pair<double, double>> copy_times;  // profiled copies, seconds after reference
 };
+
+// A job's part of the timeline (PipelineTimes), merged into the run's when it ends.
+struct Timeline {
+  double first_read = 0, first_copy = 0, last_read = 0, last_copy = 0, copies_done = 0;
+  void read_done(double t) {
+    if (first_read == 0) first_read = t;
+    last_read = t;
+  }
+  void copy_queued(double t) {
+    if (first_copy == 0) first_copy = t;
+    last_copy = t;
+  }
+};
+
+// The earliest of two times where 0 means "not reached".
+double earliest(double a, double b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); }
 
 Settings wanted_settings(const TransferOptions& o) {
   Settings s;
@@ -151,11 +181,24 @@ class Job {
       _t.job_queued(std::move(ends));
       for (auto& [device, copier] : _copiers) copier->drain();
       times.wait += clock.lap();
+      if (!_copiers.empty()) _timeline.copies_done = since(_run->started);
+      if (_run->reference) {
+        for (auto& [device, copier] : _copiers)
+          for (const auto& interval : copier->timed_copies(*_run->reference))
+            _copy_times.push_back(interval);
+      }
       _copiers.clear();
       _open.reset();
     }
     std::lock_guard lock(_run->mutex);
     TransferStats& s = _run->stats;
+    PipelineTimes& p = s.pipeline;
+    p.first_read = earliest(p.first_read, _timeline.first_read);
+    p.first_copy = earliest(p.first_copy, _timeline.first_copy);
+    p.last_read = std::max(p.last_read, _timeline.last_read);
+    p.last_copy = std::max(p.last_copy, _timeline.last_copy);
+    p.copies_done = std::max(p.copies_done, _timeline.copies_done);
+    _run->copy_times.insert(_run->copy_times.end(), _copy_times.begin(), _copy_times.end());
     s.staging_bytes += staged_bytes;
     s.staging_pinned = s.staging_pinned || pinned;
     s.staging_seconds = std::max(s.staging_seconds, staging);
@@ -169,8 +212,17 @@ class Job {
   Copier& copier(const Device& device) {
     for (auto& [d, c] : _copiers)
       if (d == device) return *c;
-    auto c = make_copier(device, _slots);
+    const bool timed = _t.options.profile_copies && device.is_cuda() && device == _run->gpus.front();
+    auto c = make_copier(device, _slots, timed);
     c->after(_t.options.after_event);
+    // The reference is recorded before any job's first copy: every job makes its copiers
+    // before reading, and waits here until the first has recorded it.
+    if (timed)
+      std::call_once(_run->reference_once, [&] {
+        auto reference = std::make_unique<Event>(true);
+        c->record(*reference);
+        _run->reference = std::move(reference);
+      });
     _copiers.emplace_back(device, std::move(c));
     return *_copiers.back().second;
   }
@@ -232,6 +284,7 @@ class Job {
       const Group& g = groups[i];
       if (read_into_host(g)) {
         times.read += clock.lap();
+        _timeline.read_done(since(_run->started));
         continue;
       }
       const auto s = static_cast<unsigned>(k % _slots);
@@ -242,6 +295,7 @@ class Job {
         SourceFile& f = file(g);
         const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
         times.read += clock.lap();
+        _timeline.read_done(since(_run->started));
         // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
         // extent even inside a group.
         for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
@@ -250,6 +304,7 @@ class Job {
           _t.landed(p.extent, p.size);
         }
         fence_slot(s);
+        _timeline.copy_queued(since(_run->started));
         times.queue += clock.lap();
       } catch (...) {
         if (g.count == 1) {
@@ -325,6 +380,7 @@ class Job {
           for (std::uint32_t p = g.first; p < g.first + g.count; ++p)
             get(_run->plan.pieces[p], data + (file_offset(_run->plan.pieces[p]) - g.file_offset));
           fence_slot(s);
+          _timeline.copy_queued(since(_run->started));
         } catch (...) {
           ring[s].failed = true;  // redone piece by piece when its turn to be written comes
         }
@@ -343,6 +399,7 @@ class Job {
         times.wait += clock.lap();
         file(g).write(*_open, g.file_offset, g.size, slot(s));
         times.read += clock.lap();
+        _timeline.read_done(since(_run->started));  // for writes: the write finished
       } catch (...) {
         if (g.count == 1) {
           _t.fail(_run->plan.pieces[g.first].extent, std::current_exception());
@@ -381,7 +438,31 @@ class Job {
   std::vector<std::pair<Device, std::unique_ptr<Copier>>> _copiers;
   std::uint32_t _open_index = UINT32_MAX;
   std::shared_ptr<const PlatformFile> _open;
+  Timeline _timeline;
+  std::vector<std::pair<double, double>> _copy_times;
 };
+
+// The GPU's copy timeline from the profiled intervals: their span and the time at least one
+// was queued or running.
+void merge_copy_times(std::vector<std::pair<double, double>> times, PipelineTimes& p) {
+  if (times.empty()) return;
+  std::sort(times.begin(), times.end());
+  double busy = 0, start = times.front().first, end = times.front().second, last = end;
+  for (const auto& [b, e] : times) {
+    if (b > end) {
+      busy += end - start;
+      start = b;
+      end = e;
+    } else {
+      end = std::max(end, e);
+    }
+    last = std::max(last, e);
+  }
+  busy += end - start;
+  p.copy_span = last - times.front().first;
+  p.copy_busy = busy;
+  p.copy_groups = times.size();
+}
 
 // The last job of a run: durability, statistics, completion.
 void finish(Run& run) {
@@ -390,6 +471,7 @@ void finish(Run& run) {
   {
     std::lock_guard lock(run.mutex);
     stats = std::move(run.stats);
+    merge_copy_times(std::move(run.copy_times), stats.pipeline);
   }
   stats.files.reserve(run.files.size());
   for (std::uint32_t f = 0; f < run.files.size(); ++f) {
@@ -413,6 +495,7 @@ void finish(Run& run) {
   std::lock_guard lock(t.mutex);
   stats.backend = "staged";
   stats.note = t.stats.note;
+  stats.pipeline.done = since(run.started);
   t.stats = std::move(stats);
 }
 
