@@ -22,9 +22,11 @@ import sys
 
 from run_bench import warm_page_cache
 
-# (threads, read MiB, slots per thread) beside the built-in defaults (16, 4, 2).
-SWEEP = [(16, 4, 2), (16, 1, 2), (16, 2, 2), (16, 8, 2), (16, 2, 4), (16, 4, 3), (16, 4, 4),
-         (12, 4, 2), (8, 4, 2), (8, 8, 2), (8, 4, 4), (4, 8, 4), (24, 2, 2)]
+# (threads, read MiB, slots per thread, copy streams (0: one per thread)) beside the built-in
+# defaults (16, 4, 2, 0).
+SWEEP = [(16, 4, 2, 0), (16, 4, 2, 1), (16, 4, 2, 2), (16, 4, 2, 4), (16, 1, 2, 0), (16, 2, 2, 0),
+         (16, 8, 2, 0), (16, 2, 4, 0), (16, 4, 4, 0), (16, 2, 4, 1), (12, 4, 2, 0), (8, 4, 2, 0),
+         (8, 8, 2, 0), (8, 4, 4, 0), (4, 8, 4, 0), (24, 2, 2, 0)]
 
 
 def ferry_loads(args, extra=()):
@@ -109,18 +111,25 @@ def main():
             result["profile"] = {"gbps": gbps, "busy_fraction": busy, "busy_gbps": rate,
                                  "idle_ms": idle}
     if args.sweep:
-        print(f"{'threads':>7} {'read MiB':>8} {'slots':>5} {'staging MiB':>11} {'GB/s':>7} "
-              f"{'x pinned':>8}  (median of later loads, one process each)")
+        print(f"{'threads':>7} {'read MiB':>8} {'slots':>5} {'streams':>7} {'staging MiB':>11} "
+              f"{'GB/s':>7} {'x pinned':>8} {'head ms':>7} {'tail ms':>7}  (median of later "
+              f"loads, one process each; streams 0: one per thread)")
         result["sweep"] = []
-        for threads, mib, slots in SWEEP:
+        for threads, mib, slots, streams in SWEEP:
             runs = ferry_loads(args, ["--threads", str(threads), "--chunk-mib", str(mib),
-                                      "--slots", str(slots), "--staging-mib", "1024"])
+                                      "--slots", str(slots), "--copy-streams", str(streams),
+                                      "--staging-mib", "1024"])
             gbps = later_median(runs)
             ratio = f"{gbps / pinned:8.3f}" if pinned else f"{'-':>8}"
-            print(f"{threads:>7} {mib:>8} {slots:>5} {runs[-1]['staging_bytes'] / 2**20:11.0f} "
-                  f"{gbps:7.2f} {ratio}")
+            later = runs[1:] or runs
+            head = statistics.median(r["pipeline_seconds"]["first_copy"] for r in later)
+            tail = statistics.median(r["pipeline_seconds"]["copies_done"] -
+                                     r["pipeline_seconds"]["last_read"] for r in later)
+            print(f"{threads:>7} {mib:>8} {slots:>5} {streams:>7} "
+                  f"{runs[-1]['staging_bytes'] / 2**20:11.0f} {gbps:7.2f} {ratio} "
+                  f"{head * 1e3:7.2f} {tail * 1e3:7.2f}")
             result["sweep"].append({"threads": threads, "chunk_mib": mib, "slots": slots,
-                                    "gbps": gbps, "loads": runs})
+                                    "copy_streams": streams, "gbps": gbps, "loads": runs})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

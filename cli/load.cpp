@@ -70,6 +70,7 @@ void add_load(CLI::App& app) {
   static std::string chunk_mib = "0";
   static std::string threads = "0";
   static std::string slots = "0";
+  static std::string copy_streams = "0";
   static unsigned repeat = 1;
   static bool tensor_parallel = false;
   static unsigned round_mib = 0;
@@ -107,6 +108,8 @@ void add_load(CLI::App& app) {
   cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)");
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
+  cmd->add_option("--copy-streams", copy_streams,
+                  "CUDA streams the reader threads' copies share (default: one per thread)");
   cmd->add_flag("--profile", profile,
                 "time the copies on the GPU for the statistics (copy engine busy time; costs a "
                 "little)");
@@ -124,6 +127,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "chunk_bytes", chunk_mib + "MiB");
     set_load_option(options, "threads", threads);
     set_load_option(options, "slots", slots);
+    set_load_option(options, "copy_streams", copy_streams);
     set_load_option(options, "profile", profile ? "true" : "false");
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32

@@ -63,19 +63,20 @@ TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
     }
 }
 
-// Profiled loads time each slot's copies on the GPU: the same bytes, and a busy time within
-// the copies' span.
-TEST_F(Gpu, ProfiledLoadsLandTheSameBytesAndTimeTheCopies) {
+// Profiled loads time each slot's copies on the GPU, and workers may share copy streams: the
+// same bytes either way, and a busy time within the copies' span.
+TEST_F(Gpu, ProfiledLoadsAndSharedCopyStreamsLandTheSameBytes) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
   auto written = test::write_random_checkpoint(file, mixed_specs(), 43);
   auto ckpt = Checkpoint::open_shared(file);
-  for (unsigned threads : {1u, 4u}) {
+  for (auto [threads, streams] : {std::pair{1u, 0u}, {4u, 0u}, {4u, 1u}, {4u, 2u}, {2u, 8u}}) {
     LoadOptions options;
     options.device = Device::cuda(0);
     options.io = IoMode::Buffered;
     options.chunk_bytes = 256 << 10;
     options.reader_threads = threads;
+    options.copy_streams = streams;
     options.profile = true;
     auto loaded = load(ckpt, options);
     for (const auto& t : loaded.tensors())

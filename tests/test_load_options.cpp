@@ -28,6 +28,7 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   set_load_option(o, "chunk_bytes", "1.5MiB");
   set_load_option(o, "threads", "12");
   set_load_option(o, "slots", "3");
+  set_load_option(o, "copy_streams", "2");
   set_load_option(o, "profile", "true");
   EXPECT_EQ(o.device, Device::cuda(1));
   EXPECT_EQ(o.io, IoMode::Direct);
@@ -37,8 +38,9 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   EXPECT_EQ(o.chunk_bytes, 3ull << 19);
   EXPECT_EQ(o.reader_threads, 12u);
   EXPECT_EQ(o.slots_per_thread, 3u);
+  EXPECT_EQ(o.copy_streams, 2u);
   EXPECT_TRUE(o.profile);
-  EXPECT_EQ(load_option_keys().size(), 9u);
+  EXPECT_EQ(load_option_keys().size(), 10u);
 }
 
 TEST(LoadOptions, SizesTakePlainBytesAndUnits) {
@@ -67,6 +69,7 @@ TEST(LoadOptions, BadValuesNameTheOptionAndTheValue) {
            {"slots", "1.5"},
            {"allow_compat", "maybe"},
            {"profile", "yes"},
+           {"copy_streams", "1000"},
        }) {
     const std::string message = error_of(key, value);
     EXPECT_NE(message.find(key), std::string::npos) << key << "=" << value << ": " << message;

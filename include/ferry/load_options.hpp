@@ -48,6 +48,7 @@ struct LoadOptions {
   std::uint64_t chunk_bytes = 0;                       // largest read; 0 = chosen
   unsigned reader_threads = 0;                         // 0 = chosen
   unsigned slots_per_thread = 0;  // staging slots each reader cycles through; 0 = chosen (2)
+  unsigned copy_streams = 0;      // CUDA streams the readers' copies share; 0 = one per reader
   // Time the copies on the GPU for the statistics (LoadStats::pipeline.copy_busy); costs a
   // little, for diagnosis.
   bool profile = false;
@@ -62,7 +63,7 @@ struct LoadOptions {
 // The one mapping from a setting's name and text to LoadOptions, so that the CLI's flags, the C
 // ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
 // backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
-// number with a unit: "1.5MiB", "4GiB"), threads, slots, profile (true/false). Throws std::invalid_argument naming the
+// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false). Throws std::invalid_argument naming the
 // key and the value for an unknown key, a malformed value or one out of range.
 void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
 

@@ -43,6 +43,8 @@ struct TransferOptions {
   unsigned threads = 0;             // workers; 0: 16 (at most kMaxWorkerThreads, 64)
   std::uint64_t chunk_bytes = 0;    // largest single read or write; 0: 4 MiB
   unsigned slots_per_thread = 0;    // staging slots a worker cycles through; 0: 2
+  // CUDA streams per device that the workers' copies share; 0: one per worker.
+  unsigned copy_streams = 0;
   std::uint64_t staging_bytes = kDefaultStagingBytes;  // this submission's staging, at most
   // A CUevent of the caller (cast to void*): memory is read or written only after it fires,
   // waited on the copy streams (no host sync). A memory -> file write of what a kernel still

@@ -10,9 +10,9 @@
 namespace ferry {
 namespace {
 
-constexpr std::array<std::string_view, 9> kKeys = {
-    "device", "io",      "backend", "allow_compat", "staging_bytes",
-    "chunk_bytes", "threads", "slots",   "profile"};
+constexpr std::array<std::string_view, 10> kKeys = {
+    "device",      "io",      "backend", "allow_compat", "staging_bytes",
+    "chunk_bytes", "threads", "slots",   "copy_streams", "profile"};
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view why) {
   detail::fail<std::invalid_argument>("option ", key, " = \"", value, "\": ", why);
@@ -86,6 +86,8 @@ void set_load_option(LoadOptions& options, std::string_view key, std::string_vie
     options.reader_threads = static_cast<unsigned>(parse_count(key, value, kMaxReaderThreads));
   } else if (key == "slots") {
     options.slots_per_thread = static_cast<unsigned>(parse_count(key, value, kMaxSlotsPerThread));
+  } else if (key == "copy_streams") {
+    options.copy_streams = static_cast<unsigned>(parse_count(key, value, kMaxReaderThreads));
   } else if (key == "profile") {
     options.profile = parse_flag(key, value);
   } else {

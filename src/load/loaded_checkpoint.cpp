@@ -68,6 +68,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.stop_at_first_error = true;  // a load fails whole: no need to read the rest
   t.progress = options.progress;
   t.profile_copies = options.profile;
+  t.copy_streams = options.copy_streams;
   const detail::Route route = detail::choose_route(checkpoint.file_set(), options.device, t);
   auto state = std::make_shared<detail::TicketState>(
       checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);

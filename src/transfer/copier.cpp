@@ -99,21 +99,21 @@ EventPool& event_pool() {
 
 class CudaCopier final : public Copier {
  public:
-  CudaCopier(int ordinal, unsigned slots, bool timed)
-      : _ordinal(ordinal), _context(&device_context(ordinal)), _timed(timed) {
+  CudaCopier(int ordinal, unsigned slots, bool timed, CopyStreams* shared, unsigned worker)
+      : _ordinal(ordinal), _context(&device_context(ordinal)), _timed(timed), _own(!shared) {
     _context->make_current();
-    _stream = stream_pool().take(ordinal);
+    _stream = shared ? shared->stream(ordinal, worker) : stream_pool().take(ordinal);
     try {
       _fences = event_pool().take(ordinal, slots);
     } catch (...) {
-      stream_pool().give(ordinal, _stream);
+      if (_own) stream_pool().give(ordinal, _stream);
       throw;
     }
   }
   ~CudaCopier() override {
     drain();
     event_pool().give(_ordinal, _fences);
-    stream_pool().give(_ordinal, _stream);
+    if (_own) stream_pool().give(_ordinal, _stream);
   }
   // A job may hold copiers of several devices on one thread: each call makes its own device's
   // context current (a thread-local set in the driver), so streams and events match it.
@@ -175,6 +175,7 @@ class CudaCopier final : public Copier {
   Stream* _stream;
   std::vector<Event> _fences;
   bool _timed = false;
+  bool _own = true;    // the stream is this copier's, not shared
   bool _open = false;  // a timed run started and not fenced yet
   std::vector<std::pair<Event, Event>> _timings;
 };
@@ -190,9 +191,28 @@ void EventReturn::operator()(Event* event) const noexcept {
   delete event;
 }
 
-std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed) {
+CopyStreams::~CopyStreams() {
+  for (auto& [ordinal, streams] : _streams)
+    for (Stream* s : streams) {
+      try {
+        stream_pool().give(ordinal, s);
+      } catch (...) {
+        // No memory to keep it: leaked, never destroyed under a copy.
+      }
+    }
+}
+
+Stream* CopyStreams::stream(int ordinal, unsigned worker) {
+  std::lock_guard lock(_mutex);
+  auto& streams = _streams[ordinal];
+  while (streams.size() < _count) streams.push_back(stream_pool().take(ordinal));
+  return streams[worker % _count];
+}
+
+std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed,
+                                    CopyStreams* shared, unsigned worker) {
   if (!device.is_cuda()) return std::make_unique<HostCopier>();
-  return std::make_unique<CudaCopier>(device.index, slots, timed);
+  return std::make_unique<CudaCopier>(device.index, slots, timed, shared, worker);
 }
 
 }  // namespace ferry::detail

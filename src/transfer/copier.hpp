@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -13,6 +15,25 @@
 namespace ferry::detail {
 
 class Event;
+class Stream;
+
+// Streams that the workers of one submission share (TransferOptions::copy_streams), borrowed from
+// the process's pool per device at first need and given back, drained by the copiers that used
+// them, when the submission ends.
+class CopyStreams {
+ public:
+  explicit CopyStreams(unsigned count) : _count(count) {}
+  CopyStreams(const CopyStreams&) = delete;
+  CopyStreams& operator=(const CopyStreams&) = delete;
+  ~CopyStreams();
+  // Stream `worker % count` of device `ordinal`, whose context the caller made current.
+  Stream* stream(int ordinal, unsigned worker);
+
+ private:
+  unsigned _count;
+  std::mutex _mutex;
+  std::map<int, std::vector<Stream*>> _streams;
+};
 
 // An event of the process's pool, given back to it when dropped: making one is a driver call,
 // which a small submission should not pay.
@@ -51,7 +72,9 @@ class Copier {
 // For memory on `device`, with `slots` fences. A GPU copier borrows a stream of the device and
 // events from the process's pools (kept between submissions) and gives them back when dropped.
 // A timed one also records a timed event before and after each fenced run of copies (a
-// diagnostic: two driver calls more per fence).
-std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed = false);
+// diagnostic: two driver calls more per fence). With `shared`, it queues on the shared stream of
+// `worker` instead of a stream of its own.
+std::unique_ptr<Copier> make_copier(const Device& device, unsigned slots, bool timed = false,
+                                    CopyStreams* shared = nullptr, unsigned worker = 0);
 
 }  // namespace ferry::detail

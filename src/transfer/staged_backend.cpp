@@ -74,6 +74,8 @@ struct Run {
   std::vector<std::unique_ptr<SourceFile>> files;  // null for a file no extent names
   std::vector<Device> gpus;                        // the GPUs the spans name
   std::atomic<std::size_t> next{0};                // the next group to take
+  std::atomic<unsigned> workers{0};                // jobs started, each one's index
+  std::unique_ptr<CopyStreams> shared_streams;     // options.copy_streams > 0
   Clock::time_point started = Clock::now();
   // Profiling: a timed event recorded before any copy, on the first job's stream of gpus[0].
   std::once_flag reference_once;
@@ -140,7 +142,8 @@ struct Times {
 
 class Job {
  public:
-  explicit Job(std::shared_ptr<Run> run) : _run(std::move(run)), _t(*_run->ticket) {}
+  explicit Job(std::shared_ptr<Run> run)
+      : _run(std::move(run)), _t(*_run->ticket), _worker(_run->workers.fetch_add(1)) {}
 
   void operator()() {
     Stopwatch clock;
@@ -214,7 +217,7 @@ class Job {
     for (auto& [d, c] : _copiers)
       if (d == device) return *c;
     const bool timed = _t.options.profile_copies && device.is_cuda() && device == _run->gpus.front();
-    auto c = make_copier(device, _slots, timed);
+    auto c = make_copier(device, _slots, timed, _run->shared_streams.get(), _worker);
     c->after(_t.options.after_event);
     // The reference is recorded before any job's first copy: every job makes its copiers
     // before reading, and waits here until the first has recorded it.
@@ -451,6 +454,7 @@ class Job {
 
   std::shared_ptr<Run> _run;
   TicketState& _t;
+  unsigned _worker;
   const PinnedPool::Lease* _lease = nullptr;
   unsigned _slots = 1;
   std::vector<std::pair<Device, std::unique_ptr<Copier>>> _copiers;
@@ -558,6 +562,8 @@ class StagedBackend final : public TransferBackend {
                       std::to_string(jobs) + " of " + std::to_string(run->settings.threads) +
                       " worker threads: " + pool.last_failure();
     }
+    if (t.options.copy_streams > 0)
+      run->shared_streams = std::make_unique<CopyStreams>(std::min(t.options.copy_streams, jobs));
     run->stats.threads = jobs;
     run->stats.slots_per_thread = run->settings.slots;
     run->stats.chunk_bytes = run->settings.chunk;
