@@ -12,8 +12,9 @@
 #   read-ahead, tensor-parallel slices with bytes read) on the generated file and the 8B shape
 #   beside load_file, and opening 100,000 tensors.
 #   core (not in the default): the transfer core's tests, benchmark, the copy probe (pinned copies
-#   by size and streams, and beside host threads copying memory) and loads after the first (where
-#   their time goes, GPU copy busy time, a sweep of threads, read sizes and slots);
+#   by size and streams, and beside host threads copying memory), loads after the first (where
+#   their time goes, GPU copy busy time, a sweep of threads, read sizes, slots and copy streams)
+#   and moe-16x64 warm by the commit in .before beside this one (carry .before);
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
@@ -147,14 +148,20 @@ bench() {
     2>&1 | tee -a "$OUT/bench.txt"
 }
 
-# The `ferry` command of the commit in .before/, built the same way, for side-by-side loads.
-compare() {
-  log "before/after loads (bench/compare_loads.py)"
+# The `ferry` command of the commit in .before/, built the same way, at /tmp/build-before.
+build_before() {
+  [ -f .before/ferry-before.tar.gz ] || { echo "no .before/ferry-before.tar.gz (carry it)" | tee -a "$OUT/summary.txt"; status=1; return 1; }
   rm -rf /tmp/before && mkdir -p /tmp/before && tar -xzf .before/ferry-before.tar.gz -C /tmp/before
   cmake -S /tmp/before/ferry-before -B /tmp/build-before -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFERRY_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=/tmp/deps/usr -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build-before.log" 2>&1
-  ninja -C /tmp/build-before ferry_cli >>"$OUT/build-before.log" 2>&1 || { tail -30 "$OUT/build-before.log"; status=1; return; }
+  ninja -C /tmp/build-before ferry_cli >>"$OUT/build-before.log" 2>&1 || { tail -30 "$OUT/build-before.log"; status=1; return 1; }
+}
+
+# Side-by-side loads by the commit in .before/ and this one.
+compare() {
+  log "before/after loads (bench/compare_loads.py)"
+  build_before || return
   checkpoints
   (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
     --dir "$ckpts" --out "$OUT/compare.json" ${COMPARE_ARGS:-}) 2>&1 | tee -a "$OUT/summary.txt"
@@ -237,6 +244,12 @@ core_checks() {
   models=qwen3-0.6b checkpoints
   (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
     --sweep --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "transfer core: moe-16x64 warm, the commit in .before beside this one (bench/compare_loads.py --runs 5)"
+  build_before || return
+  models=moe-16x64 checkpoints
+  (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
+    --dir "$ckpts" --models moe-16x64 --sources warm --runs 5 --out "$OUT/compare-moe.json") 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
 }
 
 # The KV block store on the GPU (issue 13).
