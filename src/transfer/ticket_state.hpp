@@ -38,6 +38,7 @@ struct TicketState {
   // options.progress, moved out: wait() drops it in the waiting thread once the work is done,
   // so a callback owning foreign objects (a Python callable) is never destroyed on a worker.
   mutable std::function<void(std::uint64_t, std::uint64_t)> progress;
+  bool reports_progress = false;  // progress was given: landed() takes the lock only then
   std::atomic<std::uint64_t> progress_done{0};
   std::uint64_t progress_total = 0;
 

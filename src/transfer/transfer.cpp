@@ -22,6 +22,7 @@ TicketState::TicketState(std::shared_ptr<const FileSet> files_, Direction direct
       records(extents.size()) {
   progress = std::move(options.progress);
   options.progress = nullptr;
+  reports_progress = static_cast<bool>(progress);
   for (const auto& x : extents)
     for (const auto& s : x.spans) progress_total += s.size;
 }
@@ -39,7 +40,8 @@ void TicketState::fail(std::size_t e, std::exception_ptr error) {
 void TicketState::landed(std::size_t e, std::uint64_t bytes) {
   records[e].bytes.fetch_add(bytes);
   records[e].pieces_left.fetch_sub(1);
-  std::lock_guard lock(mutex);  // one call at a time, the count only growing
+  if (!reports_progress) return;  // no lock per piece where nobody listens
+  std::lock_guard lock(mutex);    // one call at a time, the count only growing
   if (progress) progress(progress_done += bytes, progress_total);
 }
 
