@@ -247,6 +247,8 @@ core_checks() {
   log "transfer core: moe-16x64 warm, the commit in .before beside this one (bench/compare_loads.py --runs 5)"
   build_before || return
   models=moe-16x64 checkpoints
+  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/moe-16x64" --device cuda:0 \
+    --repeat 4 --json "$OUT/second_load_moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
     --dir "$ckpts" --models moe-16x64 --sources warm --runs 5 --out "$OUT/compare-moe.json") 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
