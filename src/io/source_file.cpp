@@ -74,12 +74,11 @@ const std::byte* SourceFile::read(std::uint64_t offset, std::uint64_t size, std:
 }
 
 const std::byte* SourceFile::read(const PlatformFile& file, std::uint64_t offset,
-                                  std::uint64_t size, std::byte* staging,
-                                  std::optional<std::uint64_t> buffered_head) {
+                                  std::uint64_t size, std::byte* staging) {
   if (direct() && file.has_direct()) {
     if (const std::byte* data = read_direct(file, offset, size, staging)) return data;
   }
-  const std::uint64_t head = buffered_head.value_or(offset) % kDirectAlignment;
+  const std::uint64_t head = offset % kDirectAlignment;
   const std::size_t got = file.read_up_to(staging + head, size, offset, false);
   FERRY_FORMAT_EXPECT(got == size, file.path().string(), ": unexpected end of file at offset ",
                       offset + got, " (wanted ", size, " bytes at offset ", offset, ")");

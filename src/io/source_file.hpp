@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "ferry/file_set.hpp"
@@ -37,11 +36,9 @@ class SourceFile {
 
   // Reads [offset, offset + size) into `staging`, which is page-aligned and holds at least
   // size + 2 * kDirectAlignment bytes. Returns where the first requested byte landed: staging
-  // plus the offset's distance from the page boundary below it, on either path; a buffered read
-  // lands at staging + `buffered_head` (< kDirectAlignment) instead where one is given, so that
-  // the caller can give the bytes the alignment of where they are copied next.
+  // plus the offset's distance from the page boundary below it, on either path.
   const std::byte* read(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
-                        std::byte* staging, std::optional<std::uint64_t> buffered_head = {});
+                        std::byte* staging);
   const std::byte* read(std::uint64_t offset, std::uint64_t size, std::byte* staging);
 
   // Reads [offset, offset + size) straight into host memory at `memory`, skipping staging:

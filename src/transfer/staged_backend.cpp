@@ -11,7 +11,6 @@
 #include <array>
 #include <chrono>
 #include <mutex>
-#include <optional>
 #include <thread>
 
 #include "ferry/error.hpp"
@@ -297,7 +296,7 @@ class Job {
       std::uint32_t next_piece = g.first;  // the pieces before it have landed
       try {
         SourceFile& f = file(g);
-        const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s), gpu_alignment(g));
+        const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
         times.read += clock.lap();
         _timeline.read_done(since(_run->started));
         // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
@@ -319,23 +318,6 @@ class Job {
         clock.lap();
       }
     }
-  }
-
-  // Where a buffered read of group `g` starts in its slot: so that the byte copied to the
-  // group's first GPU span sits at that span's address modulo a page. The copy engine then reads
-  // from an address aligned as the one it writes (the file's bytes are only as aligned as the
-  // header before them, safetensors' 8 bytes); none where the group has no GPU span.
-  std::optional<std::uint64_t> gpu_alignment(const Group& g) const {
-    const Piece& p = _run->plan.pieces[g.first];
-    std::optional<std::uint64_t> head;
-    for_spans(_t.extents[p.extent], p,
-              [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece,
-                  std::uint64_t) {
-                if (head || !s.data || !s.device.is_cuda()) return;
-                const std::uint64_t to = reinterpret_cast<std::uintptr_t>(s.data) + in_span;
-                head = (to - in_piece) % kDirectAlignment;  // modulo 2^64 keeps it exact
-              });
-    return head;
   }
 
   // A group of one piece that lands in one span of host memory is read straight into it (no
