@@ -7,11 +7,16 @@ Prints each load's GB/s and where its time went: before the submission (plan, al
 head (submission to the first copy queued), the steady part, the tail (last read done to every
 copy finished) and the end (statistics); then, from a run with --profile (timed events around
 each read's copies), how long the GPU had copies queued or running (copy busy) within the span
-of the copies, and the copy rate while busy. --sweep adds the later loads' median for other
-thread counts, read sizes and slots, each in its own process.
+of the copies, and the copy rate while busy. --bound BIN (bench/staged_bound) adds what this
+machine allows a warm staged load: the same pipeline with memcpy from memory in place of the
+reads (threads, read size and slots of the load), whose bytes cross host memory as a load's do
+(read and written by the CPU, read again by the copy engine): the later loads as a fraction of
+it say how much of the gap to pinned H2D is the host's memory bandwidth; so does pinned H2D
+measured while as many threads copy host memory at the loads' own rate. --sweep adds the later
+loads' median for other thread counts, read sizes, slots and copy streams, one process each.
 
-usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 8] [--sweep]
-                      [--json OUT]
+usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 8] [--bound BIN]
+                      [--sweep] [--json OUT]
 """
 import argparse
 import json
@@ -73,6 +78,7 @@ def main():
     ap.add_argument("--ferry", required=True)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--bound", help="bench/staged_bound, built (GPU devices only)")
     ap.add_argument("--sweep", action="store_true",
                     help="also other thread counts, read sizes and slots (one process each)")
     ap.add_argument("--json")
@@ -93,6 +99,27 @@ def main():
         result["later_x_pinned"] = later / pinned
         line += f" = {later / pinned:.3f} x pinned H2D ({pinned:.1f} GB/s, same run)"
     print(line)
+    if args.bound and args.device.startswith("cuda"):
+        s = loads[-1]
+        bound_json = (args.json or "second_load.json") + ".bound.json"
+        out = subprocess.run([args.bound, "--device", args.device, "--bytes", str(s["tensor_bytes"]),
+                              "--threads", str(s["reader_threads"]),
+                              "--chunk-mib", str(s["chunk_bytes"] / 2**20),
+                              "--slots", str(s["slots_per_thread"]),
+                              "--copy-gbps", str(later), "--json", bound_json],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"staged_bound failed: {out.stderr.strip()[-300:]}")
+        else:
+            with open(bound_json) as f:
+                bound = json.load(f)
+            result["bound"] = bound
+            print(out.stdout.strip())
+            print(f"later loads: {later / bound['staged_gbps']:.3f} x the staged bound "
+                  f"({bound['staged_gbps']:.1f} GB/s), {later / pinned:.3f} x pinned H2D "
+                  f"({pinned:.1f}); the bound is {bound['staged_gbps'] / pinned:.3f} x pinned H2D, "
+                  f"pinned H2D beside host copies at the loads' rate "
+                  f"{bound['pinned_h2d_beside_copies_gbps']:.1f} GB/s")
     if args.device.startswith("cuda"):
         profiled = ferry_loads(args, ["--profile"])
         result["profiled"] = profiled

@@ -230,25 +230,26 @@ core_checks() {
     >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
   tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
   log "transfer core: bench/transfer_bench"
-  ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  ninja -C /tmp/build transfer_bench staged_bound >>"$OUT/build.log" 2>&1 || { status=1; return; }
   mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
     --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
     --json "$OUT/transfer-cpu.json" 2>&1 | grep latency | sed 's/^/cpu memory: /' | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/tb
-  log "transfer core: the host (lscpu) and its copies (bench/copy_probe.py: by size and streams; while host threads copy memory)"
+  log "transfer core: the host (lscpu) and its copies (bench/copy_probe.py: by size, streams and source alignment)"
   lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA|L3)" | tee -a "$OUT/summary.txt" || true
-  (cd bench && python3 copy_probe.py --gib 1 --contention) 2>&1 | grep -v "^allocate" |
+  (cd bench && python3 copy_probe.py --gib 1) 2>&1 | grep -v "^allocate" |
     tee -a "$OUT/summary.txt" || status=1
   log "transfer core: loads after the first in one process (bench/second_load.py --sweep)"
   models=qwen3-0.6b checkpoints
   (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
-    --sweep --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    --bound /tmp/build/staged_bound --sweep --json "$OUT/second_load.json") 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
   log "transfer core: moe-16x64 warm, the commit in .before beside this one (bench/compare_loads.py --runs 5)"
   build_before || return
   models=moe-16x64 checkpoints
   (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/moe-16x64" --device cuda:0 \
-    --repeat 4 --json "$OUT/second_load_moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    --repeat 4 --bound /tmp/build/staged_bound --json "$OUT/second_load_moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
     --dir "$ckpts" --models moe-16x64 --sources warm --runs 5 --out "$OUT/compare-moe.json") 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
