@@ -24,6 +24,17 @@ cmake --build "$build"
 "$wine" wineboot --init >/dev/null 2>&1 || true  # make the prefix once, outside the timings
 ctest --test-dir "$build" --output-on-failure -j2
 
+# DirectStorage into GPU memory needs nvcuda.dll, a D3D12 device on the CUDA GPU's adapter and
+# CUDA's external memory: none exists under Wine, so `ferry doctor` must name the step of the
+# D3D12 -> CUDA bridge that fails and the piece that is missing.
+"$wine" "$build/bin/ferry.exe" doctor 2>/dev/null | tr -d '\r' > "$build/doctor.txt"
+if ! grep -q "DirectStorage into cuda:0: .*step 1 of 11 .*nvcuda.dll" "$build/doctor.txt"; then
+  echo "windows_check: ferry doctor does not name the DirectStorage bridge's failing step:" >&2
+  cat "$build/doctor.txt" >&2
+  exit 1
+fi
+echo "windows_check: ferry doctor names the DirectStorage bridge's missing step (nvcuda.dll)"
+
 # The Windows CLI on a checkpoint whose name is not ASCII and whose data holds CR LF and 0x1A:
 # the digests must equal the Linux build's, byte for byte.
 if [ -n "$linux_ferry" ]; then
