@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Cross-builds ferry for 64-bit Windows with mingw-w64 (cmake/toolchain-mingw64.cmake): the
 # library (ferry.dll), the CLI (ferry.exe) and the Windows test subset, then runs the tests under
-# Wine, so the Win32 code paths really execute (host memory: no GPU or DirectStorage under Wine),
-# and compares `ferry load --hash` of a checkpoint with non-ASCII name between the Linux and the
-# Windows build. Usage: tools/windows_check.sh [LINUX_FERRY_BINARY]. Needs tools/install_deps.sh
-# (mingw-w64, Wine); about 4 minutes on 2 cores, most of it compiling.
+# Wine, so the Win32 code paths really execute (host memory: no GPU under Wine; DirectStorage
+# through a stand-in runtime, tests/fake_dstorage, as Microsoft's cannot start there), and compares
+# `ferry load --hash` of a checkpoint with non-ASCII name between the Linux and the Windows build.
+# Usage: tools/windows_check.sh [LINUX_FERRY_BINARY]. Needs tools/install_deps.sh (mingw-w64,
+# Wine); about 4 minutes on 2 cores, most of it compiling.
 # FERRY_WINE_DSTORAGE=1 also tries Microsoft's DirectStorage runtime under Wine: it downloads the
 # dstorage-gpu wheel from PyPI (which ships dstorage.dll and dstoragecore.dll; nothing is kept in
 # the repository), puts the DLLs beside a copy of ferry.exe and runs a DirectStorage load,
@@ -54,6 +55,13 @@ PY
     diff "$scratch/linux.txt" "$scratch/windows-$io.txt"
   done
   echo "windows_check: ferry.exe --hash (buffered, direct, auto) equals the Linux build's"
+  # The DirectStorage backend's host path, through the stand-in runtime (tests/fake_dstorage):
+  # ferry.exe looks for dstorage.dll beside itself, so a copy goes beside the fake.
+  cp "$build/bin/ferry.exe" "$build/bin/fake-dstorage/ferry.exe"
+  "$wine" "$build/bin/fake-dstorage/ferry.exe" load "$model" --device cpu --backend directstorage \
+    --hash 2>/dev/null | tr -d '\r' > "$scratch/windows-directstorage.txt"
+  diff "$scratch/linux.txt" "$scratch/windows-directstorage.txt"
+  echo "windows_check: ferry.exe --backend directstorage (stand-in runtime) equals the Linux build's"
 fi
 
 if [ "${FERRY_WINE_DSTORAGE:-0}" = 1 ]; then
