@@ -20,8 +20,12 @@ constexpr std::size_t kMaxTransfer = std::size_t{1} << 30;  // one call moves a 
 // FILE_INFO_BY_HANDLE_CLASS's FileRenameInfoEx (Windows 10 1709 and later), which mingw-w64's
 // minwinbase.h declares only for a later _WIN32_WINNT than ferry's 0x0A00.
 constexpr auto kFileRenameInfoEx = static_cast<FILE_INFO_BY_HANDLE_CLASS>(22);
-static_assert(FileIdExtdDirectoryRestartInfo ==
-              20);  // then FileDispositionInfoEx, FileRenameInfoEx
+// The two classes before it: FileIdExtdDirectoryRestartInfo (20), FileDispositionInfoEx (21).
+static_assert(FileIdExtdDirectoryRestartInfo == 20);
+// FILE_RENAME_FLAG_REPLACE_IF_EXISTS and FILE_RENAME_FLAG_POSIX_SEMANTICS, as documented (older
+// SDK headers lack them).
+constexpr DWORD kRenameReplaceIfExists = 0x1;
+constexpr DWORD kRenamePosixSemantics = 0x2;
 
 // Sets errno from the thread's last Win32 error; returns `failed` for the caller to hand back.
 template <class T>
@@ -140,7 +144,9 @@ bool rename_replacing(const std::filesystem::path& from, const std::filesystem::
   }
   std::vector<std::byte> buffer(sizeof(FILE_RENAME_INFO) + target.size() * sizeof(wchar_t));
   auto* info = reinterpret_cast<FILE_RENAME_INFO*>(buffer.data());
-  info->Flags = FILE_RENAME_FLAG_REPLACE_IF_EXISTS | FILE_RENAME_FLAG_POSIX_SEMANTICS;
+  // Flags shares its place with ReplaceIfExists, and older SDK headers declare only that one.
+  const DWORD flags = kRenameReplaceIfExists | kRenamePosixSemantics;
+  std::memcpy(buffer.data(), &flags, sizeof flags);
   info->RootDirectory = nullptr;
   info->FileNameLength = static_cast<DWORD>(target.size() * sizeof(wchar_t));
   std::memcpy(info->FileName, target.c_str(), info->FileNameLength);
