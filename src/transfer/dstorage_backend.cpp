@@ -102,6 +102,38 @@ void scatter(const TicketState& t, const Piece& p, const std::byte* staging, Cop
   }
 }
 
+// Enqueues one batch: the pieces from `next` that fit `capacity` bytes end to end, as requests
+// of at most 32 MiB (files opened at their first request); `place(request, batch offset, size)`
+// says where each lands. Returns the end of the batch.
+template <class Place>
+std::size_t enqueue_batch(const Run& run, std::size_t next, std::uint64_t capacity,
+                          std::vector<Com<dstorage::IDStorageFile>>& files,
+                          dstorage::IDStorageQueue& queue, Place&& place) {
+  const TicketState& t = *run.ticket;
+  const auto& ds = shim::DirectStorageLibrary::get();
+  std::uint64_t used = 0;
+  for (; next < run.pieces.size() && used + run.pieces[next].size <= capacity; ++next) {
+    const Piece& p = run.pieces[next];
+    const Extent& x = t.extents[p.extent];
+    if (!files[x.file]) {
+      void* out = nullptr;
+      files[x.file] = create<dstorage::IDStorageFile>(
+          ds.factory->OpenFile(t.files->path(x.file).c_str(), dstorage::kIidFile, &out), out,
+          t.files->path(x.file).string() + ": IDStorageFactory::OpenFile");
+    }
+    for (const auto& r : dstorage::split_requests(x.file_offset + p.extent_offset, p.size, used)) {
+      dstorage::Request request{};
+      request.Options.SourceType = dstorage::kSourceFile;
+      request.Source.File = {files[x.file].get(), r.file_offset, r.size};
+      request.UncompressedSize = r.size;
+      place(request, r.destination_offset, r.size);
+      queue.EnqueueRequest(&request);
+    }
+    used += p.size;
+  }
+  return next;
+}
+
 void work_staged(Run& run) {
   TicketState& t = *run.ticket;
   const auto& ds = shim::DirectStorageLibrary::get();
@@ -135,28 +167,11 @@ void work_staged(Run& run) {
       // One batch: the pieces that fit the staging buffer, end to end.
       const std::size_t first = next;
       settled = first;
-      std::uint64_t used = 0;
-      for (; next < run.pieces.size() && used + run.pieces[next].size <= staging.size(); ++next) {
-        const Piece& p = run.pieces[next];
-        const Extent& x = t.extents[p.extent];
-        if (!files[x.file]) {
-          out = nullptr;
-          files[x.file] = create<dstorage::IDStorageFile>(
-              ds.factory->OpenFile(t.files->path(x.file).c_str(), dstorage::kIidFile, &out), out,
-              t.files->path(x.file).string() + ": IDStorageFactory::OpenFile");
-        }
-        for (const auto& r :
-             dstorage::split_requests(x.file_offset + p.extent_offset, p.size, used)) {
-          dstorage::Request request{};
-          request.Options.SourceType = dstorage::kSourceFile;
-          request.Options.DestinationType = dstorage::kDestinationMemory;
-          request.Source.File = {files[x.file].get(), r.file_offset, r.size};
-          request.Destination.Memory = {staging.data() + r.destination_offset, r.size};
-          request.UncompressedSize = r.size;
-          queue->EnqueueRequest(&request);
-        }
-        used += p.size;
-      }
+      next = enqueue_batch(run, next, staging.size(), files, *queue,
+                           [&](dstorage::Request& request, std::uint64_t at, std::uint32_t size) {
+                             request.Options.DestinationType = dstorage::kDestinationMemory;
+                             request.Destination.Memory = {staging.data() + at, size};
+                           });
       queue->EnqueueStatus(status.get(), 0);
       queue->Submit();
       while (!status->IsComplete(0)) std::this_thread::yield();
@@ -266,28 +281,11 @@ void work_bridge(Run& run) {
       const std::uint64_t base = h * kBridgeHalfBytes;
       Batch& b = batches[h];
       b.first = next;
-      std::uint64_t used = 0;
-      for (; next < run.pieces.size() && used + run.pieces[next].size <= kBridgeHalfBytes; ++next) {
-        const Piece& p = run.pieces[next];
-        const Extent& x = t.extents[p.extent];
-        if (!files[x.file]) {
-          out = nullptr;
-          files[x.file] = create<dstorage::IDStorageFile>(
-              ds.factory->OpenFile(t.files->path(x.file).c_str(), dstorage::kIidFile, &out), out,
-              t.files->path(x.file).string() + ": IDStorageFactory::OpenFile");
-        }
-        for (const auto& r :
-             dstorage::split_requests(x.file_offset + p.extent_offset, p.size, used)) {
-          dstorage::Request request{};
-          request.Options.SourceType = dstorage::kSourceFile;
-          request.Options.DestinationType = dstorage::kDestinationBuffer;
-          request.Source.File = {files[x.file].get(), r.file_offset, r.size};
-          request.Destination.Buffer = {bridge.buffer, base + r.destination_offset, r.size};
-          request.UncompressedSize = r.size;
-          queue->EnqueueRequest(&request);
-        }
-        used += p.size;
-      }
+      next = enqueue_batch(run, next, kBridgeHalfBytes, files, *queue,
+                           [&](dstorage::Request& request, std::uint64_t at, std::uint32_t size) {
+                             request.Options.DestinationType = dstorage::kDestinationBuffer;
+                             request.Destination.Buffer = {bridge.buffer, base + at, size};
+                           });
       b.last = next;
       b.fence_value = ++bridge.fence_value;
       b.active = true;
