@@ -9,6 +9,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "test_support.hpp"
+#include "transfer/backend.hpp"
 
 namespace ferry {
 namespace {
@@ -62,6 +63,35 @@ TEST(DirectStorageFake, AFailedRequestNamesTheFileAndTheRuntimesError) {
                               "1 failed request(s)", "HRESULT 0x80070017"})
       EXPECT_NE(what.find(words), std::string::npos) << words << " missing from: " << what;
   }
+}
+
+// DirectStorage runs here (the stand-in), but into cuda:0 it needs the D3D12 -> CUDA bridge,
+// whose first step fails under Wine (no nvcuda.dll): the route refuses with that step unless
+// allow_compat lets host staging stand in.
+TEST(DirectStorageFake, IntoAGpuTheRouteNamesTheBridgesFailingStep) {
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  test::write_random_checkpoint(path, {{"a", DType::U8, {1000}}}, 7);
+  auto files = FileSet::create();
+  files->add(path);
+  TransferOptions options;
+  options.backend = Backend::DirectStorage;
+  try {
+    detail::choose_route(*files, Device::cuda(0), options);
+    FAIL() << "DirectStorage into cuda:0 was routed without its bridge";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    for (const char* words : {"step 1 of 11", "nvcuda.dll", "allow_compat"})
+      EXPECT_NE(what.find(words), std::string::npos) << words << " missing from: " << what;
+  }
+  options.allow_compat = true;
+  const detail::Route route = detail::choose_route(*files, Device::cuda(0), options);
+  EXPECT_EQ(route.backend, &detail::dstorage_backend());
+  const std::string reason =
+      detail::dstorage_backend().probe(*files, Device::cuda(0), options).reason;
+  EXPECT_NE(reason.find("into host staging: DirectStorage to cuda:0 needs a D3D12 buffer"),
+            std::string::npos)
+      << reason;
 }
 
 }  // namespace

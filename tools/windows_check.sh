@@ -36,6 +36,13 @@ if ! grep -q "DirectStorage into cuda:0: .*step 1 of 11 .*nvcuda.dll" "$build/do
 fi
 echo "windows_check: ferry doctor names the DirectStorage bridge's missing step (nvcuda.dll)"
 
+# `ferry kv bench` at tiny sizes: the KV store and its raw baselines through the Win32 seam (its
+# figures under Wine mean nothing; it must run and finish).
+kv_root=$(mktemp -d)
+"$wine" "$build/bin/ferry.exe" kv bench "$kv_root/kv" --sizes 4K,64K --bytes 1M >/dev/null
+rm -rf "$kv_root"
+echo "windows_check: ferry kv bench runs"
+
 # The Windows CLI on a checkpoint whose name is not ASCII and whose data holds CR LF and 0x1A:
 # the digests must equal the Linux build's, byte for byte.
 if [ -n "$linux_ferry" ]; then
