@@ -1,14 +1,11 @@
 // The D3D12 -> CUDA bridge of the DirectStorage backend (transfer/dstorage_bridge.hpp), made step
 // by step; a step that fails is named in the error with the system's own words, and what the
-// steps before it made is released. d3d12.dll and dxgi.dll are loaded at run time, as
-// dstorage.dll and nvcuda.dll are: nothing is linked.
+// steps before it made is released. d3d12.dll (shim/d3d12.hpp) and dxgi.dll are loaded at run
+// time, as dstorage.dll and nvcuda.dll are: nothing is linked.
 #include "transfer/dstorage_bridge.hpp"
 
-#include "platform/windows/win32.hpp"
-// windows.h first. The explicit form of aggregate returns: mingw's d3d12.h otherwise declares
-// GetResourceAllocationInfo returning its struct by value, which the COM ABI does not.
-#define WIDL_EXPLICIT_AGGREGATE_RETURNS
-#include <d3d12.h>
+#include "shim/d3d12.hpp"
+// d3d12.h (through the shim) before dxgi.h.
 #include <dxgi.h>
 
 #include <map>
@@ -17,7 +14,6 @@
 #include "cuda/cuda_resources.hpp"
 #include "dstorage/adapters.hpp"
 #include "shim/dstorage.hpp"
-#include "shim/dynamic_library.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -86,15 +82,13 @@ std::unique_ptr<DirectStorageBridge> build(int ordinal, std::string& error) {
   if (!adapter) return fail(why);
 
   steps.next("d3d12.dll's D3D12CreateDevice");
-  void* d3d12 = shim::open_vendor_library({"d3d12.dll"}, why);
-  PFN_D3D12_CREATE_DEVICE create_device = nullptr;
-  if (!d3d12 || !shim::resolve(d3d12, "d3d12.dll", "D3D12CreateDevice", create_device, why))
-    return fail(why);
+  const auto& d3d12 = shim::Direct3D12::get();
+  if (!d3d12.usable) return fail(d3d12.why_unusable);
 
   steps.next("D3D12CreateDevice on " + adapters[*choice.index].name);
   void* out = nullptr;
-  if (const HRESULT hr =
-          create_device(adapter.get(), D3D_FEATURE_LEVEL_11_0, __uuidof(ID3D12Device), &out);
+  if (const HRESULT hr = d3d12.D3D12CreateDevice(adapter.get(), D3D_FEATURE_LEVEL_11_0,
+                                                 __uuidof(ID3D12Device), &out);
       FAILED(hr) || !out)
     return fail(shim::hresult_text(hr));
   Com<ID3D12Device> device(static_cast<ID3D12Device*>(out));
