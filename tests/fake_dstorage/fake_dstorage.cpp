@@ -3,13 +3,16 @@
 // (src/dstorage/dstorage_api.hpp) over plain Win32 reads: file requests into memory, executed in
 // order at Submit, status entries completed with the first failure since the last one, and the
 // queue's error record. Requests on a file whose name contains "fail-dstorage" fail (the disk's
-// CRC error), so that tests see how a failed request is reported. Memory destinations only: a
-// queue given a D3D12 device is refused, as the fake has no GPU.
+// CRC error), so that tests see how a failed request is reported. Buffer destinations are read
+// into the resource's memory (ID3D12Resource::Map: tests/fake_gpu's stand-in D3D12 maps host
+// memory), and signals set the fence at Submit, after the requests before them.
 #include <atomic>
 #include <cwchar>
 #include <vector>
 
 #include "dstorage/dstorage_api.hpp"
+// After windows.h (through dstorage_api.hpp): the methods of the destination buffer and fence.
+#include <d3d12.h>
 
 namespace {
 
@@ -62,17 +65,23 @@ class StatusArray final : public Object<IDStorageStatusArray> {
 class Queue final : public Object<IDStorageQueue> {
  public:
   void STDMETHODCALLTYPE EnqueueRequest(const Request* request) override {
-    _pending.push_back({*request, nullptr, 0});
+    _pending.push_back({*request, nullptr, 0, nullptr, 0});
   }
   void STDMETHODCALLTYPE EnqueueStatus(IDStorageStatusArray* status, std::uint32_t index) override {
     auto* array = static_cast<StatusArray*>(status);
     array->complete.at(index) = false;
-    _pending.push_back({{}, array, index});
+    _pending.push_back({{}, array, index, nullptr, 0});
   }
-  void STDMETHODCALLTYPE EnqueueSignal(ID3D12Fence*, std::uint64_t) override {}
+  void STDMETHODCALLTYPE EnqueueSignal(ID3D12Fence* fence, std::uint64_t value) override {
+    _pending.push_back({{}, nullptr, 0, fence, value});
+  }
   void STDMETHODCALLTYPE Submit() override {
     HRESULT since_status = S_OK;
     for (const Entry& e : _pending) {
+      if (e.fence) {
+        e.fence->Signal(e.value);
+        continue;
+      }
       if (e.status) {
         e.status->result.at(e.index) = since_status;
         e.status->complete.at(e.index) = true;
@@ -103,10 +112,21 @@ class Queue final : public Object<IDStorageQueue> {
     Request request;
     StatusArray* status;
     std::uint32_t index;
+    ID3D12Fence* fence;
+    std::uint64_t value;
   };
   static HRESULT run(const Request& r) {
-    if (r.Options.SourceType != kSourceFile || r.Options.DestinationType != kDestinationMemory)
+    if (r.Options.SourceType != kSourceFile) return E_INVALIDARG;
+    void* destination = nullptr;
+    if (r.Options.DestinationType == kDestinationMemory) {
+      destination = r.Destination.Memory.Buffer;
+    } else if (r.Options.DestinationType == kDestinationBuffer) {
+      void* base = nullptr;
+      if (FAILED(r.Destination.Buffer.Resource->Map(0, nullptr, &base))) return E_INVALIDARG;
+      destination = static_cast<char*>(base) + r.Destination.Buffer.Offset;
+    } else {
       return E_INVALIDARG;
+    }
     auto* file = static_cast<File*>(r.Source.File.Source);
     if (file->path.find(L"fail-dstorage") != std::wstring::npos)
       return HRESULT_FROM_WIN32(ERROR_CRC);
@@ -114,7 +134,7 @@ class Queue final : public Object<IDStorageQueue> {
     at.Offset = static_cast<DWORD>(r.Source.File.Offset);
     at.OffsetHigh = static_cast<DWORD>(r.Source.File.Offset >> 32);
     DWORD got = 0;
-    if (!::ReadFile(file->handle, r.Destination.Memory.Buffer, r.Source.File.Size, &got, &at))
+    if (!::ReadFile(file->handle, destination, r.Source.File.Size, &got, &at))
       return HRESULT_FROM_WIN32(::GetLastError());
     return got == r.Source.File.Size ? S_OK : HRESULT_FROM_WIN32(ERROR_HANDLE_EOF);
   }
@@ -124,8 +144,7 @@ class Queue final : public Object<IDStorageQueue> {
 
 class Factory final : public Object<IDStorageFactory> {
  public:
-  HRESULT STDMETHODCALLTYPE CreateQueue(const QueueDesc* desc, REFIID, void** out) override {
-    if (desc->Device != nullptr) return E_NOTIMPL;  // no GPU here
+  HRESULT STDMETHODCALLTYPE CreateQueue(const QueueDesc*, REFIID, void** out) override {
     *out = static_cast<IDStorageQueue*>(new Queue());
     return S_OK;
   }
