@@ -5,7 +5,8 @@
 // queue's error record. Requests on a file whose name contains "fail-dstorage" fail (the disk's
 // CRC error), so that tests see how a failed request is reported. Buffer destinations are read
 // into the resource's memory (ID3D12Resource::Map: tests/fake_gpu's stand-in D3D12 maps host
-// memory), and signals set the fence at Submit, after the requests before them.
+// memory), and signals set the fence at Submit, after the requests before them (not after a
+// failed one).
 #include <atomic>
 #include <cwchar>
 #include <vector>
@@ -77,9 +78,13 @@ class Queue final : public Object<IDStorageQueue> {
   }
   void STDMETHODCALLTYPE Submit() override {
     HRESULT since_status = S_OK;
+    bool failed_since_signal = false;
     for (const Entry& e : _pending) {
       if (e.fence) {
-        e.fence->Signal(e.value);
+        // After a failed request the fence is left as it was: nothing promises the signal then,
+        // and ferry must not wait for it for ever.
+        if (!failed_since_signal) e.fence->Signal(e.value);
+        failed_since_signal = false;
         continue;
       }
       if (e.status) {
@@ -97,6 +102,7 @@ class Queue final : public Object<IDStorageQueue> {
           _record.FirstFailure.Request.Request = e.request;
         }
         if (SUCCEEDED(since_status)) since_status = hr;
+        failed_since_signal = true;
       }
     }
     _pending.clear();

@@ -3,8 +3,7 @@
 // trivially complete), with the LUID 0x1234 that fake_dxgi.cpp gives its second adapter, and the
 // external memory and semaphore imports of D3D12 objects made by fake_d3d12.cpp (their NT handles
 // are file mappings: mapped here too, so both sides see the same bytes). Enough of the driver for
-// ferry's loads and the DirectStorage bridge, nothing more; a copy out of the imported buffer
-// before a wait for the fence's latest value is refused, so the tests see the order of calls.
+// ferry's loads and the DirectStorage bridge, nothing more.
 #include <windows.h>
 
 #include <algorithm>
@@ -13,7 +12,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "shim/cuda_driver.hpp"
 
@@ -35,18 +38,51 @@ struct ExternalSemaphore {
 };
 int dummy_object;
 
-// The ordering check: a copy out of imported memory is refused unless the stream has waited for
-// the fence's latest value (copies run at once here, so "latest" is "now").
+// Waits on the imported fence are asynchronous, as CUDA's are: a wait for a value the fence has
+// not reached leaves the copies out of the imported buffer pending until a synchronisation, which
+// waits (ten seconds at most) for the value, then runs them. A copy out of the buffer with no
+// wait for the fence's latest value before it is refused: the tests see the order of calls.
 ExternalMemory* imported_memory = nullptr;
 ExternalSemaphore* imported_fence = nullptr;
-std::atomic<std::uint64_t> last_waited{0};
+std::mutex pending_mutex;
+std::uint64_t last_waited = 0;    // satisfied waits
+std::uint64_t pending_value = 0;  // a wait not yet satisfied (0: none)
+std::vector<std::function<void()>> pending_copies;
+cu::Result sticky = kOk;  // a refused pending copy, reported at the next synchronisation
 
-bool reads_unwaited_import(cu::DevicePtr from, std::size_t n) {
+bool reads_import(cu::DevicePtr from, std::size_t n) {
   if (!imported_memory) return false;
   const auto* at = reinterpret_cast<const std::byte*>(from);
-  const bool inside =
-      at < imported_memory->base + imported_memory->size && at + n > imported_memory->base;
-  return inside && (!imported_fence || last_waited.load() < imported_fence->value->load());
+  return at < imported_memory->base + imported_memory->size && at + n > imported_memory->base;
+}
+
+// Under pending_mutex. Runs the pending copies once their wait is satisfied.
+cu::Result synchronise() {
+  if (pending_value != 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (imported_fence->value->load() < pending_value)
+      if (std::chrono::steady_clock::now() > deadline)
+        return kTimeout;
+      else
+        std::this_thread::yield();
+    last_waited = std::max(last_waited, pending_value);
+    pending_value = 0;
+    for (auto& copy : pending_copies) copy();
+    pending_copies.clear();
+  }
+  return std::exchange(sticky, kOk);
+}
+
+// A copy: out of the imported buffer it waits behind a pending fence wait and needs one first.
+cu::Result copy(cu::DevicePtr from, std::size_t n, std::function<void()> run) {
+  if (!reads_import(from, n)) return run(), kOk;
+  std::lock_guard lock(pending_mutex);
+  if (pending_value != 0) {
+    pending_copies.push_back(std::move(run));
+    return kOk;
+  }
+  if (last_waited < imported_fence->value->load()) return kInvalidValue;
+  return run(), kOk;
 }
 }  // namespace
 
@@ -95,15 +131,19 @@ FAKE_CUDA cuMemcpyHtoDAsync_v2(cu::DevicePtr to, const void* from, std::size_t n
   return std::memcpy(reinterpret_cast<void*>(to), from, n), kOk;
 }
 FAKE_CUDA cuMemcpyDtoH_v2(void* to, cu::DevicePtr from, std::size_t n) {
+  {
+    std::lock_guard lock(pending_mutex);
+    if (const cu::Result r = synchronise(); r != kOk) return r;
+  }
   return std::memcpy(to, reinterpret_cast<const void*>(from), n), kOk;
 }
 FAKE_CUDA cuMemcpyDtoHAsync_v2(void* to, cu::DevicePtr from, std::size_t n, cu::Stream) {
-  if (reads_unwaited_import(from, n)) return kInvalidValue;
-  return std::memcpy(to, reinterpret_cast<const void*>(from), n), kOk;
+  return copy(from, n, [=] { std::memcpy(to, reinterpret_cast<const void*>(from), n); });
 }
 FAKE_CUDA cuMemcpyDtoDAsync_v2(cu::DevicePtr to, cu::DevicePtr from, std::size_t n, cu::Stream) {
-  if (reads_unwaited_import(from, n)) return kInvalidValue;
-  return std::memmove(reinterpret_cast<void*>(to), reinterpret_cast<const void*>(from), n), kOk;
+  return copy(from, n, [=] {
+    std::memmove(reinterpret_cast<void*>(to), reinterpret_cast<const void*>(from), n);
+  });
 }
 FAKE_CUDA cuMemsetD8Async(cu::DevicePtr to, unsigned char value, std::size_t n, cu::Stream) {
   return std::memset(reinterpret_cast<void*>(to), value, n), kOk;
@@ -112,7 +152,10 @@ FAKE_CUDA cuStreamCreate(cu::Stream* s, unsigned) {
   return *s = reinterpret_cast<cu::Stream>(&dummy_object), kOk;
 }
 FAKE_CUDA cuStreamDestroy_v2(cu::Stream) { return kOk; }
-FAKE_CUDA cuStreamSynchronize(cu::Stream) { return kOk; }
+FAKE_CUDA cuStreamSynchronize(cu::Stream) {
+  std::lock_guard lock(pending_mutex);
+  return synchronise();
+}
 FAKE_CUDA cuStreamWaitEvent(cu::Stream, cu::Event, unsigned) { return kOk; }
 FAKE_CUDA cuStreamIsCapturing(cu::Stream, int* status) { return *status = 0, kOk; }
 FAKE_CUDA cuEventCreate(cu::Event* e, unsigned) {
@@ -120,8 +163,14 @@ FAKE_CUDA cuEventCreate(cu::Event* e, unsigned) {
 }
 FAKE_CUDA cuEventDestroy_v2(cu::Event) { return kOk; }
 FAKE_CUDA cuEventRecord(cu::Event, cu::Stream) { return kOk; }
-FAKE_CUDA cuEventSynchronize(cu::Event) { return kOk; }
-FAKE_CUDA cuEventQuery(cu::Event) { return kOk; }
+FAKE_CUDA cuEventSynchronize(cu::Event) {
+  std::lock_guard lock(pending_mutex);
+  return synchronise();
+}
+FAKE_CUDA cuEventQuery(cu::Event) {
+  std::lock_guard lock(pending_mutex);
+  return synchronise();
+}
 FAKE_CUDA cuEventElapsedTime(float* ms, cu::Event, cu::Event) { return *ms = 0, kOk; }
 FAKE_CUDA cuCtxEnablePeerAccess(cu::Context, unsigned) { return kOk; }
 FAKE_CUDA cuMemcpy3DPeerAsync(const cu::Memcpy3DPeer*, cu::Stream) { return kNotSupported; }
@@ -157,15 +206,14 @@ FAKE_CUDA cuImportExternalSemaphore(cu::ExternalSemaphore* out,
 FAKE_CUDA cuWaitExternalSemaphoresAsync(const cu::ExternalSemaphore* semaphores,
                                         const cu::ExternalSemaphoreWaitParams* params,
                                         unsigned count, cu::Stream) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::lock_guard lock(pending_mutex);
   for (unsigned i = 0; i < count; ++i) {
-    auto* s = reinterpret_cast<ExternalSemaphore*>(semaphores[i]);
-    while (s->value->load() < params[i].params.fence.value)
-      if (std::chrono::steady_clock::now() > deadline)
-        return kTimeout;
-      else
-        std::this_thread::yield();
-    last_waited = std::max(last_waited.load(), params[i].params.fence.value);
+    if (reinterpret_cast<ExternalSemaphore*>(semaphores[i]) != imported_fence) return kInvalidValue;
+    if (const cu::Result r = synchronise(); r != kOk) return r;  // one pending wait at a time
+    if (imported_fence->value->load() >= params[i].params.fence.value)
+      last_waited = std::max(last_waited, params[i].params.fence.value);
+    else
+      pending_value = params[i].params.fence.value;
   }
   return kOk;
 }
