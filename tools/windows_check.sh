@@ -69,6 +69,14 @@ PY
     --hash 2>/dev/null | tr -d '\r' > "$scratch/windows-directstorage.txt"
   diff "$scratch/linux.txt" "$scratch/windows-directstorage.txt"
   echo "windows_check: ferry.exe --backend directstorage (stand-in runtime) equals the Linux build's"
+  # ... and into cuda:0 through the D3D12 -> CUDA bridge, every library a stand-in
+  # (tests/fake_gpu; Wine told to take the native d3d12.dll and dxgi.dll).
+  cp "$build/bin/ferry.exe" "$build/bin/fake-gpu/ferry.exe"
+  WINEDLLOVERRIDES="d3d12,dxgi=n" "$wine" "$build/bin/fake-gpu/ferry.exe" load "$model" \
+    --device cuda:0 --backend directstorage --hash 2>/dev/null | tr -d '\r' \
+    > "$scratch/windows-bridge.txt"
+  diff "$scratch/linux.txt" "$scratch/windows-bridge.txt"
+  echo "windows_check: ferry.exe --device cuda:0 --backend directstorage (stand-ins) equals it too"
 fi
 
 if [ "${FERRY_WINE_DSTORAGE:-0}" = 1 ]; then
