@@ -102,7 +102,9 @@ def main():
     if args.bound and args.device.startswith("cuda"):
         s = loads[-1]
         bound_json = (args.json or "second_load.json") + ".bound.json"
-        out = subprocess.run([args.bound, "--device", args.device, "--bytes", str(s["tensor_bytes"]),
+        # The bound is a rate: at most 2 GiB of it (the tool pins that much twice).
+        nbytes = min(s["tensor_bytes"], 2 << 30)
+        out = subprocess.run([args.bound, "--device", args.device, "--bytes", str(nbytes),
                               "--threads", str(s["reader_threads"]),
                               "--chunk-mib", str(s["chunk_bytes"] / 2**20),
                               "--slots", str(s["slots_per_thread"]),
