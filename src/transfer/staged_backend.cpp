@@ -13,10 +13,10 @@
 #include <mutex>
 #include <thread>
 
+#include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
 #include "transfer/backend.hpp"
-#include "cuda/cuda_resources.hpp"
 #include "transfer/copier.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
@@ -185,7 +185,8 @@ class Job {
       for (auto& [device, copier] : _copiers) copier->drain();
       times.wait += clock.lap();
       if (!_copiers.empty()) _timeline.copies_done = since(_run->started);
-      if (_run->reference) {
+      // A job holding copiers made its first one after the reference was recorded (call_once).
+      if (!_copiers.empty() && _run->reference) {
         for (auto& [device, copier] : _copiers)
           for (const auto& interval : copier->timed_copies(*_run->reference))
             _copy_times.push_back(interval);
