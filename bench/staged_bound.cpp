@@ -156,14 +156,22 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--device") a.device = Device::parse(v);
-    else if (k == "--bytes") a.bytes = static_cast<std::uint64_t>(std::stod(v));
-    else if (k == "--threads") a.threads = std::max(1u, static_cast<unsigned>(std::stoul(v)));
-    else if (k == "--chunk-mib") a.chunk = static_cast<std::uint64_t>(std::stod(v) * (1 << 20));
-    else if (k == "--slots") a.slots = std::max(1u, static_cast<unsigned>(std::stoul(v)));
-    else if (k == "--runs") a.runs = std::max(1, std::stoi(v));
-    else if (k == "--copy-gbps") a.copy_gbps = std::stod(v);
-    else if (k == "--json") a.json = v;
+    if (k == "--device")
+      a.device = Device::parse(v);
+    else if (k == "--bytes")
+      a.bytes = static_cast<std::uint64_t>(std::stod(v));
+    else if (k == "--threads")
+      a.threads = std::max(1u, static_cast<unsigned>(std::stoul(v)));
+    else if (k == "--chunk-mib")
+      a.chunk = static_cast<std::uint64_t>(std::stod(v) * (1 << 20));
+    else if (k == "--slots")
+      a.slots = std::max(1u, static_cast<unsigned>(std::stoul(v)));
+    else if (k == "--runs")
+      a.runs = std::max(1, std::stoi(v));
+    else if (k == "--copy-gbps")
+      a.copy_gbps = std::stod(v);
+    else if (k == "--json")
+      a.json = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -191,10 +199,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < a.runs; ++r) rates.push_back(staged_pass(a, source.data(), to, pin));
     const double staged = median(rates);
     const double pinned = context ? pinned_copy(a, to, *pin) : 0;
-    std::printf("staged bound (memcpy from memory -> pinned slots -> %s; %u threads x %.0f MiB x "
-                "%u slots, median of %d): %.2f GB/s",
-                a.device.to_string().c_str(), a.threads, static_cast<double>(a.chunk) / (1 << 20),
-                a.slots, a.runs, staged);
+    std::printf(
+        "staged bound (memcpy from memory -> pinned slots -> %s; %u threads x %.0f MiB x "
+        "%u slots, median of %d): %.2f GB/s",
+        a.device.to_string().c_str(), a.threads, static_cast<double>(a.chunk) / (1 << 20), a.slots,
+        a.runs, staged);
     if (pinned > 0) std::printf("; pinned H2D alone %.2f GB/s (%.3f x)", pinned, staged / pinned);
     std::printf("\n");
     double beside = 0, host_rate = 0;
@@ -202,15 +211,20 @@ int main(int argc, char** argv) {
       const double gbps = a.copy_gbps > 0 ? a.copy_gbps : staged;
       std::tie(beside, host_rate) =
           pinned_copy_beside_host_copies(a, source.data(), to, *pin, gbps);
-      std::printf("pinned H2D while %u threads copy host memory at %.1f GB/s (asked %.1f): %.2f GB/s "
-                  "(%.3f x alone)\n",
-                  a.threads, host_rate, gbps, beside, pinned > 0 ? beside / pinned : 0.0);
+      std::printf(
+          "pinned H2D while %u threads copy host memory at %.1f GB/s (asked %.1f): %.2f GB/s "
+          "(%.3f x alone)\n",
+          a.threads, host_rate, gbps, beside, pinned > 0 ? beside / pinned : 0.0);
     }
     if (!a.json.empty()) {
-      const nlohmann::json out = {{"device", a.device.to_string()}, {"bytes", a.bytes},
-                                  {"threads", a.threads},          {"chunk_bytes", a.chunk},
-                                  {"slots", a.slots},              {"staged_gbps", staged},
-                                  {"runs_gbps", rates},            {"pinned_h2d_gbps", pinned},
+      const nlohmann::json out = {{"device", a.device.to_string()},
+                                  {"bytes", a.bytes},
+                                  {"threads", a.threads},
+                                  {"chunk_bytes", a.chunk},
+                                  {"slots", a.slots},
+                                  {"staged_gbps", staged},
+                                  {"runs_gbps", rates},
+                                  {"pinned_h2d_gbps", pinned},
                                   {"pinned_h2d_beside_copies_gbps", beside},
                                   {"host_copy_gbps", host_rate}};
       std::ofstream(a.json) << out.dump(1) << "\n";

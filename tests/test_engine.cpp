@@ -98,7 +98,7 @@ void expect_ordered_timeline(const LoadStats& stats) {
   const PipelineTimes& p = stats.pipeline;
   EXPECT_GT(p.first_read, 0.0);
   EXPECT_LE(p.first_read, p.last_read);
-  if (p.last_copy > 0) {  // some group went through staging
+  if (p.last_copy > 0) {                    // some group went through staging
     EXPECT_GE(p.first_copy, p.first_read);  // a copy leaves a slot after its read
     EXPECT_LE(p.first_copy, p.last_copy);
     EXPECT_LE(p.last_copy, p.copies_done);

@@ -63,8 +63,9 @@ struct LoadOptions {
 // The one mapping from a setting's name and text to LoadOptions, so that the CLI's flags, the C
 // ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
 // backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
-// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false). Throws std::invalid_argument naming the
-// key and the value for an unknown key, a malformed value or one out of range.
+// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false). Throws
+// std::invalid_argument naming the key and the value for an unknown key, a malformed value or one
+// out of range.
 void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
 
 // The keys set_load_option takes, in the order above.

@@ -40,8 +40,8 @@ struct PipelineTimes {
   double copies_done = 0;  // every copy had finished (the workers' drains returned)
   double done = 0;         // the submission completed (statistics gathered)
   // Profiled only (timed events around each read's copies, on the GPU's clock):
-  double copy_span = 0;       // from the first copy's start to the last one's end
-  double copy_busy = 0;       // of which at least one copy was queued or running
+  double copy_span = 0;           // from the first copy's start to the last one's end
+  double copy_busy = 0;           // of which at least one copy was queued or running
   std::uint64_t copy_groups = 0;  // reads whose copies were timed
 };
 

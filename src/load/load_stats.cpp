@@ -12,11 +12,10 @@ std::string to_json(const LoadStats& s) {
                      {"reason", f.reason},
                      {"bytes_read", f.bytes_read}});
   const PipelineTimes& p = s.pipeline;
-  const nlohmann::json pipeline = {{"first_read", p.first_read},   {"first_copy", p.first_copy},
-                                   {"last_read", p.last_read},     {"last_copy", p.last_copy},
-                                   {"copies_done", p.copies_done}, {"done", p.done},
-                                   {"copy_span", p.copy_span},     {"copy_busy", p.copy_busy},
-                                   {"copy_groups", p.copy_groups}};
+  const nlohmann::json pipeline = {
+      {"first_read", p.first_read}, {"first_copy", p.first_copy},   {"last_read", p.last_read},
+      {"last_copy", p.last_copy},   {"copies_done", p.copies_done}, {"done", p.done},
+      {"copy_span", p.copy_span},   {"copy_busy", p.copy_busy},     {"copy_groups", p.copy_groups}};
   const nlohmann::json j = {{"device", s.device},
                             {"tensor_bytes", s.tensor_bytes},
                             {"allocated_bytes", s.allocated_bytes},
