@@ -88,14 +88,17 @@ TEST_F(Gpu2, SafetensorsReplicasAndTensorParallelMatchASingleGpuLoad) {
   auto ckpt = Checkpoint::open_shared(file);
   const auto reference = single_gpu_bytes(ckpt);
   ASSERT_EQ(reference, written);
-  for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)}) {
-    const FanoutLoad loaded = load_fanout(ckpt, on_two_gpus(rule));
-    expect_ranks_match(loaded, reference);
-    const FanoutStats& s = loaded.stats();
-    EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once per node
-    EXPECT_GT(s.rounds, 1u);
-    EXPECT_NE(s.collective.find("nccl"), std::string::npos);
-  }
+  for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)})
+    for (auto next : {FanoutOptions::NextRound::Eager, FanoutOptions::NextRound::AtTail}) {
+      FanoutOptions o = on_two_gpus(rule);
+      o.next_round = next;
+      const FanoutLoad loaded = load_fanout(ckpt, o);
+      expect_ranks_match(loaded, reference);
+      const FanoutStats& s = loaded.stats();
+      EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once per node
+      EXPECT_GT(s.rounds, 1u);
+      EXPECT_NE(s.collective.find("nccl"), std::string::npos);
+    }
 }
 
 TEST_F(Gpu2, GgufQuantizedAndPlainTensors) {

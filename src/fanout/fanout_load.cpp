@@ -64,6 +64,12 @@ std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
   return out;
 }
 
+std::uint64_t round_read_bytes(const FanoutRound& round) {
+  std::uint64_t bytes = 0;
+  for (const FanoutRead& read : round.reads) bytes += read.size;
+  return bytes;
+}
+
 TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
   TransferOptions t;
   t.backend = Backend::Posix;
@@ -74,6 +80,17 @@ TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSe
   t.staging_bytes = load.staging_bytes;
   t.stop_at_first_error = true;
   return t;
+}
+
+// Until the round of `ticket` has no read left to hand out: fewer than `tail` of its `total` bytes
+// are still to land (each of its threads is on its last read), or it finished.
+void wait_for_tail(const Ticket& ticket, std::uint64_t total, std::uint64_t tail) {
+  while (ticket.bytes_done() + tail < total && !ticket.wait_for(100e-6)) {
+  }
+}
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 // Until every copy of the ticket landed; polls keep_going, rethrows the first failure.
@@ -182,6 +199,10 @@ class FanoutLoader {
     const std::uint64_t total = plan->read_bytes;
 
     // Round k's reads are submitted before round k-1's gather is queued, so that they overlap.
+    const bool at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
+    stats.next_round = at_tail ? "at-tail" : "eager";
+    const std::uint64_t tail = std::uint64_t{t.threads} * settings.chunk_bytes;
+    const auto reading = Clock::now();
     Ticket previous;
     std::size_t previous_round = 0;
     for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
@@ -196,6 +217,11 @@ class FanoutLoader {
       }
       // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
       if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
+      if (at_tail && k > 0) {
+        const auto waiting = Clock::now();
+        wait_for_tail(previous, round_read_bytes(plan->rounds[previous_round]), tail);
+        stats.phases.loader_wait_seconds += since(waiting);
+      }
       Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
                               resolve(round.reads, bases, scratch, devices), t);
       if (k > 0)
@@ -205,7 +231,11 @@ class FanoutLoader {
     }
     if (!plan->rounds.empty())
       finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+    stats.phases.reads_seconds = since(reading);
+    const auto draining = Clock::now();
     collective->wait();
+    stats.phases.tail_seconds = since(draining);
+    stats.phases.pool_threads = detail::transfer_workers().threads();
     stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     stats.collective_seconds = collective->busy_seconds();
     stats.rounds = plan->rounds.size();
@@ -237,9 +267,17 @@ class FanoutLoader {
   void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
               const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
               FanoutStats& stats) {
+    const auto waiting = Clock::now();
     wait_for(ticket, _options.load);
+    stats.phases.loader_wait_seconds += since(waiting);
     const TransferStats& ts = ticket.stats();
     stats.reader_threads = std::max(stats.reader_threads, ts.threads);
+    FanoutPhases& p = stats.phases;
+    p.read_thread_seconds += ts.read_thread_seconds;
+    p.wait_thread_seconds += ts.wait_thread_seconds;
+    p.queue_thread_seconds += ts.queue_thread_seconds;
+    p.setup_thread_seconds += ts.setup_thread_seconds;
+    p.staging_seconds = std::max(p.staging_seconds, ts.staging_seconds);
     stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
     for (const FileLoadStats& f : ts.files) {
       auto it = std::find_if(stats.files.begin(), stats.files.end(),

@@ -19,6 +19,16 @@ std::string to_json(const FanoutStats& s) {
                      {"io_path", io_path_name(f.io_path)},
                      {"reason", f.reason},
                      {"bytes_read", f.bytes_read}});
+  const FanoutPhases& p = s.phases;
+  const nlohmann::json phases = {{"read_thread_seconds", p.read_thread_seconds},
+                                 {"wait_thread_seconds", p.wait_thread_seconds},
+                                 {"queue_thread_seconds", p.queue_thread_seconds},
+                                 {"setup_thread_seconds", p.setup_thread_seconds},
+                                 {"staging_seconds", p.staging_seconds},
+                                 {"reads_seconds", p.reads_seconds},
+                                 {"tail_seconds", p.tail_seconds},
+                                 {"loader_wait_seconds", p.loader_wait_seconds},
+                                 {"pool_threads", p.pool_threads}};
   const nlohmann::json j = {{"collective", s.collective},
                             {"seconds", s.seconds},
                             {"gigabytes_per_second", s.gigabytes_per_second()},
@@ -32,6 +42,8 @@ std::string to_json(const FanoutStats& s) {
                             {"reader_threads", s.reader_threads},
                             {"chunk_bytes", s.chunk_bytes},
                             {"settings_source", s.settings_source},
+                            {"next_round", s.next_round},
+                            {"phases", phases},
                             {"ranks", ranks},
                             {"files", files}};
   // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
