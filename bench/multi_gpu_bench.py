@@ -100,11 +100,18 @@ def machine_facts(n):
             "mem_gib": round(int(mem[0]) / 2**20, 1) if mem else None}
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        bdf = f"{getattr(p, 'pci_domain_id', 0):04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        try:
+            bdf = (f"{getattr(p, 'pci_domain_id', 0):04x}:{p.pci_bus_id:02x}:"
+                   f"{p.pci_device_id:02x}.0")
+        except AttributeError:  # an older torch
+            bdf = "?"
         facts["gpus"].append({"device": f"cuda:{i}", "name": p.name, "pci": bdf,
                               "numa_node": read_text(f"/sys/bus/pci/devices/{bdf}/numa_node", "?")})
-    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
-    facts["nvidia_smi_topo"] = topo.stdout.strip() if topo.returncode == 0 else topo.stderr.strip()
+    try:
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+        facts["nvidia_smi_topo"] = (topo.stdout if topo.returncode == 0 else topo.stderr).strip()
+    except OSError as e:
+        facts["nvidia_smi_topo"] = f"nvidia-smi: {e}"
     return facts
 
 
@@ -218,6 +225,9 @@ def print_facts(facts):
     if r:
         print("page cache -> pinned reads, 4 MiB: " + ", ".join(f"{t} threads {v:.1f}"
                                                                for t, v in r.items()) + " GB/s")
+    if "page_cache_read_1mib_32_threads" in facts:
+        print(f"page cache -> pinned reads, 1 MiB, 32 threads: "
+              f"{facts['page_cache_read_1mib_32_threads']:.1f} GB/s")
     m = facts.get("memcpy")
     if m:
         print("host memcpy: " + ", ".join(f"{t} threads {v:.1f}" for t, v in m.items()) + " GB/s")
@@ -235,7 +245,8 @@ def phases_line(label, r):
     return (f"{label}: {r['seconds']:.3f} s = reads {p['reads_seconds']:.3f} + collectives' tail "
             f"{p['tail_seconds']:.3f} (+ allocation {r['allocate_seconds']:.3f} inside); "
             f"storage/page cache {r['bytes_read'] / reads / 1e9:.1f} GB/s; host links GB/s: {links}; "
-            f"{r['reader_threads']} threads/round ({r.get('next_round', '?')}), "
+            f"{r['reader_threads']} threads/submission ({r.get('next_round', '?')}, "
+            f"{r.get('submissions', '?')}), "
             f"{busy / reads:.1f} busy on average: read {p['read_thread_seconds']:.2f}, "
             f"wait for copies {p['wait_thread_seconds']:.2f}, queue {p['queue_thread_seconds']:.2f}, "
             f"setup {p['setup_thread_seconds']:.2f} thread-s; loader waited "
@@ -250,13 +261,16 @@ SWEEP = [
     ("next round at-tail", ["--next-round", "at-tail"]),
     ("asleep, at-tail", ["--next-round", "at-tail"], BLOCK),
     ("8 threads/GPU", ["--threads", "8"]),
-    ("8 threads/GPU, asleep", ["--threads", "8"], BLOCK),
+    ("per-device submissions", ["--submissions", "per-device"]),
+    ("per-device, asleep, at-tail", ["--submissions", "per-device", "--next-round", "at-tail"],
+     BLOCK),
     ("24 threads/GPU, asleep, at-tail", ["--threads", "24", "--next-round", "at-tail"], BLOCK),
     ("rounds 1 GiB/GPU, asleep, at-tail", ["--round-mib", "1024", "--next-round", "at-tail"], BLOCK),
     ("one round, asleep", ["--round-mib", "65536"], BLOCK),
     ("4 slots, asleep, at-tail", ["--slots", "4", "--staging-mib", "512", "--next-round",
                                   "at-tail"], BLOCK),
     ("2 MiB reads, asleep, at-tail", ["--chunk-mib", "2", "--next-round", "at-tail"], BLOCK),
+    ("1 MiB reads, asleep, at-tail", ["--chunk-mib", "1", "--next-round", "at-tail"], BLOCK),
 ]
 
 
@@ -557,6 +571,7 @@ def main():
     facts["pinned_h2d"] = pinned_copy_rates(n)
     warm_page_cache(path)
     facts["page_cache_read"] = {t: page_cache_read_rate(path, t) for t in (8, 16, 32, 48)}
+    facts["page_cache_read_1mib_32_threads"] = page_cache_read_rate(path, 32, chunk=1 << 20)
     facts["memcpy"] = {t: memcpy_rate(t) for t in (1, 8, 16, 32)}
     print_facts(facts)
     print(facts["nvidia_smi_topo"])

@@ -51,6 +51,12 @@ TEST(FanoutLoad, ReplicasOnThreeHostRanks) {
   o.load.io = IoMode::Buffered;  // O_DIRECT would count its 4 KiB alignment as read
   o.next_round = FanoutOptions::NextRound::AtTail;
   expect_ranks_match_host(load_fanout(ckpt, o), written);
+  o.submissions = FanoutOptions::Submissions::PerDevice;
+  const FanoutLoad per_device = load_fanout(ckpt, o);
+  expect_ranks_match_host(per_device, written);
+  EXPECT_EQ(per_device.stats().submissions, "per-device");
+  EXPECT_EQ(per_device.stats().bytes_read, per_device.stats().checkpoint_bytes);
+  o.submissions = FanoutOptions::Submissions::PerRound;
   o.next_round = FanoutOptions::NextRound::Eager;
   const FanoutLoad loaded = load_fanout(ckpt, o);
   expect_ranks_match_host(loaded, written);
@@ -83,6 +89,7 @@ TEST(FanoutLoad, TensorParallelOnHostRanks) {
     o.load.chunk_bytes = 1000;
     o.load.io = IoMode::Buffered;
     if (n == 2) o.next_round = FanoutOptions::NextRound::AtTail;
+    if (n == 4) o.submissions = FanoutOptions::Submissions::PerDevice;
     const FanoutLoad loaded = load_fanout(ckpt, o);
     expect_ranks_match_host(loaded, written);
     EXPECT_EQ(loaded.stats().bytes_read, loaded.stats().checkpoint_bytes);

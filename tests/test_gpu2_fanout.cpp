@@ -92,6 +92,9 @@ TEST_F(Gpu2, SafetensorsReplicasAndTensorParallelMatchASingleGpuLoad) {
     for (auto next : {FanoutOptions::NextRound::Eager, FanoutOptions::NextRound::AtTail}) {
       FanoutOptions o = on_two_gpus(rule);
       o.next_round = next;
+      // Both ways of submitting: one submission of every device's threads, one per device.
+      if (next == FanoutOptions::NextRound::AtTail)
+        o.submissions = FanoutOptions::Submissions::PerDevice;
       const FanoutLoad loaded = load_fanout(ckpt, o);
       expect_ranks_match(loaded, reference);
       const FanoutStats& s = loaded.stats();

@@ -35,6 +35,10 @@ struct FanoutOptions {
   // at a time and the next round's take over as they finish.
   enum class NextRound { Eager, AtTail };
   NextRound next_round = NextRound::Eager;
+  // Each round's reads: one submission with every device's reader threads (PerRound), or one per
+  // device with its own threads, its reads only (PerDevice, as one process per GPU runs).
+  enum class Submissions { PerRound, PerDevice };
+  Submissions submissions = Submissions::PerRound;
 };
 
 // What one rank holds of one tensor, and where.
@@ -96,7 +100,8 @@ struct FanoutStats {
   unsigned reader_threads = 0;
   std::uint64_t chunk_bytes = 0;
   std::string settings_source;
-  std::string next_round;  // "eager" or "at-tail" (FanoutOptions::next_round)
+  std::string next_round;   // "eager" or "at-tail" (FanoutOptions::next_round)
+  std::string submissions;  // "per-round" or "per-device" (FanoutOptions::submissions)
   FanoutPhases phases;
   std::vector<RankLoadStats> ranks;
   std::vector<FileLoadStats> files;

@@ -64,11 +64,17 @@ std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
   return out;
 }
 
-std::uint64_t round_read_bytes(const FanoutRound& round) {
+std::uint64_t round_read_bytes(const std::vector<FanoutRead>& reads) {
   std::uint64_t bytes = 0;
-  for (const FanoutRead& read : round.reads) bytes += read.size;
+  for (const FanoutRead& read : reads) bytes += read.size;
   return bytes;
 }
+
+// A round's submissions and the bytes each reads.
+struct Submitted {
+  std::vector<Ticket> tickets;
+  std::vector<std::uint64_t> bytes;
+};
 
 TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
   TransferOptions t;
@@ -191,39 +197,58 @@ class FanoutLoader {
     // One process reads for every device: each gets the reader threads and staging one load
     // would have (2 x H200: 16 threads fed both GPUs at 62 GB/s, two processes of 16 at 93 GB/s),
     // within the pool's cap, and two submissions in flight fit the process's staging limit.
+    // Per round: one submission with every device's threads, or one per reading device with its
+    // own (as one process per GPU would run).
+    const bool per_device = _options.submissions == FanoutOptions::Submissions::PerDevice;
     TransferOptions t = transfer_options(_options.load, settings);
-    t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
-    t.staging_bytes = std::max(_options.load.staging_bytes,
-                               std::min(_options.load.staging_bytes * n, staging_limit() / 2));
+    if (!per_device) {
+      t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
+      t.staging_bytes = std::max(_options.load.staging_bytes,
+                                 std::min(_options.load.staging_bytes * n, staging_limit() / 2));
+    }
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
     const std::uint64_t total = plan->read_bytes;
+    const auto submit_round = [&](const FanoutRound& round) {
+      Submitted s;
+      for (unsigned r = 0; r < (per_device ? n : 1u); ++r) {
+        std::vector<FanoutRead> reads;
+        for (const FanoutRead& read : round.reads)
+          if (!per_device || read.reader == r) reads.push_back(read);
+        if (reads.empty()) continue;
+        if (_options.load.progress) {
+          auto seen = std::make_shared<std::uint64_t>(0);
+          t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
+                                                                              std::uint64_t) {
+            progress(done->fetch_add(d - *seen) + d - *seen, total);
+            *seen = d;
+          };
+        }
+        s.bytes.push_back(round_read_bytes(reads));
+        s.tickets.push_back(submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
+                                   resolve(reads, bases, scratch, devices), t));
+      }
+      return s;
+    };
 
     // Round k's reads are submitted before round k-1's gather is queued, so that they overlap.
     const bool at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
     stats.next_round = at_tail ? "at-tail" : "eager";
+    stats.submissions = per_device ? "per-device" : "per-round";
     const std::uint64_t tail = std::uint64_t{t.threads} * settings.chunk_bytes;
     const auto reading = Clock::now();
-    Ticket previous;
+    Submitted previous;
     std::size_t previous_round = 0;
     for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
       const FanoutRound& round = plan->rounds[k];
-      if (_options.load.progress) {
-        auto seen = std::make_shared<std::uint64_t>(0);
-        t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
-                                                                            std::uint64_t) {
-          progress(done->fetch_add(d - *seen) + d - *seen, total);
-          *seen = d;
-        };
-      }
       // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
       if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
       if (at_tail && k > 0) {
         const auto waiting = Clock::now();
-        wait_for_tail(previous, round_read_bytes(plan->rounds[previous_round]), tail);
+        for (std::size_t i = 0; i < previous.tickets.size(); ++i)
+          wait_for_tail(previous.tickets[i], previous.bytes[i], tail);
         stats.phases.loader_wait_seconds += since(waiting);
       }
-      Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
-                              resolve(round.reads, bases, scratch, devices), t);
+      Submitted current = submit_round(round);
       if (k > 0)
         finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
       previous = std::move(current);
@@ -264,9 +289,26 @@ class FanoutLoader {
   }
 
   // Waits for a round's reads (every copy landed), then queues its scatters and its gather.
-  void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
+  void finish(Submitted& submitted, const FanoutRound& round, detail::Collective& collective,
               const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
               FanoutStats& stats) {
+    for (Ticket& ticket : submitted.tickets) add_stats(ticket, stats);
+    std::vector<detail::Collective::Slice> slices;
+    for (const FanoutScatter& sc : round.scatters) {
+      slices.clear();
+      for (const ScatterPart& p : sc.parts)
+        slices.push_back(
+            {p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset, p.row_begin, p.width});
+      collective.scatter(sc.reader,
+                         reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
+                         sc.rows, sc.row_bytes, slices);
+    }
+    if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
+      collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+  }
+
+  // Waits for one submission (every copy landed) and adds its statistics.
+  void add_stats(Ticket& ticket, FanoutStats& stats) {
     const auto waiting = Clock::now();
     wait_for(ticket, _options.load);
     stats.phases.loader_wait_seconds += since(waiting);
@@ -288,18 +330,6 @@ class FanoutLoader {
         it->bytes_read += f.bytes_read;
       }
     }
-    std::vector<detail::Collective::Slice> slices;
-    for (const FanoutScatter& sc : round.scatters) {
-      slices.clear();
-      for (const ScatterPart& p : sc.parts)
-        slices.push_back(
-            {p.rank, static_cast<std::byte*>(bases[p.rank]) + p.dest_offset, p.row_begin, p.width});
-      collective.scatter(sc.reader,
-                         reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
-                         sc.rows, sc.row_bytes, slices);
-    }
-    if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
-      collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
   }
 
   std::shared_ptr<const Checkpoint> _checkpoint;

@@ -43,6 +43,7 @@ std::string to_json(const FanoutStats& s) {
                             {"chunk_bytes", s.chunk_bytes},
                             {"settings_source", s.settings_source},
                             {"next_round", s.next_round},
+                            {"submissions", s.submissions},
                             {"phases", phases},
                             {"ranks", ranks},
                             {"files", files}};
