@@ -233,6 +233,18 @@ def print_facts(facts):
         print("host memcpy: " + ", ".join(f"{t} threads {v:.1f}" for t, v in m.items()) + " GB/s")
 
 
+def single_line(r):
+    """Where a single-GPU load's time went (its readers' thread-seconds)."""
+    busy = sum(r.get(k, 0) for k in ("read_thread_seconds", "wait_thread_seconds",
+                                      "queue_thread_seconds", "setup_thread_seconds"))
+    return (f"single GPU: {r['seconds']:.3f} s, {r['bytes_read'] / r['seconds'] / 1e9:.1f} GB/s; "
+            f"{r.get('reader_threads')} threads x {r.get('slots_per_thread')} slots of "
+            f"{r.get('chunk_bytes', 0) / 2**20:.0f} MiB, {busy / r['seconds']:.1f} busy on average: "
+            f"read {r.get('read_thread_seconds', 0):.2f}, wait for copies "
+            f"{r.get('wait_thread_seconds', 0):.2f}, queue {r.get('queue_thread_seconds', 0):.2f} "
+            f"thread-s")
+
+
 def phases_line(label, r):
     """Where one ferry multi-device load's time went."""
     p = r.get("phases")
@@ -307,6 +319,8 @@ def sweep(binary, path, n, runs, single):
         print(f"{label:34} {b:9.3f} {statistics.median(g['seconds'] for g in got):7.3f} "
               f"{b / single:9.2f}")
     for row in rows:
+        if "single" in row:
+            print(f"  {row['variant']}: " + single_line(row["single"]))
         for mode in ("replicas", "tensor_parallel"):
             if mode not in row:
                 continue
@@ -335,7 +349,7 @@ def measure(binary, path, n, runs, cold):
     tp = load(gpus, ["--tensor-parallel"])
     indep = [independent(binary, path, n, cold) for _ in range(1 if cold else runs)]
     return {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
-                       "gigabytes_per_second": single["gigabytes_per_second"]},
+                       "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
             "independent": min(indep, key=lambda r: r["seconds"]),
             "replicas": replicas, "tensor_parallel": tp}
 
@@ -592,6 +606,7 @@ def main():
             m["fastsafetensors_tensor_parallel"] = fastsafetensors_distributed(path, n, True, cold)
         m["targets"] = report(source, n, m, gather_gbps)
         print("where the time went:")
+        print("  " + single_line(m["single"]["stats"]))
         print("  " + phases_line("replicas", m["replicas"]))
         print("  " + phases_line("tensor parallel", m["tensor_parallel"]))
         if args.sweep and not cold:
