@@ -138,7 +138,8 @@ def pinned_copy_rates(n, nbytes=1 << 30, repeats=5):
         return statistics.median(rates)
 
     out = {"alone": [timed([i]) for i in range(n)], "all_at_once_per_gpu": timed(range(n))}
-    del src, dst
+    src.clear()
+    dst.clear()
     torch.cuda.empty_cache()
     return out
 
@@ -189,7 +190,7 @@ def page_cache_read_rate(path, threads, chunk=4 << 20, slots=2):
     return sum(p[2] for p in pieces) / took / 1e9
 
 
-def memcpy_rate(threads, nbytes=256 << 20, repeats=4):
+def memcpy_rate(threads, nbytes=64 << 20, repeats=8):
     """Host memory -> host memory copies by `threads` threads at once (GB/s copied)."""
     import threading
     import numpy as np
