@@ -15,6 +15,7 @@
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
+#include "load/ticket_wait.hpp"
 #include "transfer/worker_pool.hpp"
 
 namespace ferry {
@@ -99,17 +100,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Until every copy of the ticket landed; polls keep_going, rethrows the first failure.
-void wait_for(Ticket& ticket, const LoadOptions& load) {
-  if (load.keep_going)
-    while (!ticket.wait_for(0.05))
-      if (!load.keep_going()) {
-        ticket.cancel();
-        break;
-      }
-  ticket.wait();
-  ticket.rethrow_if_failed();
-}
 
 }  // namespace
 
@@ -310,7 +300,7 @@ class FanoutLoader {
   // Waits for one submission (every copy landed) and adds its statistics.
   void add_stats(Ticket& ticket, FanoutStats& stats) {
     const auto waiting = Clock::now();
-    wait_for(ticket, _options.load);
+    detail::wait_for_load(ticket, _options.load);
     stats.phases.loader_wait_seconds += since(waiting);
     const TransferStats& ts = ticket.stats();
     stats.reader_threads = std::max(stats.reader_threads, ts.threads);
@@ -380,7 +370,7 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
 LoadStats FanoutRoundRead::wait() {
   if (_started) {
     _started = false;
-    wait_for(_ticket, _options);
+    detail::wait_for_load(_ticket, _options);
     const TransferStats& ts = _ticket.stats();
     _stats.reader_threads = ts.threads;
     _stats.chunk_bytes = ts.chunk_bytes;
