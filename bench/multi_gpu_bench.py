@@ -606,6 +606,18 @@ def main():
             m["fastsafetensors_replicas"] = fastsafetensors_distributed(path, n, False, cold)
             m["fastsafetensors_tensor_parallel"] = fastsafetensors_distributed(path, n, True, cold)
         m["targets"] = report(source, n, m, gather_gbps)
+        if not cold:
+            # What this machine allows: each GPU's share over its link (every link busy at
+            # once), and every byte from the page cache at the best probed thread count.
+            share = m["replicas"]["checkpoint_bytes"] / n
+            links_s = share / (facts["pinned_h2d"]["all_at_once_per_gpu"] * 1e9)
+            reads_s = (m["replicas"]["checkpoint_bytes"]
+                       / (max(facts["page_cache_read"].values()) * 1e9))
+            single = m["single"]["seconds"]
+            m["bound_seconds"] = max(links_s, reads_s)
+            print(f"bound: host links {links_s:.3f} s, page cache -> pinned {reads_s:.3f} s "
+                  f"(best probe); targets: replicas <= {0.6 * single:.3f} s, tensor parallel "
+                  f"<= {0.55 * single:.3f} s")
         print("where the time went:")
         print("  " + single_line(m["single"]["stats"]))
         print("  " + phases_line("replicas", m["replicas"]))
