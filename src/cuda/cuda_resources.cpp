@@ -52,10 +52,8 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { FERRY_CU(cuStreamSynchronize, _stream); }
 
-Event::Event(bool timed, bool blocking) {
-  FERRY_CU(cuEventCreate, &_event,
-           (timed ? shim::cu::kEventDefault : shim::cu::kEventDisableTiming) |
-               (blocking ? shim::cu::kEventBlockingSync : 0u));
+Event::Event(bool timed) {
+  FERRY_CU(cuEventCreate, &_event, timed ? shim::cu::kEventDefault : shim::cu::kEventDisableTiming);
 }
 
 double Event::elapsed_seconds(const Event& start, const Event& end) {

@@ -46,9 +46,8 @@ class Stream {
 
 class Event {
  public:
-  // Timed events cost more to record; only they can be passed to elapsed_seconds. A thread
-  // synchronizing on a blocking event sleeps until it fires instead of spinning on a core.
-  explicit Event(bool timed = false, bool blocking = false);
+  // Timed events cost more to record; only they can be passed to elapsed_seconds.
+  explicit Event(bool timed = false);
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   Event(Event&& other) noexcept

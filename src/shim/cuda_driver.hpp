@@ -24,7 +24,6 @@ inline constexpr unsigned kMemHostRegisterPortable = 0x01;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr unsigned kEventDefault = 0x0;
 inline constexpr unsigned kEventDisableTiming = 0x2;
-inline constexpr unsigned kEventBlockingSync = 0x1;
 inline constexpr int kAttributePciBusId = 33;
 inline constexpr Result kErrorPeerAccessAlreadyEnabled = 704;
 inline constexpr unsigned kMemoryTypeDevice = 0x02;

@@ -74,7 +74,6 @@ static_assert(CUDA_SUCCESS == cu::kSuccess);
 static_assert(CU_MEMHOSTREGISTER_PORTABLE == cu::kMemHostRegisterPortable);
 static_assert(CU_STREAM_NON_BLOCKING == cu::kStreamNonBlocking);
 static_assert(CU_EVENT_DISABLE_TIMING == cu::kEventDisableTiming);
-static_assert(CU_EVENT_BLOCKING_SYNC == cu::kEventBlockingSync);
 static_assert(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID == cu::kAttributePciBusId);
 
 FERRY_CHECK_ABI(cuInit, cuInit);

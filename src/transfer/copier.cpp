@@ -1,10 +1,8 @@
 #include "transfer/copier.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <vector>
 
 #include "cuda/cuda_resources.hpp"
@@ -63,18 +61,6 @@ StreamPool& stream_pool() {
   return *pool;
 }
 
-// How copy waits (a slot's fence, a job's drain) wait: spinning on a core (the driver's default for
-// a process with fewer contexts than cores) or asleep until the copies land
-// (FERRY_COPY_WAITS=block, an experiment of the multi-GPU loads: there more reader threads than
-// cores can run).
-bool blocking_copy_waits() {
-  static const bool blocking = [] {
-    const char* v = std::getenv("FERRY_COPY_WAITS");
-    return v != nullptr && std::string_view(v) == "block";
-  }();
-  return blocking;
-}
-
 // Events cost a driver call to make; submissions borrow them and give them back.
 class EventPool {
  public:
@@ -88,7 +74,7 @@ class EventPool {
         free.pop_back();
       }
     }
-    while (out.size() < n) out.emplace_back(false, blocking_copy_waits());
+    while (out.size() < n) out.emplace_back();
     return out;
   }
   void give(int ordinal, Event&& event) {
@@ -113,7 +99,8 @@ EventPool& event_pool() {
 
 class CudaCopier final : public Copier {
  public:
-  CudaCopier(int ordinal, unsigned slots) : _ordinal(ordinal), _context(&device_context(ordinal)) {
+  CudaCopier(int ordinal, unsigned slots)
+      : _ordinal(ordinal), _context(&device_context(ordinal)) {
     _context->make_current();
     _stream = stream_pool().take(ordinal);
     try {
@@ -151,21 +138,7 @@ class CudaCopier final : public Copier {
     end->record(*_stream);
     return end;
   }
-  void drain() noexcept override {
-    if (blocking_copy_waits()) {
-      try {
-        _context->make_current();
-        auto end = event_pool().take(_ordinal, 1);
-        end.front().record(*_stream);
-        end.front().synchronize();
-        event_pool().give(_ordinal, end);
-        return;
-      } catch (...) {
-        // No event to sleep on: spin below.
-      }
-    }
-    shim::CudaDriver::get().cuStreamSynchronize(_stream->get());
-  }
+  void drain() noexcept override { shim::CudaDriver::get().cuStreamSynchronize(_stream->get()); }
 
  private:
   int _ordinal;
