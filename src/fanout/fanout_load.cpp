@@ -101,7 +101,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-
 }  // namespace
 
 double RankLoadStats::gigabytes_per_second() const {
