@@ -1,16 +1,28 @@
-#include <nlohmann/json.hpp>
-
 #include "ferry/load_stats.hpp"
+
+#include "load/stats_json.hpp"
 
 namespace ferry {
 
+namespace detail {
+
+nlohmann::json files_json(const std::vector<FileLoadStats>& files) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& f : files)
+    out.push_back({{"path", f.path.string()},
+                   {"io_path", io_path_name(f.io_path)},
+                   {"reason", f.reason},
+                   {"bytes_read", f.bytes_read}});
+  return out;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace detail
+
 std::string to_json(const LoadStats& s) {
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : s.files)
-    files.push_back({{"path", f.path.string()},
-                     {"io_path", io_path_name(f.io_path)},
-                     {"reason", f.reason},
-                     {"bytes_read", f.bytes_read}});
   const PipelineTimes& p = s.pipeline;
   const nlohmann::json pipeline = {
       {"first_read", p.first_read}, {"first_copy", p.first_copy},   {"last_read", p.last_read},
@@ -37,9 +49,8 @@ std::string to_json(const LoadStats& s) {
                             {"chunk_bytes", s.chunk_bytes},
                             {"submit_seconds", s.submit_seconds},
                             {"pipeline_seconds", pipeline},
-                            {"files", files}};
-  // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+                            {"files", detail::files_json(s.files)}};
+  return detail::dump_json(j);
 }
 
 }  // namespace ferry
