@@ -12,9 +12,10 @@
 #   read-ahead, tensor-parallel slices with bytes read) on the generated file and the 8B shape
 #   beside load_file, and opening 100,000 tensors.
 #   core (not in the default): the transfer core's tests, benchmark, the copy probe (pinned copies
-#   by size and streams, and beside host threads copying memory), loads after the first (where
-#   their time goes, GPU copy busy time, a sweep of threads, read sizes, slots and copy streams)
-#   and moe-16x64 warm by the commit in .before beside this one (carry .before);
+#   by size, streams and source alignment), loads after the first (where their time goes, GPU
+#   copy busy time, beside bench/staged_bound: the machine's bound for a warm staged load; a sweep
+#   of threads, read sizes, slots and copy streams) and moe-16x64 warm by the commit in .before
+#   beside this one (carry .before);
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (3 minutes at most; the stage about 6: run
