@@ -65,6 +65,8 @@ CudaDriver load_driver() {
   std::string optional;
   if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
     resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
+  resolve(library, "cuThreadExchangeStreamCaptureMode", d.cuThreadExchangeStreamCaptureMode,
+          optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;
