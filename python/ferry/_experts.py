@@ -13,8 +13,11 @@ Two shapes of MoE block are served:
   per batch of slots - 1 experts, the last slot holding a "park" expert that takes the tokens'
   choices outside the batch at weight zero (so each expert sees exactly its resident rows, and
   its kernels their resident inputs), and the outputs are summed. Bitwise equal to resident for
-  top-2 routing (a token's sum has two terms, in either order); for top-k > 2 the terms of one
-  token may add in another order (slot order, or across batches).
+  top-2 routing (a token's sum has two terms, in either order) where the module rounds each term
+  to the output dtype before adding (transformers' eager loop; any fp32 model); a module that
+  sums a token's terms wider and rounds once (transformers' grouped_mm on bf16) may differ in
+  the last bit for tokens whose two experts fall in different batches. For top-k > 2 the terms
+  of one token may add in another order (slot order, or across batches).
 Hits cost nothing; misses load as one batch of demand loads, then `speculative` of the block's
 most used other experts go into slots nobody asked for. The routing is read on the host (as
 transformers' loops over experts do), so this runs eagerly: not under CUDA graphs."""
