@@ -12,7 +12,8 @@ they would in that loop, so the median step is the steady state.
 
 Beside them the bounds, from rates measured in this run: no step beats its compute (the
 resident step) nor its streamed bytes at the source's rate (pinned H2D for cpu; for disk, the
-file read with 16 threads, buffered from the page cache when warm, O_DIRECT when cold). Each
+file read with the best of 16, 32 or 64 threads, buffered from the page cache when warm,
+O_DIRECT when cold). Each
 mode's bound is the larger of the two; "x bound" is bound / measured (1.0 is the hardware).
 
   python3 stream_bench.py [--layers 32] [--every 2] [--prefetch 2] [--json out.json]
@@ -77,7 +78,8 @@ def pinned_h2d(device, nbytes=1 << 30):
 
 def read_rate(path, direct, threads=16, chunk=4 << 20):
     """Bytes per second reading all of `path` with `threads` threads of `chunk`-byte preads
-    (O_DIRECT or through the page cache): the source's own speed, without ferry."""
+    (O_DIRECT or through the page cache): the source's own speed, without ferry. A buffered read
+    copies ~2-4 GB/s per thread and a device wants many reads in flight: see best_read_rate."""
     import mmap
     import threading
     size = os.path.getsize(path)
@@ -104,6 +106,16 @@ def read_rate(path, direct, threads=16, chunk=4 << 20):
         return size / (time.perf_counter() - start)
     finally:
         os.close(fd)
+
+
+def best_read_rate(path, direct, cold=False):
+    """The best read_rate over 16, 32 and 64 threads (caches dropped before each if `cold`)."""
+    best = 0.0
+    for threads in (16, 32, 64):
+        if cold:
+            drop_caches()
+        best = max(best, read_rate(path, direct, threads))
+    return best
 
 
 def drop_caches():
@@ -251,16 +263,18 @@ def main():
             # ferry writes bypass the page cache: read the file through it once, so that "warm"
             # is warm (ferry then reads it buffered: most of it is cached).
             read_rate(path, direct=False)
-            rate = read_rate(path, direct=False)
+            rate = best_read_rate(path, direct=False)
             r = measure(model, args, device, "ferry disk (warm)")
             r["source_bytes_s"] = rate
-            print(f"  page-cache read rate (16 threads): {rate / 1e9:.1f} GB/s", flush=True)
+            print(f"  page-cache read rate (best of 16, 32, 64 threads): {rate / 1e9:.1f} GB/s",
+                  flush=True)
             results["modes"].append(r)
         if "cold" in modes and drop_caches():
-            rate = read_rate(path, direct=True)
+            rate = best_read_rate(path, direct=True, cold=True)
             r = measure(model, args, device, "ferry disk (cold)", before_step=drop_caches, runs=2)
             r["source_bytes_s"] = rate
-            print(f"  O_DIRECT read rate (16 threads): {rate / 1e9:.1f} GB/s", flush=True)
+            print(f"  O_DIRECT read rate (best of 16, 32, 64 threads): {rate / 1e9:.1f} GB/s",
+                  flush=True)
             results["modes"].append(r)
         off.undo()
         os.remove(path)
