@@ -67,6 +67,12 @@ CudaDriver load_driver() {
     resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
   resolve(library, "cuThreadExchangeStreamCaptureMode", d.cuThreadExchangeStreamCaptureMode,
           optional);
+  resolve(library, "cuImportExternalMemory", d.cuImportExternalMemory, optional);
+  resolve(library, "cuExternalMemoryGetMappedBuffer", d.cuExternalMemoryGetMappedBuffer, optional);
+  resolve(library, "cuDestroyExternalMemory", d.cuDestroyExternalMemory, optional);
+  resolve(library, "cuImportExternalSemaphore", d.cuImportExternalSemaphore, optional);
+  resolve(library, "cuWaitExternalSemaphoresAsync", d.cuWaitExternalSemaphoresAsync, optional);
+  resolve(library, "cuDestroyExternalSemaphore", d.cuDestroyExternalSemaphore, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;
