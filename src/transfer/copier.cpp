@@ -141,6 +141,8 @@ class CudaCopier final : public Copier {
   void drain() noexcept override { shim::CudaDriver::get().cuStreamSynchronize(_stream->get()); }
 
  private:
+  // First member: relaxed before any driver call of the copier, restored after the last.
+  RelaxedCaptureMode _relaxed;
   int _ordinal;
   const PrimaryContext* _context;
   Stream* _stream;

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <optional>
 #include <thread>
 
+#include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
 #include "transfer/backend.hpp"
@@ -112,6 +114,9 @@ class Job {
   explicit Job(std::shared_ptr<Run> run) : _run(std::move(run)), _t(*_run->ticket) {}
 
   void operator()() {
+    // Pinning staging and syncing the copies must not invalidate a caller's graph capture.
+    std::optional<RelaxedCaptureMode> relaxed;
+    if (!_run->gpus.empty()) relaxed.emplace();
     Stopwatch clock;
     Times times;
     double staging = 0;
