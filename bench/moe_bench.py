@@ -134,6 +134,10 @@ def main():
         report(f"ferry cache {args.slots}/{args.experts} {policy}", tok_s,
                {k: after[k] - before[k] for k in ("hits", "misses", "bytes")})
         off.undo()
+    # Again, undone: the first resident run is the process's first decode (warm-up costs).
+    gc.collect()
+    torch.cuda.empty_cache()
+    report("resident, after undo", decode(model, device, args.tokens))
     if find_fused_experts(model):
         naive = SyncExperts(model, device)
         gc.collect()

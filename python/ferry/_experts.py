@@ -10,8 +10,14 @@ Two shapes of MoE block are served:
   forward takes (hidden_states, top_k_index, top_k_weights)): the experts that top_k_index hits
   are made resident, the parameters become [slots, ...] views of the slots, and the module runs
   with the indices mapped to slots; where more experts are hit than there are slots, it runs once
-  per batch of slots, the other tokens' weights zeroed, and the outputs are summed (bitwise equal
-  to resident for top-2 routing, where every token's sum has two terms).
+  per batch of slots - 1 experts, the last slot holding a "park" expert that takes the tokens'
+  choices outside the batch at weight zero (so each expert sees exactly its resident rows, and
+  its kernels their resident inputs), and the outputs are summed. Bitwise equal to resident for
+  top-2 routing (a token's sum has two terms, in either order) where the module rounds each term
+  to the output dtype before adding (transformers' eager loop; any fp32 model); a module that
+  sums a token's terms wider and rounds once (transformers' grouped_mm on bf16) may differ in
+  the last bit for tokens whose two experts fall in different batches. For top-k > 2 the terms
+  of one token may add in another order (slot order, or across batches).
 Hits cost nothing; misses load as one batch of demand loads, then `speculative` of the block's
 most used other experts go into slots nobody asked for. The routing is read on the host (as
 transformers' loops over experts do), so this runs eagerly: not under CUDA graphs."""
@@ -75,34 +81,54 @@ class _Fused:
         for p, view in zip(self.params, self.parked):
             p.data = view
 
+    def batches(self, hit: List[int]) -> List[tuple]:
+        """(experts, park) per call of the module: all the hit experts at once where they fit
+        in the slots (park None); else batches of slots - 1 experts, each with a `park` expert
+        outside the batch whose slot takes every token's other choices at weight zero."""
+        slots = self.cache.slot_count
+        if len(hit) <= slots:
+            return [(hit, None)]
+        out = []
+        for start in range(0, len(hit), slots - 1):
+            chunk = hit[start:start + slots - 1]
+            rest = [e for e in hit if e not in chunk]
+            # A resident one costs no copy; else the next batch's first, needed soon anyway.
+            park = next((e for e in rest if self.cache.resident_slot(e) >= 0), rest[0])
+            out.append((chunk, park))
+        return out
+
     def forward(self, inner, bound: inspect.BoundArguments):
         top_k_index, top_k_weights = bound.arguments["top_k_index"], bound.arguments["top_k_weights"]
         hit = [e for e in torch.unique(top_k_index).tolist() if 0 <= e < self.experts]
         self.uses.update(hit)
-        slots = self.cache.slot_count
         stream = _compute_stream(self.device)
+        batches = self.batches(hit)
         out = None
-        for start in range(0, max(len(hit), 1), slots):
-            chunk = hit[start:start + slots]
-            last = start + slots >= len(hit)
+        for n, (chunk, park) in enumerate(batches):
+            wanted = chunk + ([park] if park is not None else [])
             others = [e for e, _ in self.uses.most_common() if e not in hit][:self.speculative]
-            placed = self.cache.acquire(chunk, stream, others if last else [])
+            placed = self.cache.acquire(wanted, stream, others if n + 1 == len(batches) else [])
             try:
-                lut = torch.zeros(self.experts, dtype=top_k_index.dtype, device=top_k_index.device)
-                lut[chunk] = torch.tensor(placed, dtype=top_k_index.dtype, device=lut.device)
+                # Every token-expert pair of another batch goes to the park slot at weight
+                # zero: each expert of this batch computes on exactly the rows it does resident
+                # (the same kernels over the same inputs), and the parked ones add zeros.
+                lut = torch.full((self.experts,), placed[-1] if park is not None else 0,
+                                 dtype=top_k_index.dtype, device=top_k_index.device)
+                lut[chunk] = torch.tensor(placed[:len(chunk)], dtype=top_k_index.dtype,
+                                          device=lut.device)
                 bound.arguments["top_k_index"] = lut[top_k_index]
-                if len(hit) > slots:  # tokens routed to other batches' experts count zero here
+                if park is not None:
                     member = torch.zeros(self.experts, dtype=torch.bool, device=lut.device)
                     member[chunk] = True
                     bound.arguments["top_k_weights"] = torch.where(
                         member[top_k_index], top_k_weights, torch.zeros_like(top_k_weights))
-                self.module.num_experts = slots
+                self.module.num_experts = self.cache.slot_count
                 for p, view in zip(self.params, self.views):
                     p.data = view
                 part = inner(*bound.args, **bound.kwargs)
             finally:
                 self.park()
-                self.cache.release(chunk)
+                self.cache.release(wanted)
             out = part if out is None else out + part
         return out
 
@@ -318,9 +344,10 @@ def _offload_fused(module, index, slots, policy, speculative, source, checkpoint
                    io, device, engine_device) -> _Fused:
     params = list(module.parameters(recurse=False))
     count = module.num_experts
-    if not 1 <= slots <= count:
+    if not 2 <= slots <= count:
         raise ValueError(f"offload_experts: {slots} slots for the {count} experts of fused "
-                         f"experts {index}: 1 to {count}")
+                         f"experts {index}: 2 to {count} (a batch of experts smaller than the "
+                         "tokens hit needs one slot to park the others)")
     for p in params:
         if not p.is_contiguous():
             raise ValueError(f"offload_experts: fused experts {index} have a non-contiguous "

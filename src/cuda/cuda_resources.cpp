@@ -78,6 +78,18 @@ void Event::synchronize() const {
   if (_recorded) FERRY_CU(cuEventSynchronize, _event);
 }
 
+RelaxedCaptureMode::RelaxedCaptureMode() noexcept {
+  const auto& d = shim::CudaDriver::get();
+  int mode = shim::cu::kStreamCaptureModeRelaxed;
+  if (d.usable && d.cuThreadExchangeStreamCaptureMode &&
+      d.cuThreadExchangeStreamCaptureMode(&mode) == shim::cu::kSuccess)
+    _previous = mode;
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (_previous >= 0) shim::CudaDriver::get().cuThreadExchangeStreamCaptureMode(&_previous);
+}
+
 HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(bytes) {
   const std::size_t mapped = std::max<std::size_t>(bytes, kPageBytes);
   void* p = allocate_pages(mapped);

@@ -65,6 +65,21 @@ class Event {
   bool _recorded = false;
 };
 
+// For its life, the calling thread's driver calls are tolerated while another thread captures a
+// CUDA graph (the thread's capture mode is relaxed). A transfer worker synchronises its own
+// streams and events, never part of a capture; in the default (global) mode those calls would
+// invalidate a capture another thread runs, such as torch.cuda.graph's. Same thread to destroy.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept;
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  ~RelaxedCaptureMode();
+
+ private:
+  int _previous = -1;  // -1: not swapped
+};
+
 // Page-aligned host memory (platform/system.hpp: mmap; VirtualAlloc on Windows), pinned
 // (registered with the driver) when a context is given, so copies to the GPU run asynchronously
 // at full speed. Transparent huge pages are asked for first: they halve the time pinning takes (measured: 256 MiB in 40 ms instead of 90 ms).

@@ -65,6 +65,8 @@ CudaDriver load_driver() {
   std::string optional;
   if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
     resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
+  resolve(library, "cuThreadExchangeStreamCaptureMode", d.cuThreadExchangeStreamCaptureMode,
+          optional);
   resolve(library, "cuImportExternalMemory", d.cuImportExternalMemory, optional);
   resolve(library, "cuExternalMemoryGetMappedBuffer", d.cuExternalMemoryGetMappedBuffer, optional);
   resolve(library, "cuDestroyExternalMemory", d.cuDestroyExternalMemory, optional);

@@ -27,6 +27,7 @@ inline constexpr unsigned kEventDisableTiming = 0x2;
 inline constexpr int kAttributePciBusId = 33;
 inline constexpr Result kErrorPeerAccessAlreadyEnabled = 704;
 inline constexpr unsigned kMemoryTypeDevice = 0x02;
+inline constexpr int kStreamCaptureModeRelaxed = 2;
 struct ArrayState;
 // CUDA_MEMCPY3D_PEER: a strided copy between (or within) devices' memory.
 struct Memcpy3DPeer {
@@ -160,6 +161,8 @@ struct CudaDriver {
   cu::Result (*cuMemcpy3DPeerAsync)(const cu::Memcpy3DPeer*, cu::Stream) = nullptr;
   // Optional (null where the driver lacks it): timing only, never needed to move bytes.
   cu::Result (*cuEventElapsedTime)(float*, cu::Event, cu::Event) = nullptr;
+  // Optional: the calling thread's stream-capture interaction mode (CUstreamCaptureMode), swapped.
+  cu::Result (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;
   // Optional (null where the driver lacks them): external memory and semaphores, for
   // DirectStorage's D3D12 buffer and fence. cuExternalMemoryGetMappedBuffer's pointer is freed
   // with cuMemFree.

@@ -39,6 +39,12 @@ struct Ours<CUstreamCaptureStatus> {
 };
 static_assert(sizeof(CUstreamCaptureStatus) == sizeof(int));
 template <>
+struct Ours<CUstreamCaptureMode> {
+  using type = int;
+};
+static_assert(sizeof(CUstreamCaptureMode) == sizeof(int));
+static_assert(CU_STREAM_CAPTURE_MODE_RELAXED == cu::kStreamCaptureModeRelaxed);
+template <>
 struct Ours<CUresult> {
   using type = cu::Result;
 };
@@ -127,6 +133,7 @@ FERRY_CHECK_ABI(cuStreamSynchronize, cuStreamSynchronize);
 FERRY_CHECK_ABI(cuStreamWaitEvent, cuStreamWaitEvent);
 FERRY_CHECK_ABI(cuStreamIsCapturing, cuStreamIsCapturing);
 FERRY_CHECK_ABI(cuEventQuery, cuEventQuery);
+FERRY_CHECK_ABI(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode);
 FERRY_CHECK_ABI(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync);
 FERRY_CHECK_ABI(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync);
 FERRY_CHECK_ABI(cuMemsetD8Async, cuMemsetD8Async);

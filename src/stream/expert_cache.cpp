@@ -1,6 +1,7 @@
 #include "ferry/expert_cache.hpp"
 
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "ferry/error.hpp"
@@ -41,7 +42,15 @@ ExpertCache::ExpertCache(std::vector<StreamGroup> experts, unsigned slots, Strea
     _filler->init_slot(_slots[s], slot_memory.empty() ? 0 : slot_memory[s], bytes, _owned);
 }
 
-ExpertCache::~ExpertCache() { synchronize(); }
+ExpertCache::~ExpertCache() {
+  // As WeightStream's: never invalidates a capture that another model is in.
+  std::optional<detail::RelaxedCaptureMode> relaxed;
+  if (_filler->gpu()) relaxed.emplace();
+  synchronize();
+  _slots.clear();
+  _filler.reset();
+  _owned.clear();
+}
 
 std::size_t ExpertCache::expert_count() const noexcept { return _slot_of.size(); }
 std::size_t ExpertCache::slot_count() const noexcept { return _slots.size(); }

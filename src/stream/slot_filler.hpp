@@ -35,6 +35,7 @@ class SlotFiller {
   ~SlotFiller();
 
   std::size_t group_count() const noexcept { return _layouts.size(); }
+  bool gpu() const noexcept { return _options.device.is_cuda(); }
   const SlotLayout& layout(std::size_t group) const { return _layouts.at(group); }
   void* host_address(std::size_t group, std::size_t tensor) const;
 

@@ -1,6 +1,7 @@
 #include "ferry/weight_stream.hpp"
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "ferry/error.hpp"
@@ -83,7 +84,16 @@ WeightStream::WeightStream(std::vector<StreamGroup> groups, unsigned prefetch,
                        _owned);
 }
 
-WeightStream::~WeightStream() { synchronize(); }
+WeightStream::~WeightStream() {
+  // A garbage collector may drop a stream while another model is being captured: the syncs and
+  // frees below, none of them part of that capture, must not invalidate it.
+  std::optional<detail::RelaxedCaptureMode> relaxed;
+  if (_filler->gpu()) relaxed.emplace();
+  synchronize();
+  _slots.clear();
+  _filler.reset();
+  _owned.clear();
+}
 
 std::size_t WeightStream::group_count() const noexcept { return _slot_of.size(); }
 std::size_t WeightStream::slot_count() const noexcept { return _slots.size(); }

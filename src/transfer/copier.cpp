@@ -170,6 +170,8 @@ class CudaCopier final : public Copier {
     _open = true;
   }
 
+  // First member: relaxed before any driver call of the copier, restored after the last.
+  RelaxedCaptureMode _relaxed;
   int _ordinal;
   const PrimaryContext* _context;
   Stream* _stream;

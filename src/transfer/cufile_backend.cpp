@@ -45,6 +45,7 @@ IoPath path_of(const CuFileVerdict& v) {
 
 void work(Run& run) {
   TicketState& t = *run.ticket;
+  const RelaxedCaptureMode relaxed;  // a caller's graph capture survives this worker's syncs
   bool made_current = false;
   for (std::size_t i; !t.cancel && (i = run.next++) < run.tasks.size();) {
     const Task& task = run.tasks[i];

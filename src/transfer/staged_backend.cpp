@@ -11,6 +11,7 @@
 #include <array>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
@@ -145,6 +146,9 @@ class Job {
       : _run(std::move(run)), _t(*_run->ticket), _worker(_run->workers.fetch_add(1)) {}
 
   void operator()() {
+    // Pinning staging and syncing the copies must not invalidate a caller's graph capture.
+    std::optional<RelaxedCaptureMode> relaxed;
+    if (!_run->gpus.empty()) relaxed.emplace();
     Stopwatch clock;
     Times times;
     double staging = 0;

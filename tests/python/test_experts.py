@@ -63,8 +63,8 @@ class Net(torch.nn.Module):
 
 
 class FusedExperts(torch.nn.Module):
-    """transformers 5's fused experts, in its own words: [experts, ...] parameters, and a forward
-    given the router's top-k indices and weights."""
+    """transformers 5's fused experts (their eager forward), in its own words: [experts, ...]
+    parameters, and a forward given the router's top-k indices and weights."""
 
     def __init__(self, width=32, hidden=64, experts=8):
         super().__init__()
@@ -83,12 +83,37 @@ class FusedExperts(torch.nn.Module):
         return out
 
 
+class GroupedExperts(FusedExperts):
+    """transformers 5's default (grouped_mm) forward, in its own words: the token-expert pairs
+    sorted by expert, one matmul per expert's run of rows, the top-k terms summed per token."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        k = top_k_index.shape[-1]
+        ids = top_k_index.reshape(-1)
+        ids_sorted, order = torch.sort(ids, stable=True)
+        rows = hidden_states[order // k]
+        counts = torch.bincount(ids_sorted, minlength=self.num_experts).tolist()
+        h = torch.zeros(ids.numel(), hidden_states.shape[-1], dtype=hidden_states.dtype,
+                        device=hidden_states.device)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                gate, up = torch.nn.functional.linear(rows[start:start + n],
+                                                      self.gate_up_proj[e]).chunk(2, dim=-1)
+                h[start:start + n] = torch.nn.functional.linear(
+                    torch.nn.functional.silu(gate) * up, self.down_proj[e])
+            start += n
+        weighted = torch.empty_like(h)
+        weighted[order] = h * top_k_weights.reshape(-1)[order, None]
+        return weighted.view(-1, k, h.shape[-1]).sum(dim=1)
+
+
 class FusedMoe(torch.nn.Module):
-    def __init__(self, width=32, experts=8, top_k=2):
+    def __init__(self, width=32, experts=8, top_k=2, experts_cls=FusedExperts):
         super().__init__()
         self.top_k = top_k
         self.router = torch.nn.Linear(width, experts, bias=False)
-        self.experts = FusedExperts(width, experts=experts)
+        self.experts = experts_cls(width, experts=experts)
 
     def forward(self, x):
         weights = torch.softmax(self.router(x), dim=-1, dtype=torch.float)
@@ -98,9 +123,14 @@ class FusedMoe(torch.nn.Module):
 
 
 class FusedNet(Net):
-    def __init__(self, layers=3):
+    def __init__(self, layers=3, experts_cls=FusedExperts):
         super().__init__(0)
-        self.moes = torch.nn.ModuleList(FusedMoe() for _ in range(layers))
+        self.moes = torch.nn.ModuleList(FusedMoe(experts_cls=experts_cls) for _ in range(layers))
+
+
+class GroupedNet(FusedNet):
+    def __init__(self):
+        super().__init__(experts_cls=GroupedExperts)
 
 
 def make(device, seed=0, cls=Net):
@@ -152,9 +182,10 @@ def test_disk_source_and_undo(device, tmp_path):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("slots", [2, 3, 8])
-def test_fused_experts_equal_resident(device, slots):
-    reference = make(device, cls=FusedNet)
-    model = make(device, cls=FusedNet)
+@pytest.mark.parametrize("cls", [FusedNet, GroupedNet])
+def test_fused_experts_equal_resident(device, slots, cls):
+    reference = make(device, cls=cls)
+    model = make(device, cls=cls)
     off = ferry.torch.offload_experts(model, slots=slots, speculative=1, device=device)
     # Outside forward the parameters keep their shapes (every expert reads slot 0 there).
     assert model.moes[0].experts.gate_up_proj.shape == (8, 128, 32)
@@ -184,9 +215,45 @@ def test_fused_experts_from_disk(device, tmp_path):
             assert torch.equal(model(x), reference(x))
 
 
+class RecordingExperts(FusedExperts):
+    """Records what each expert computes on: (its gate_up_proj bytes, the rows it multiplies)
+    for every expert given a token at a nonzero routing weight."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist():
+            pos, rows = torch.where(mask[e])
+            if bool((top_k_weights[rows, pos] != 0).any()):
+                self.log.append((self.gate_up_proj[e].cpu().numpy().tobytes(),
+                                 hidden_states[rows].cpu().numpy().tobytes()))
+        return super().forward(hidden_states, top_k_index, top_k_weights)
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_fused_experts_compute_on_resident_rows(slots):
+    """Bitwise equality rests on each expert's matmuls running on exactly the rows they run on
+    resident (a GEMM's result for a row may depend on how many rows it multiplies at once):
+    where more experts are hit than there are slots, no expert gets another's tokens."""
+    nets = [make("cpu", cls=FusedNet) for _ in range(2)]
+    for net in nets:
+        for moe in net.moes:
+            moe.experts.__class__ = RecordingExperts
+            moe.experts.log = []
+    model, reference = nets
+    off = ferry.torch.offload_experts(model, slots=slots, device="cpu")
+    with torch.no_grad():
+        for x in batches("cpu"):
+            assert torch.equal(model(x), reference(x))
+    for a, b in zip(model.moes, reference.moes):
+        assert sorted(a.experts.log) == sorted(b.experts.log)
+    assert off.stats()["misses"] > 0
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="slots"):
         ferry.torch.offload_experts(make("cpu"), slots=9, device="cpu")
+    with pytest.raises(ValueError, match="park"):
+        ferry.torch.offload_experts(make("cpu", cls=FusedNet), slots=1, device="cpu")
     with pytest.raises(ValueError, match="no MoE block"):
         ferry.torch.offload_experts(torch.nn.Linear(2, 2), slots=1, device="cpu")
     model = make("cpu")

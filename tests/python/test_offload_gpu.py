@@ -90,39 +90,59 @@ def test_eager_from_disk(reference, checkpoint, io):
 def test_torch_compile(reference):
     if not hasattr(torch, "compile"):
         pytest.skip("torch.compile needs torch 2")
-    resident = torch.compile(reference[0])
+    # Compiled, an offloaded model is another graph than the resident one: the ops that order
+    # the copies stand between the blocks, where Inductor would fuse (a residual add into the
+    # next norm, the sum kept in fp32), so its rounding differs by construction. The same compile
+    # with every streamed block in a slot of its own (never refilled) runs the same kernels:
+    # streamed through 2 slots, the bits must be those.
+    blocks = len(reference[0].model.layers)
+    still, _ = offloaded(prefetch=blocks)
     model, off = offloaded(prefetch=2)
-    compiled = torch.compile(model)
+    want_model, got_model = torch.compile(still), torch.compile(model)
     for _ in range(2):
-        for ids in batches():
-            want = logits(resident, ids)
-            got = logits(compiled, ids)
+        for ids, eager in zip(batches(), reference[1]):
+            want = logits(want_model, ids)
+            got = logits(got_model, ids)
             assert torch.equal(got, want), (got.float() - want.float()).abs().max()
-    assert off.stats()["hits"] > 0
+            # And near the resident model's eager logits: another rounding, not other weights
+            # (those would move logits of this random model by several units).
+            assert (got.float() - eager.float()).abs().max() < 0.5
+    assert off.stats()["hits"] > 0 and off.stats()["fills"] > blocks
 
 
-@pytest.mark.parametrize("prefetch", [1, 2])
-def test_cuda_graph_capture_and_replay(reference, prefetch):
-    model, off = offloaded(prefetch=prefetch)
-    static = batches(1)[0].clone()
+def capture(model, static):
+    """A CUDA graph of one forward pass on `static`, after two eager passes (torch's recipe)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):  # warm-up, eager
+        for _ in range(2):
             logits(model, static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = logits(model, static)
+    return graph, out
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_cuda_graph_capture_and_replay(reference, prefetch):
+    # Captured, transformers takes another attention path than eagerly (an explicit causal mask
+    # where the eager pass lets SDPA's is_causal pick its kernel), so a replay is compared with
+    # a replay of the resident model's own graph: the same kernels.
+    model, off = offloaded(prefetch=prefetch)
+    static = batches(1)[0].clone()
+    resident_graph, want = capture(reference[0], static)
+    graph, got = capture(model, static)
     for _ in range(3):
-        for ids, want in zip(batches(), reference[1]):
+        for ids in batches():
             static.copy_(ids)
+            resident_graph.replay()
             graph.replay()
-            assert torch.equal(out, want)
+            assert torch.equal(got, want)
     assert off.stats()["skipped_waits"] > 0
     # Eager passes still work after capture and replays.
-    for ids, want in zip(batches(), reference[1]):
-        assert torch.equal(logits(model, ids), want)
+    for ids, eager in zip(batches(), reference[1]):
+        assert torch.equal(logits(model, ids), eager)
 
 
 def test_undo(reference):
@@ -221,8 +241,17 @@ def test_plain_module_cuda_graph():
     assert off.stats()["skipped_waits"] > 0
 
 
-def test_slot_is_not_overwritten_while_read(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.fixture
+def full_fp32_matmuls():
+    """fp32 matmuls without TF32 (slower, so the slot is read for longer); restored after.
+    torch.set_float32_matmul_precision exists from torch 1.12 to 2.11 alike."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+def test_slot_is_not_overwritten_while_read(full_fp32_matmuls):
     torch.manual_seed(1)
     reference = SlowNet().to(DEVICE)
     torch.manual_seed(1)
@@ -237,14 +266,55 @@ def test_slot_is_not_overwritten_while_read(monkeypatch):
             assert torch.equal(model(x), want)
 
 
-# Last: a failed capture may leave the device's capture state unusable for later tests.
-def test_disk_source_cannot_be_captured(checkpoint):
-    model, _ = offloaded(source="disk", checkpoint=checkpoint, prefetch=2)
-    ids = batches(1)[0]
-    logits(model, ids)
+# Run in a process of its own: a failed capture can leave torch's CUDA state unusable after it.
+DISK_CAPTURE = """
+import sys, torch, ferry.torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(6))
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+torch.manual_seed(0)
+model = Net().cuda().eval()
+ferry.torch.save_file(dict(model.state_dict()), sys.argv[1])
+ferry.torch.offload(model, source="disk", checkpoint=sys.argv[1], prefetch=2)
+x = torch.randn(8, 256, device="cuda")
+with torch.inference_mode():
+    want = model(x)  # its last blocks start the next pass's reads, still running below
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(Exception) as info:
+    try:
         with torch.cuda.graph(graph):
-            logits(model, ids)
-    # Ending the broken capture may raise too; ferry's error is then the one it replaced.
-    assert "cannot be captured" in str(info.value) + str(info.value.__context__)
+            model(x)
+    except Exception as e:
+        print("refused:", e, "| context:", e.__context__)
+    else:
+        print("captured: no error")
+    assert torch.equal(model(x), want), "an eager pass after the refused capture differs"
+print("eager after: ok")
+"""
+
+
+def test_disk_source_cannot_be_captured(tmp_path):
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", DISK_CAPTURE, str(tmp_path / "net.safetensors")],
+                         capture_output=True, text=True, timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    # ferry's own error, not an invalidated capture: its reads in flight when the capture began
+    # (worker threads syncing their own streams) leave a torch.cuda.graph capture valid.
+    refused = next(line for line in out.splitlines() if line.startswith(("refused:", "captured:")))
+    assert "cannot be captured" in refused and "cudaErrorStreamCapture" not in refused, out
+    assert "eager after: ok" in out, out
