@@ -56,9 +56,9 @@ class ReadAhead:
         self._is_small = is_small if read_small is not None else None
         self._read_small = read_small
         self._small_names: Dict[str, bool] = {}  # is_small's answers (fixed for the handle)
-        # (order, index): the names of `order` from the one taken last up to index are all
-        # small, so refills start looking there (a file of small tensors costs no scan per key).
-        self._skip_to: Optional[Tuple[List[str], int]] = None
+        # (order, begin, end): the names order[begin:end] are all small, so a refill from inside
+        # that run starts looking at `end` (a file of small tensors costs no scan per key).
+        self._skip_to: Optional[Tuple[List[str], int, int]] = None
         self._file_order = names_in_file_order
         self._orders: Optional[List[Tuple[List[str], Dict[str, int]]]] = None  # made when used
         self._pending: Dict[str, _Read] = {}  # read ahead, not taken yet
@@ -120,16 +120,17 @@ class ReadAhead:
         if place is None:
             return
         order, at = place
-        start = at + 1
-        if self._skip_to is not None and self._skip_to[0] is order:
-            start = max(start, self._skip_to[1])
+        start = skip_from = at + 1
+        known = self._skip_to
+        if known is not None and known[0] is order and known[1] <= start <= known[2]:
+            start, skip_from = known[2], known[1]
         wanted, total = [], self._pending_bytes
         only_small = True
         for index in range(start, min(len(order), at + 1 + READ_AHEAD_TENSORS)):
             following = order[index]
             if self._small(following):  # read by the caller when taken
                 if only_small:
-                    self._skip_to = (order, index + 1)
+                    self._skip_to = (order, skip_from, index + 1)
                 continue
             only_small = False
             if following in self._pending or following in self._taken:

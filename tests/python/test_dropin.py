@@ -619,3 +619,26 @@ def test_read_ahead_leaves_small_tensors_to_the_caller(tmp_path):
     assert ahead.take(stray, size_of(stray)).numpy().tobytes() == as_bytes(tensors[stray])
     assert ahead._pending_bytes == 0 and ahead.wasted_bytes > 0
     ahead.close()
+
+
+def test_read_ahead_finds_a_large_tensor_before_a_run_of_small_ones_it_skipped(tmp_path):
+    """Refills skip runs of small names already looked at; a jump back to before such a run
+    still finds the large tensor there and reads it ahead."""
+    from ferry import _ferry, _open, _read_ahead
+
+    generator = torch.Generator().manual_seed(10)
+    tensors = {f"n{i:02d}": torch.rand((64, 64) if i == 5 else (7,), generator=generator) for i in range(40)}
+    path = tmp_path / "runs.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    checkpoint = _ferry.Checkpoint.open(str(path))
+    names = checkpoint.names()
+    assert names == sorted(tensors)
+    size_of = lambda name: checkpoint.tensor(name)[2]  # noqa: E731
+    reader = _ferry.TensorReader(checkpoint)
+    ahead = _read_ahead.ReadAhead(reader, names, "cpu", size_of, lambda name, size: size < 1024,
+                                  lambda name, size: _open.small_read(reader, name, [(0, size)], size, "cpu"))
+    for name in names[20:24] + names[0:8]:  # a run of small ones, then back to the start
+        assert ahead.take(name, size_of(name)).numpy().tobytes() == as_bytes(tensors[name]), name
+    assert ahead.hits == 1 and ahead.wasted_bytes == 0  # n05, read ahead from n01's refill
+    assert reader.bytes_read == sum(size_of(n) for n in names[20:24] + names[0:8])
+    ahead.close()
