@@ -212,6 +212,8 @@ dropin() {
   for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
     (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
+  log "per-key reads, 256 x 1 MiB (the small-read path's limit for get_tensor)"
+  (cd bench && python3 per_key_reads.py --device cuda:0 --tensors 256 --kib 1024) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   [ -d "$ckpts/llama3-8b" ] || { log "checkpoint llama3-8b"; (cd bench && python3 make_checkpoints.py "$ckpts" llama3-8b) | tee -a "$OUT/summary.txt"; }
   log "per-key reads, Llama-3-8B shape"
   for args in "--device cuda:0" "--device cuda:0 --slices"; do
