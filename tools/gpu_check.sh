@@ -205,8 +205,8 @@ dropin() {
   for file in test_dropin.py test_transformers.py test_hf_conversion.py; do
     log "tests/python/$file (cuda:0 included)"
     FERRY_BIN=$ferry FERRY_LIB=/tmp/build/libferry.so python3 -m pytest -q -p no:cacheprovider \
-      "tests/python/$file" 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      "tests/python/$file" >"$OUT/pytest-${file%.py}.log" 2>&1 || status=1
+    tail -12 "$OUT/pytest-${file%.py}.log" | tee -a "$OUT/summary.txt"
   done
   log "per-key reads, 1,000 x 256 KiB (bench/per_key_reads.py)"
   for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
