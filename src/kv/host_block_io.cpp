@@ -1,6 +1,5 @@
 #include "kv/host_block_io.hpp"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
@@ -15,6 +14,8 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "platform/file_ops.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::detail::kv {
 namespace {
@@ -41,10 +42,10 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
              std::uint64_t offset) {
   std::uint64_t done = 0;
   while (done < size) {
-    const int fd = slabs.fd(slab);
-    const off_t at = static_cast<off_t>(offset + done);
-    const ssize_t n = kWrite ? ::pwrite(fd, buffer + done, size - done, at)
-                             : ::pread(fd, buffer + done, size - done, at);
+    const NativeDescriptor fd = slabs.fd(slab);
+    const std::uint64_t at = offset + done;
+    const std::int64_t n = kWrite ? write_some_at(fd, buffer + done, size - done, at)
+                                  : read_some_at(fd, buffer + done, size - done, at);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL && slabs.direct(slab)) {
@@ -77,7 +78,7 @@ HostBlockIo::Buffer HostBlockIo::take_buffer() {
       return b;
     }
   }
-  void* p = std::aligned_alloc(kAlign, _slot_bytes);
+  void* p = aligned_malloc(kAlign, _slot_bytes);
   if (p == nullptr) throw std::bad_alloc();
   return Buffer(static_cast<std::byte*>(p));
 }
@@ -170,8 +171,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
 }
 
 void HostBlockIo::sync(int slab) {
-  if (::fdatasync(_slabs.buffered_fd(slab)) != 0)
-    FERRY_SYSCALL_FAIL(_slabs.name(slab), ": fdatasync");
+  if (!sync_data(_slabs.buffered_fd(slab))) FERRY_SYSCALL_FAIL(_slabs.name(slab), ": fdatasync");
 }
 
 bool HostBlockIo::direct() const {

@@ -13,6 +13,7 @@
 
 #include "kv/block_io.hpp"
 #include "kv/slab_files.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::detail::kv {
 
@@ -26,7 +27,7 @@ class HostBlockIo final : public BlockIo {
 
  private:
   struct FreeDeleter {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
+    void operator()(std::byte* p) const noexcept { aligned_free(p); }
   };
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
   Buffer take_buffer();

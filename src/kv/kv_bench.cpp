@@ -1,8 +1,6 @@
 // `ferry kv bench` (ferry/kv_bench.hpp): timings for reporting only, never for tests.
 #include "ferry/kv_bench.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +9,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/file_ops.hpp"
 
 namespace ferry {
 namespace {
@@ -108,29 +107,27 @@ std::pair<double, double> raw_direct(const fs::path& file, std::uint64_t block, 
   const std::uint64_t slot = round_up(block);
   auto buffer = detail::allocate_host_memory(slot);
   std::memset(buffer.get(), 0x5A, slot);
-  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) FERRY_SYSCALL_FAIL(file.string(), ": cannot open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  if (::posix_fallocate(fd, 0, static_cast<off_t>(slot * count)) != 0)
-    FERRY_SYSCALL_FAIL(file.string(), ": fallocate");
+  detail::FileDescriptor created = detail::open_or_create(file, 0600);
+  if (!created) FERRY_SYSCALL_FAIL(file.string(), ": cannot open");
+  if (const int error = detail::preallocate(created.get(), slot * count); error != 0)
+    detail::fail_errno(error, file.string(), ": fallocate");
+  detail::FileDescriptor direct = detail::open_existing(file, true, true);
+  const detail::NativeDescriptor fd = direct ? direct.get() : created.get();
   auto start = Clock::now();
   for (std::uint64_t i = 0; i < count; ++i) {
-    if (::pwrite(fd, buffer.get(), slot, static_cast<off_t>(i * slot)) !=
-        static_cast<ssize_t>(slot))
+    if (detail::write_some_at(fd, buffer.get(), slot, i * slot) != static_cast<std::int64_t>(slot))
       FERRY_SYSCALL_FAIL(file.string(), ": pwrite");
-    if (((i + 1) % batch == 0 || i + 1 == count) && ::fdatasync(fd) != 0)
+    if (((i + 1) % batch == 0 || i + 1 == count) && !detail::sync_data(fd))
       FERRY_SYSCALL_FAIL(file.string(), ": fdatasync");
   }
   const double write_s = seconds_since(start);
   start = Clock::now();
   for (std::uint64_t i = 0; i < count; ++i)
-    if (::pread(fd, buffer.get(), slot, static_cast<off_t>(i * slot)) != static_cast<ssize_t>(slot))
+    if (detail::read_some_at(fd, buffer.get(), slot, i * slot) != static_cast<std::int64_t>(slot))
       FERRY_SYSCALL_FAIL(file.string(), ": pread");
   const double read_s = seconds_since(start);
+  direct = {};
+  created = {};  // closed before the removal (Windows removes an open file only at its close)
   fs::remove(file);
   const double gb = double(count) * double(block) / 1e9;
   return {gb / write_s, gb / read_s};
@@ -141,11 +138,13 @@ void warm_slabs(const fs::path& directory) {
   std::vector<char> buffer(8 << 20);
   for (const auto& entry : fs::directory_iterator(directory)) {
     if (entry.path().filename().string().rfind("slab-", 0) != 0) continue;
-    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    while (::read(fd, buffer.data(), buffer.size()) > 0) {
+    const detail::FileDescriptor fd = detail::open_existing(entry.path(), false);
+    if (!fd) continue;
+    for (std::uint64_t at = 0;;) {
+      const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
+      if (n <= 0) break;
+      at += static_cast<std::uint64_t>(n);
     }
-    ::close(fd);
   }
 }
 

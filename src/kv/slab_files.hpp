@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/file_descriptor.hpp"
+#include "platform/file_ops.hpp"
 
 namespace ferry::detail::kv {
 
@@ -23,9 +24,10 @@ class SlabFiles {
 
   unsigned count() const { return static_cast<unsigned>(_files.size()); }
   // The descriptor I/O should use now: O_DIRECT unless refused.
-  int fd(int slab) const;
-  int buffered_fd(int slab) const { return _files[slab]->buffered.get(); }
+  NativeDescriptor fd(int slab) const;
+  NativeDescriptor buffered_fd(int slab) const { return _files[slab]->buffered.get(); }
   const std::string& name(int slab) const { return _files[slab]->name; }
+  const std::filesystem::path& path(int slab) const { return _files[slab]->path; }
   bool direct(int slab) const { return _files[slab]->use_direct.load(); }
   // The file system refused O_DIRECT at I/O time (EINVAL): use the buffered descriptor from
   // now on. Both stay open, so I/O in flight on the other is unaffected.
@@ -34,7 +36,8 @@ class SlabFiles {
  private:
   struct File {
     FileDescriptor buffered, direct;
-    std::string name;
+    std::filesystem::path path;
+    std::string name;  // the path in messages
     std::atomic<bool> use_direct{false};
   };
   std::vector<std::unique_ptr<File>> _files;
