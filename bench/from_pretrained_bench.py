@@ -1,5 +1,6 @@
 """Time to a ready transformers model: ferry.transformers.from_pretrained beside transformers'
-own from_pretrained, on the Llama-3-8B shape (or the 0.6B one for a quick run).
+own from_pretrained, on the Llama-3-8B shape (or the 0.6B one for a quick run, or moe-16x64, a
+Qwen3-MoE shape whose experts transformers 5 fuses while loading).
 
 usage: from_pretrained_bench.py ROOT [--model llama3-8b] [--device cuda:0] [--runs 3] [--cold]
                                 [--loaders ferry,transformers] [--json OUT]
@@ -30,6 +31,13 @@ CONFIGS = {  # transformers config fields of the bench/model_shapes.py architect
     "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                                        vocab_size=151936, tie_word_embeddings=True)),
+    # bench/model_shapes.py's moe_16x64: Qwen3-MoE layers; transformers 5 fuses its 3,072 expert
+    # tensors into 32 gate_up_proj/down_proj parameters while loading (ferry reads each expert
+    # into its block of them)
+    "moe-16x64": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=16,
+                                         num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                         num_experts=64, num_experts_per_tok=8, moe_intermediate_size=768,
+                                         vocab_size=151936, tie_word_embeddings=False)),
     # for smoke runs: written by save_pretrained itself (random init, small shards)
     "tiny-llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512)),

@@ -12,6 +12,9 @@ dimension 1 for row-parallel weights (o_proj, down_proj; in the generated file e
 tensor), the first half of dimension 0 for the other matrices, 1-D tensors whole; ferry's
 bytes read (its handles' stats) are printed against the checkpoint's bytes (target <= 0.55).
 
+On a GPU ferry also runs with its small-read path off ("ferry, engine only": every read a
+transfer-engine job, as before that path), to show what it saves.
+
 Every tensor's pages are touched (one byte per 4 KiB summed on its device, collected at the
 end), so that a lazily mapped tensor pays for its reads as a copied one does, and both
 libraries must give the same sums. Median of --repeat runs; figures only, nothing asserted.
@@ -32,6 +35,7 @@ import torch
 
 import ferry
 import ferry.torch
+from ferry import _open
 
 
 def touch(t):
@@ -122,12 +126,19 @@ def main():
         file_bytes = sum(os.path.getsize(f) for f in files)
         keys = sum(len(safetensors.safe_open(f, "pt").keys()) for f in files)
         rows = {}
-        for label, opener in (("safetensors", safetensors.safe_open), ("ferry", ferry.safe_open)):
+        loaders = [("safetensors", safetensors.safe_open), ("ferry", ferry.safe_open)]
+        if args.device.startswith("cuda"):
+            loaders.append(("ferry, engine only,", ferry.safe_open))
+        small = (_open.SMALL_READ_BYTES, _open.SMALL_TENSOR_BYTES)
+        for label, opener in loaders:
             stats = {}
+            engine_only = label.startswith("ferry, engine")
+            _open.SMALL_READ_BYTES, _open.SMALL_TENSOR_BYTES = (0, 0) if engine_only else small
             rows[label + " per key"] = timed(lambda: iterate(opener, files, args.device, args.slices, stats), args.repeat)
             runs = args.repeat + 1
             if label == "ferry":
                 ferry_stats = {k: v // runs for k, v in stats.items()}
+        _open.SMALL_READ_BYTES, _open.SMALL_TENSOR_BYTES = small
         if not args.slices and not args.no_bulk:
             rows["ferry.torch.load_file"] = timed(
                 lambda: bulk(ferry.torch.load_file, files, args.device, path), args.repeat)
@@ -139,7 +150,7 @@ def main():
         print(f"{keys} keys, {file_bytes / 1e9:.2f} GB in {len(files)} file(s) "
               f"({os.path.basename(os.path.normpath(path))}), {what} to {args.device}, median of {args.repeat}")
         for label, (seconds, _) in rows.items():
-            print(f"  {label:24s} {seconds * 1000:9.1f} ms  {file_bytes / seconds / 1e9:6.2f} GB/s of the file  "
+            print(f"  {label:30s} {seconds * 1000:9.1f} ms  {file_bytes / seconds / 1e9:6.2f} GB/s of the file  "
                   f"{seconds * 1e6 / keys:8.1f} us/key")
         ferry_s, st_s = rows["ferry per key"][0], rows["safetensors per key"][0]
         print(f"  ferry / safetensors time (per key): {ferry_s / st_s:.2f}")

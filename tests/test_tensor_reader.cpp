@@ -125,6 +125,16 @@ TEST(TensorReader, StridedRangesEqualThePlainHostPath) {
   EXPECT_THROW(reader.read_ranges(t, outside, got.data()), std::out_of_range);
 }
 
+TEST(TensorReader, AFileJustWrittenIsReadThroughThePageCache) {
+  // Its pages are resident: per-key readers take the small-read path for it.
+  test::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  test::write_random_checkpoint(path, {{"a", DType::F32, {1000}}}, 2);
+  const auto checkpoint = Checkpoint::open_shared(path);
+  const TensorReader reader(checkpoint);
+  EXPECT_TRUE(reader.through_page_cache(*checkpoint->find("a")));
+}
+
 TEST(TensorReader, SubmittedReadsEqualThePlainHostPath) {
   test::TempDir dir;
   const auto path = dir / "m.safetensors";

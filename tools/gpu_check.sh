@@ -8,9 +8,11 @@
 #   ferry-before/ COMMIT | gzip`, carried in .before) beside this one, run by run
 #   (bench/compare_loads.py); python (not in the default): the saver and from_pretrained
 #   benchmarks; engine (not in the default): transfer core, KV store, per-key and open benchmarks;
-#   dropin (not in the default): the safe_open tests on the GPU, per-key reads (cpu, cuda:0 with
-#   read-ahead, tensor-parallel slices with bytes read) on the generated file and the 8B shape
-#   beside load_file, and opening 100,000 tensors.
+#   dropin (not in the default): the safe_open and transformers tests on the GPU (each file in
+#   its own pytest process), per-key reads (cpu, cuda:0 with read-ahead and small reads,
+#   tensor-parallel slices with bytes read) on the generated file and the 8B shape beside
+#   load_file, and time to a ready MoE model beside transformers' from_pretrained (about 6 min
+#   after `build`).
 #   core (not in the default): the transfer core's tests, benchmark, the copy probe (pinned copies
 #   by size, streams and source alignment), loads after the first (where their time goes, GPU
 #   copy busy time, beside bench/staged_bound: the machine's bound for a warm staged load; a sweep
@@ -215,24 +217,35 @@ engine_benches() {
   (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
-# The safetensors drop-in: GPU tests of safe_open (read-ahead bit-exact, random access), per-key
-# reads on the generated 1,000-tensor file and on the Llama-3-8B shape (shard by shard, beside
-# ferry.torch.load_file and safetensors), tensor-parallel slices with the bytes they read, and
-# opening 100,000 tensors.
+# The safetensors drop-in: GPU tests of safe_open (small reads and the engine, read-ahead
+# bit-exact, random access) and of the transformers front end (Llama, Qwen2, two MoE models
+# against transformers' own from_pretrained), each file in a pytest process of its own (a CUDA
+# error left by another test file cannot fail them); per-key reads on the generated 1,000-tensor
+# file and on the Llama-3-8B shape (beside ferry.torch.load_file, safetensors, and ferry with
+# its small-read path off), tensor-parallel slices with the bytes they read; time to a ready
+# MoE model (moe-16x64, Qwen3-MoE layers whose experts transformers 5 fuses) beside transformers'.
 dropin() {
-  log "safe_open tests (tests/python/test_dropin.py, GPU ones included)"
-  FERRY_BIN=$ferry FERRY_LIB=/tmp/build/libferry.so python3 -m pytest -q tests/python/test_dropin.py 2>&1 | tail -15 | tee -a "$OUT/summary.txt" || status=1
+  for file in test_dropin.py test_transformers.py test_hf_conversion.py; do
+    log "tests/python/$file (cuda:0 included)"
+    FERRY_BIN=$ferry FERRY_LIB=/tmp/build/libferry.so python3 -m pytest -q -p no:cacheprovider \
+      "tests/python/$file" >"$OUT/pytest-${file%.py}.log" 2>&1 || status=1
+    tail -12 "$OUT/pytest-${file%.py}.log" | tee -a "$OUT/summary.txt"
+  done
   log "per-key reads, 1,000 x 256 KiB (bench/per_key_reads.py)"
   for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
     (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
+  log "per-key reads, 256 x 1 MiB (the small-read path's limit for get_tensor)"
+  (cd bench && python3 per_key_reads.py --device cuda:0 --tensors 256 --kib 1024) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   [ -d "$ckpts/llama3-8b" ] || { log "checkpoint llama3-8b"; (cd bench && python3 make_checkpoints.py "$ckpts" llama3-8b) | tee -a "$OUT/summary.txt"; }
   log "per-key reads, Llama-3-8B shape"
   for args in "--device cuda:0" "--device cuda:0 --slices"; do
     (cd bench && python3 per_key_reads.py --checkpoint "$ckpts/llama3-8b" --repeat 3 $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
-  log "opening 100,000 tensors (bench/open_many_tensors.py)"
-  (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "from_pretrained, MoE (bench/from_pretrained_bench.py --model moe-16x64)"
+  (cd bench && python3 from_pretrained_bench.py /tmp/fp-bench --model moe-16x64 --runs 2 \
+    --json "$OUT/from_pretrained_moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/fp-bench
 }
 
 # The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,

@@ -75,6 +75,11 @@ class TensorReader {
   // it was truncated after opening); counts its bytes in bytes_read().
   void wait(const Ticket& ticket) const;
 
+  // Whether submissions read `tensor`'s file through the page cache (it was mostly resident
+  // when first asked, or its file system refuses O_DIRECT) rather than with O_DIRECT: a small
+  // read from it costs a memory copy, so per-key readers need no parallel engine job for it.
+  bool through_page_cache(const TensorInfo& tensor) const;
+
   // File bytes read so far by this reader (read, read_ranges and waited submissions; O_DIRECT
   // alignment included): what a slice or a read-ahead really cost.
   std::uint64_t bytes_read() const noexcept;

@@ -1,7 +1,11 @@
 """ferry.safe_open: safetensors' lazy reader over ferry's TensorReader. On the host each
 get_tensor is one positioned read straight into the tensor handed out, and get_slice reads only
-the slice's bytes; to cuda:N get_tensor goes through the transfer engine with read-ahead
-(_read_ahead.py); get_tensors runs the engine over the whole checkpoint."""
+the slice's bytes. To cuda:N a small read (a slice of at most SMALL_READ_BYTES, a tensor of at
+most SMALL_TENSOR_BYTES in a file the page cache holds) is positioned reads into pinned host
+memory in the calling thread, then one asynchronous copy on the current stream: a transfer-engine
+job costs about half a millisecond of hand-offs between threads, such a read microseconds.
+Larger ones go through the transfer engine (parallel reads, staged copies), get_tensor with
+read-ahead (_read_ahead.py); get_tensors runs the engine over the whole checkpoint."""
 import math
 import os
 import threading
@@ -61,6 +65,15 @@ def open_checkpoint(filename: Any) -> "_ferry.Checkpoint":
         raise FileNotFoundError(f"No such file or directory: {path}") from None
 
 
+# Reads to a GPU up to these sizes skip the transfer engine (module attributes: the benchmark
+# sets them to 0 to measure the engine alone). A slice is read synchronously either way, so the
+# engine pays off once its parallel reads save more than its setup: a few MiB. A tensor taken
+# by get_tensor competes with the read-ahead, which overlaps the engine's reads with the
+# caller's work: only small ones, and only from the page cache (O_DIRECT reads of a cold file
+# want the engine's parallelism).
+SMALL_READ_BYTES = 4 << 20
+SMALL_TENSOR_BYTES = 1 << 20
+
 # Strided slices are read range by range where the ranges are few and not tiny; otherwise the
 # rows that cover the slice are read whole and indexed.
 _MAX_RANGES = 1 << 16
@@ -117,11 +130,7 @@ class _Slice:
             begin, length = first * row_bytes, (end - first) * row_bytes
             shape = [end - first] + list(self._shape[1:])
         if self._framework == "pt" and self._device.startswith("cuda:"):
-            import torch
-
-            raw = torch.empty(length, dtype=torch.uint8, device=self._device)
-            if length:
-                _engine_read(self._reader, self._name, [(begin, begin + length)], raw, self._device)
+            raw = _to_gpu(self._reader, self._name, [(begin, begin + length)], length, self._device)
             whole = raw.view(torch_dtype(self._dtype, self._name))
             part = whole.reshape(torch_shape(self._dtype, shape))[relative]
         else:
@@ -149,13 +158,41 @@ class _Slice:
         import torch
 
         on_gpu = self._device.startswith("cuda:")
-        raw = torch.empty(length, dtype=torch.uint8, device=self._device if on_gpu else "cpu")
-        if length and on_gpu:  # the ranges read in parallel and copied up by the engine
-            _engine_read(self._reader, self._name, ranges, raw, self._device)
-        elif length:
-            self._reader.read_ranges(self._name, ranges, raw.data_ptr())
+        if on_gpu:
+            raw = _to_gpu(self._reader, self._name, ranges, length, self._device)
+        else:
+            raw = torch.empty(length, dtype=torch.uint8)
+            if length:
+                self._reader.read_ranges(self._name, ranges, raw.data_ptr())
         out = raw.view(torch_dtype(self._dtype, self._name)).reshape(torch_shape(self._dtype, newshape))
         return out if on_gpu or self._device == "cpu" else out.to(self._device)
+
+
+def _to_gpu(reader, name: str, ranges, length: int, device: str):
+    """The (begin, end) byte ranges of tensor `name` (`length` bytes in all), packed into a new
+    uint8 tensor on `device` (cuda:N): small reads through pinned memory in this thread, larger
+    ones through the transfer engine."""
+    if length <= SMALL_READ_BYTES:
+        return small_read(reader, name, ranges, length, device)
+    import torch
+
+    raw = torch.empty(length, dtype=torch.uint8, device=device)
+    _engine_read(reader, name, ranges, raw, device)
+    return raw
+
+
+def small_read(reader, name: str, ranges, length: int, device: str):
+    """The ranges read into pinned host memory (torch's caching host allocator: it keeps a block
+    from reuse until the copies that read it have run), then copied up asynchronously on the
+    current stream, which orders the copy after work queued on memory the allocator recycles.
+    On the host (the tests' stand-in) a plain read."""
+    import torch
+
+    on_gpu = device.startswith("cuda")
+    host = torch.empty(length, dtype=torch.uint8, pin_memory=on_gpu)
+    if length:
+        reader.read_ranges(name, ranges, host.data_ptr())
+    return host.to(device, non_blocking=True) if on_gpu else host
 
 
 def _engine_read(reader, name: str, ranges, tensor, device: str) -> None:
@@ -274,8 +311,15 @@ class safe_open:
     def _read_ahead(self) -> ReadAhead:
         with self._ahead_lock:
             if self._ahead is None:
-                self._ahead = ReadAhead(self._reader, self._names(), self._device,
-                                        lambda name: self._checkpoint.tensor(name)[2])
+                reader = self._reader
+
+                def small(name: str, size: int) -> bool:
+                    return size <= SMALL_TENSOR_BYTES and reader.through_page_cache(name)
+
+                self._ahead = ReadAhead(reader, self._names(), self._device,
+                                        lambda name: self._checkpoint.tensor(name)[2], small,
+                                        lambda name, size: small_read(reader, name, [(0, size)], size,
+                                                                      self._device))
             return self._ahead
 
     def get_slice(self, name: str) -> _Slice:

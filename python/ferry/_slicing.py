@@ -121,13 +121,17 @@ def byte_ranges(indexers: List[Indexer], shape: List[int], bits: int) -> Tuple[L
                             fail(misaligned)
                         ranges.append((n * span // 8, (n + 1) * span // 8))
             else:
-                grown = []
-                for n in range(start, stop, step):
-                    if n * span % 8:
-                        fail(misaligned)
-                    offset = n * span // 8
-                    grown += [(a + offset, b + offset) for a, b in ranges]
-                ranges = grown
+                if span % 8:  # whole bytes per step of this dimension: no element splits one
+                    for n in range(start, stop, step):
+                        if n * span % 8:
+                            fail(misaligned)
+                stride = span // 8 if span % 8 == 0 else None
+                if stride is not None and len(ranges) == 1:  # a column block: one range per row
+                    (a, b), = ranges
+                    ranges = [(a + n * stride, b + n * stride) for n in range(start, stop, step)]
+                else:
+                    ranges = [(a + n * span // 8, b + n * span // 8)
+                              for n in range(start, stop, step) for a, b in ranges]
         else:
             newshape.append(dim)
         span *= dim

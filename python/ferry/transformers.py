@@ -9,11 +9,13 @@ ties them (`tie_word_embeddings`: the output embedding is the input embedding), 
 checkpoint does not hold (rotary frequencies) keep the values the model computed, and the model
 comes back in eval mode.
 
-Where the checkpoint's names do not match the model's (transformers 5 fuses MoE experts that
-checkpoints store one by one, and converts them while loading), ferry still reads the tensors
-and hands them to transformers' own from_pretrained as its `state_dict` (with no model path, the
-one way transformers 5 accepts a state_dict), so transformers' own conversion mapping fuses and
-casts ferry's tensors; `loaded_by(model)` says which route ran (FERRY or CONVERTED).
+Where the checkpoint's names do not match the model's because transformers 5 fuses MoE experts
+that checkpoints store one by one (Mixtral, Qwen-MoE...), ferry follows transformers' own
+conversion mapping and reads each expert's tensor straight into its block of the fused parameter
+(_hf_conversion.py). Any other conversion (legacy names, transposes, quantized weights): ferry
+still reads the tensors and hands them to transformers' own from_pretrained as its `state_dict`
+(with no model path, the one way transformers 5 accepts a state_dict), so transformers converts
+ferry's tensors; `loaded_by(model)` says which route ran (FERRY or CONVERTED).
 """
 import contextlib
 import copy
@@ -22,8 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _ferry
-from ._dtypes import normalize_device, tensor_table, torch_dtype as _torch_dtype
+from . import _ferry, _hf_conversion
+from ._dtypes import normalize_device, tensor_table, torch_dtype as _torch_dtype, torch_shape as _torch_shape
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -204,11 +206,15 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     # Tied parameters count as present when any alias is in the checkpoint.
     missing = sorted(n for n in aliases if not any(a in covered for a in aliases[n]))
     if missing and set(table) - set(mapping):
+        conversion = _hf_conversion.plan(model, table)
+        # transformers 5's fused experts: ferry places the bytes. Renames alone (legacy names)
+        # stay with transformers, which knows their history.
+        if conversion is not None and conversion.fused:
+            return _load_converted(model, conversion, checkpoint, table, path, dev, aliases, strict)
         return _through_transformers(_model_class(cls_or_auto, config), path, checkpoint, dev, dtype,
                                      config, strict)
     if missing and strict:
-        raise RuntimeError(f"{path}: no tensor in the checkpoint for {', '.join(missing[:8])}"
-                           + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+        _refuse_missing(path, missing)
 
     for name, dtype_name in ((n, table[n][0]) for n in mapping):
         _torch_dtype(dtype_name, name)  # refuse dtypes this torch lacks before loading
@@ -220,6 +226,12 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
         for name, target in mapping.items():
             _assign(model, target, tensors.pop(name))
     del tensors
+    return _finish(model, path, dev, loaded.stats())
+
+
+def _finish(model, path: str, dev: str, stats: dict):
+    """Ties weights as transformers does, checks that no parameter is left on meta, moves the
+    buffers the model computed to `dev`, and returns the model in eval mode."""
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -229,8 +241,50 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     _generation_config(model, path)
     model.eval()
     model._ferry_loaded_by = FERRY
-    model._ferry_stats = loaded.stats()
+    model._ferry_stats = stats
     return model
+
+
+def _load_converted(model, conversion, checkpoint, table, path: str, dev: str, aliases, strict: bool):
+    """Fills `model` as transformers 5 converts the checkpoint (_hf_conversion.plan): each
+    parameter gets memory of its own on `dev`, and ONE engine load reads every tensor into it: a
+    renamed tensor whole, an expert's tensor into its block of the fused parameter. Where the
+    checkpoint's dtype is not the model's, the filled tensor is cast (elementwise, as transformers
+    casts each tensor before fusing)."""
+    covered = set(conversion.targets())
+    missing = sorted(n for n in aliases if not any(a in covered for a in aliases[n]))
+    if missing and strict:
+        _refuse_missing(path, missing)
+    meta = model.state_dict()
+    filled: Dict[str, torch.Tensor] = {}
+    destinations: List[Tuple[str, int, int]] = []
+    for name, target in conversion.direct.items():
+        dtype, shape, nbytes = table[name]
+        memory = torch.empty(_torch_shape(dtype, shape), dtype=_torch_dtype(dtype, name), device=dev)
+        filled[target] = memory
+        if nbytes:
+            destinations.append((name, memory.data_ptr(), nbytes))
+    for target, blocks in conversion.fused.items():
+        first = blocks[0][0]
+        memory = torch.empty(meta[target].shape, dtype=_torch_dtype(table[first][0], first), device=dev)
+        filled[target] = memory
+        for name, offset in blocks:
+            if table[name][2]:
+                destinations.append((name, memory.data_ptr() + offset * memory.element_size(), table[name][2]))
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize(dev)  # memory the allocator recycled may still be in use
+    stats = _ferry.load_into(checkpoint, destinations, dev)
+    with torch.no_grad():
+        for target, memory in filled.items():
+            _assign(model, target, memory)
+    del filled
+    model._weight_conversions = conversion.transforms  # what save_pretrained reverts, as transformers keeps it
+    return _finish(model, path, dev, stats)
+
+
+def _refuse_missing(path: str, missing: List[str]) -> None:
+    raise RuntimeError(f"{path}: no tensor in the checkpoint for {', '.join(missing[:8])}"
+                       + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
 
 
 def _through_transformers(model_class, path, checkpoint, dev, dtype, config, strict):
@@ -250,8 +304,7 @@ def _through_transformers(model_class, path, checkpoint, dev, dtype, config, str
     # A tied parameter is filled when any of its names was loaded.
     unfilled = sorted(n for n in missing if all(a in missing for a in aliases.get(n, [n])))
     if unfilled and strict:
-        raise RuntimeError(f"{path}: no tensor in the checkpoint for {', '.join(unfilled[:8])}"
-                           + (f" and {len(unfilled) - 8} more" if len(unfilled) > 8 else ""))
+        _refuse_missing(path, unfilled)
     model.to(dev)
     _generation_config(model, path)
     model.eval()

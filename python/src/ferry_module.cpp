@@ -461,6 +461,15 @@ NB_MODULE(_ferry, m) {
             without_gil([&] { r.wait(ticket); });
           },
           "ticket"_a, "Waits for a submitted read; raises its failure.")
+      .def(
+          "through_page_cache",
+          [](const TensorReader& r, const std::string& name) {
+            const TensorInfo* t = r.checkpoint().find(name);
+            FERRY_EXPECT(t != nullptr, std::out_of_range, "no tensor named \"", name, "\"");
+            return without_gil([&] { return r.through_page_cache(*t); });
+          },
+          "name"_a,
+          "Whether reads of the tensor's file go through the page cache (not O_DIRECT).")
       .def_prop_ro("bytes_read", &TensorReader::bytes_read,
                    "File bytes this reader has read (O_DIRECT alignment included).");
 

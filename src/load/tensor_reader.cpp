@@ -138,6 +138,10 @@ Ticket TensorReader::submit_tensors(std::span<const Whole> tensors, const Device
                        options);
 }
 
+bool TensorReader::through_page_cache(const TensorInfo& tensor) const {
+  return io_mode(tensor.file_index) == IoMode::Buffered;
+}
+
 IoMode TensorReader::io_mode(std::uint32_t file) const {
   FERRY_EXPECT(file < _files->fds.size(), std::out_of_range, "file ", file, " of ",
                _files->fds.size());

@@ -361,8 +361,15 @@ def test_load_model_with_tied_weights(tmp_path):
 # GPU (skipped without one)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path):
-    """Through the transfer engine (a tensor of several chunks, tiny and empty ones)."""
+@pytest.mark.parametrize("small_reads", [True, False], ids=["small-reads", "engine-only"])
+def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path, monkeypatch, small_reads):
+    """Through the transfer engine (a tensor of several chunks, tiny and empty ones), and the
+    small ones through pinned memory where that path is on."""
+    from ferry import _open
+
+    if not small_reads:
+        monkeypatch.setattr(_open, "SMALL_READ_BYTES", 0)
+        monkeypatch.setattr(_open, "SMALL_TENSOR_BYTES", 0)
     generator = torch.Generator().manual_seed(1)
     tensors = {"big": torch.randint(0, 255, ((64 << 20) + 4099,), dtype=torch.uint8, generator=generator),
                "w": torch.rand((300, 70), generator=generator).to(torch.bfloat16),
@@ -427,9 +434,15 @@ def test_read_ahead_to_cuda_follows_the_order_and_stays_out_of_random_access(tmp
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_slices_to_cuda_read_only_their_bytes_through_the_engine(tmp_path):
-    """Row blocks, column blocks (one extent per row part) and the covering-rows fallback (a
-    step in the last dimension) land on the GPU equal to the host slices."""
+@pytest.mark.parametrize("small_reads", [True, False], ids=["small-reads", "engine-only"])
+def test_slices_to_cuda_read_only_their_bytes(tmp_path, monkeypatch, small_reads):
+    """Row blocks, column blocks (one range per row part) and the covering-rows fallback (a
+    step in the last dimension) land on the GPU equal to the host slices, read through pinned
+    memory (small slices) or through the engine (one extent per range)."""
+    from ferry import _open
+
+    if not small_reads:
+        monkeypatch.setattr(_open, "SMALL_READ_BYTES", 0)
     generator = torch.Generator().manual_seed(6)
     wide = torch.rand((96, 1024), generator=generator).to(torch.bfloat16)
     path = tmp_path / "wide.safetensors"
@@ -444,6 +457,10 @@ def test_slices_to_cuda_read_only_their_bytes_through_the_engine(tmp_path):
             assert as_bytes(part) == as_bytes(wide[index]), index
             if want_bytes is not None:
                 assert f.stats()["bytes_read"] - before == want_bytes, index
+        # Many slices queued without a sync: the pinned blocks are recycled while copies wait.
+        parts = [f.get_slice("wide")[i % 90:i % 90 + 6, (i % 4) * 256:] for i in range(300)]
+        for i, part in enumerate(parts):
+            assert as_bytes(part) == as_bytes(wide[i % 90:i % 90 + 6, (i % 4) * 256:]), i
 
 
 def test_eight_threads_share_one_handle_and_open_their_own(tmp_path):
@@ -541,4 +558,87 @@ def test_read_ahead_submits_its_window_in_batches(tmp_path):
     assert len(counting.batches) <= 2 + len(names) // (window // 2), counting.batches
     assert max(counting.batches) == window, counting.batches
     assert reader.bytes_read == sum(size_of(n) for n in names)
+    ahead.close()
+
+
+def test_read_ahead_leaves_small_tensors_to_the_caller(tmp_path):
+    """Tensors the handle calls small (on a GPU: small ones in a page-cached file) are read by
+    the caller when taken and never submitted to the engine; the large ones around them are
+    still read ahead; every tensor equals the host path and each byte is read once. A small one
+    taken out of order drops the guesses as any miss does."""
+    from ferry import _ferry, _open, _read_ahead
+
+    generator = torch.Generator().manual_seed(9)
+    tensors = {}
+    for i in range(30):
+        tensors[f"t{i:02d}.big"] = torch.rand((64, 64), generator=generator)
+        tensors[f"t{i:02d}.small"] = torch.rand((7,), generator=generator)
+    path = tmp_path / "mixed.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    checkpoint = _ferry.Checkpoint.open(str(path))
+    names = checkpoint.names()
+    size_of = lambda name: checkpoint.tensor(name)[2]  # noqa: E731
+    submitted = []
+
+    class Recording:
+        def __init__(self, reader):
+            self.reader = reader
+
+        def submit_tensors(self, wanted, device, after_event=0):
+            submitted.extend(name for name, _ in wanted)
+            return self.reader.submit_tensors(wanted, device, after_event)
+
+        def __getattr__(self, name):
+            return getattr(self.reader, name)
+
+    for order in (sorted(tensors), names):
+        submitted.clear()
+        reader = _ferry.TensorReader(checkpoint)
+        small_calls = []
+
+        def read_small(name, size):
+            small_calls.append(name)
+            return _open.small_read(reader, name, [(0, size)], size, "cpu")
+
+        ahead = _read_ahead.ReadAhead(Recording(reader), names, "cpu", size_of,
+                                      lambda name, size: size < 1024, read_small)
+        for name in order:
+            assert ahead.take(name, size_of(name)).numpy().tobytes() == as_bytes(tensors[name]), name
+        bigs = [n for n in order if n.endswith(".big")]
+        assert sorted(small_calls) == sorted(n for n in order if n.endswith(".small"))
+        assert sorted(submitted) == sorted(bigs) and ahead.hits == len(bigs) - 1
+        assert ahead.wasted_bytes == 0 and reader.bytes_read == sum(map(size_of, names))
+        ahead.close()
+    reader = _ferry.TensorReader(checkpoint)
+    ahead = _read_ahead.ReadAhead(reader, names, "cpu", size_of, lambda name, size: size < 1024,
+                                  lambda name, size: _open.small_read(reader, name, [(0, size)], size, "cpu"))
+    ahead.take(names[0], size_of(names[0]))
+    ahead.take(names[1], size_of(names[1]))  # in order: large ones ahead are in flight
+    assert ahead._pending_bytes > 0
+    stray = next(n for n in reversed(names) if n.endswith(".small"))
+    assert ahead.take(stray, size_of(stray)).numpy().tobytes() == as_bytes(tensors[stray])
+    assert ahead._pending_bytes == 0 and ahead.wasted_bytes > 0
+    ahead.close()
+
+
+def test_read_ahead_finds_a_large_tensor_before_a_run_of_small_ones_it_skipped(tmp_path):
+    """Refills skip runs of small names already looked at; a jump back to before such a run
+    still finds the large tensor there and reads it ahead."""
+    from ferry import _ferry, _open, _read_ahead
+
+    generator = torch.Generator().manual_seed(10)
+    tensors = {f"n{i:02d}": torch.rand((64, 64) if i == 5 else (7,), generator=generator) for i in range(40)}
+    path = tmp_path / "runs.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    checkpoint = _ferry.Checkpoint.open(str(path))
+    names = checkpoint.names()
+    assert names == sorted(tensors)
+    size_of = lambda name: checkpoint.tensor(name)[2]  # noqa: E731
+    reader = _ferry.TensorReader(checkpoint)
+    ahead = _read_ahead.ReadAhead(reader, names, "cpu", size_of, lambda name, size: size < 1024,
+                                  lambda name, size: _open.small_read(reader, name, [(0, size)], size, "cpu"))
+    for name in names[20:24] + names[0:8]:  # a run of small ones, then back to the start
+        assert ahead.take(name, size_of(name)).numpy().tobytes() == as_bytes(tensors[name]), name
+    assert ahead.hits == 1 and ahead.wasted_bytes == 0  # n05, read ahead from n01's refill
+    assert reader.bytes_read == sum(size_of(n) for n in names[20:24] + names[0:8])
     ahead.close()

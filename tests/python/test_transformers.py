@@ -1,7 +1,9 @@
 """ferry.transformers.from_pretrained against transformers' own from_pretrained: the same
 parameters and bit-identical logits for a Llama (untied), a Qwen2 (tied embeddings, biases) and
-a Mixtral MoE, each saved by save_pretrained as shards with an index. On the CPU everywhere
-transformers imports; on cuda:0 too where a GPU is present."""
+two MoE models (Mixtral; Qwen2-MoE with a shared expert), each saved by save_pretrained as shards
+with an index. On the CPU everywhere transformers imports; on cuda:0 too where a GPU is present.
+With transformers 5 the MoE models' per-expert tensors are read by ferry into transformers'
+fused expert parameters."""
 import os
 
 import pytest
@@ -23,6 +25,9 @@ CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**SMALL, tie_word_embeddings=False),
     "qwen2": lambda: transformers.Qwen2Config(**SMALL, tie_word_embeddings=True),  # q/k/v have biases
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2,
+                                                     moe_intermediate_size=48,
+                                                     shared_expert_intermediate_size=80),
 }
 
 
@@ -47,12 +52,14 @@ def _theirs(path, device, dtype):
 
 
 def _expected_route(arch):
-    """Llama and Qwen2 are filled by ferry in every version, as is Mixtral in transformers 4. In
-    transformers 5 a Mixtral checkpoint's per-expert tensors are fused while loading: ferry reads
-    them and transformers' own conversion mapping fuses them into the model."""
-    if arch == "mixtral" and V5:
-        return ferry.transformers.CONVERTED
+    """ferry's tensors become the parameters for every model here: in transformers 5 the MoE
+    models' per-expert tensors are read into the blocks of the fused expert parameters."""
     return ferry.transformers.FERRY
+
+
+def _fused_experts(model):
+    """Names of 3-D expert parameters (transformers 5 fuses experts into them)."""
+    return [n for n, p in model.named_parameters() if "experts" in n and p.dim() == 3]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -65,6 +72,11 @@ def test_parameters_and_logits_equal_transformers(saved, device):
     assert not ours.training
     assert ferry.transformers.loaded_by(ours) == _expected_route(arch)
     assert ours._ferry_stats is not None  # ferry read the checkpoint on either route
+    if V5 and arch in ("mixtral", "qwen2_moe"):
+        assert _fused_experts(ours), "transformers 5 fuses the experts"
+        checkpoint_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        # Every tensor read once, into its place: no more than the files hold.
+        assert ours._ferry_stats["tensor_bytes"] <= checkpoint_bytes
     ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
     assert ours_state.keys() == theirs_state.keys()
     for name, tensor in theirs_state.items():
