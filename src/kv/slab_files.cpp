@@ -1,10 +1,12 @@
 #include "kv/slab_files.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <vector>
 
 #include "ferry/error.hpp"
 
@@ -35,6 +37,7 @@ SlabFiles::SlabFiles(const std::filesystem::path& directory, unsigned count,
     // O_DIRECT where allowed (tmpfs and some others refuse it with EINVAL).
     file->direct = FileDescriptor(::open(file->name.c_str(), (flags & ~O_CREAT) | O_DIRECT));
     file->use_direct = bool(file->direct);
+    file->bytes = slab_bytes;
     _files.push_back(std::move(file));
   }
 }
@@ -42,6 +45,31 @@ SlabFiles::SlabFiles(const std::filesystem::path& directory, unsigned count,
 int SlabFiles::fd(int slab) const {
   const File& file = *_files[slab];
   return file.use_direct.load() ? file.direct.get() : file.buffered.get();
+}
+
+SlabFiles::Mapping::~Mapping() {
+  if (data) ::munmap(data, bytes);
+}
+
+bool SlabFiles::cached(int slab, std::uint64_t offset, std::uint64_t length) const {
+  const File& file = *_files[slab];
+  std::call_once(file.mapped, [&] {
+    void* p = ::mmap(nullptr, file.bytes, PROT_READ, MAP_SHARED, file.buffered.get(), 0);
+    if (p == MAP_FAILED) return;  // no answer: treated as not cached
+    file.mapping.data = p;
+    file.mapping.bytes = file.bytes;
+  });
+  if (!file.mapping.data || length == 0 || offset + length > file.mapping.bytes) return false;
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t first = offset / page * page;
+  const std::uint64_t bytes = offset + length - first;
+  thread_local std::vector<unsigned char> resident;
+  resident.resize((bytes + page - 1) / page);
+  if (::mincore(static_cast<char*>(file.mapping.data) + first, bytes, resident.data()) != 0)
+    return false;
+  for (unsigned char r : resident)
+    if (!(r & 1)) return false;
+  return true;
 }
 
 }  // namespace ferry::detail::kv

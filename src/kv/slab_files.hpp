@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,12 +31,27 @@ class SlabFiles {
   // The file system refused O_DIRECT at I/O time (EINVAL): use the buffered descriptor from
   // now on. Both stay open, so I/O in flight on the other is unaffected.
   void fall_back_to_buffered(int slab) { _files[slab]->use_direct = false; }
+  // Whether every page of [offset, offset + length) is in the page cache now (mincore over a
+  // read-only mapping of the slab made at first use); false where that cannot be told.
+  bool cached(int slab, std::uint64_t offset, std::uint64_t length) const;
 
  private:
+  // A read-only shared mapping, only ever asked which of its pages are resident.
+  struct Mapping {
+    Mapping() = default;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping();
+    void* data = nullptr;
+    std::uint64_t bytes = 0;
+  };
   struct File {
     FileDescriptor buffered, direct;
     std::string name;
+    std::uint64_t bytes = 0;
     std::atomic<bool> use_direct{false};
+    mutable std::once_flag mapped;
+    mutable Mapping mapping;
   };
   std::vector<std::unique_ptr<File>> _files;
 };
