@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -72,23 +73,36 @@ void drop_slab_cache(const std::filesystem::path& root) {
   }
 }
 
+std::shared_ptr<std::byte> page_aligned(std::uint64_t bytes) {
+  const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+  return {static_cast<std::byte*>(std::aligned_alloc(4096, rounded)),
+          [](std::byte* p) { std::free(p); }};
+}
+
 // Host memory by each route the host path takes: one 4 KiB-aligned piece (O_DIRECT straight
-// in and out, a partial last page through a page buffer), an unaligned piece and two pieces
-// (bounce buffer); gets cold (page cache dropped) and warm (straight from the page cache).
+// in and out, a partial last page through a page buffer), two page-aligned pieces (one O_DIRECT
+// preadv/pwritev), an unaligned piece and two unaligned pieces (bounce buffer); gets cold (page
+// cache dropped) and warm (straight from the page cache).
 TEST(KvStore, HostBlocksRoundTripByEveryRouteColdAndWarm) {
-  for (std::uint64_t size : {4 * kKiB, 4 * kKiB + 100, kMiB + 5, 4 * kMiB}) {
+  for (std::uint64_t size : {4 * kKiB, 4 * kKiB + 100, 64 * kKiB, kMiB + 5, 4 * kMiB}) {
     TempDir dir;
     const std::uint64_t slot = (size + 4095) / 4096 * 4096;
     auto store = KVStore::open(dir.path(), kv_namespace(), 8 * slot, size);
-    auto aligned_in = std::shared_ptr<std::byte>(
-        static_cast<std::byte*>(std::aligned_alloc(4096, slot)), [](std::byte* p) { std::free(p); });
-    auto aligned_out = std::shared_ptr<std::byte>(
-        static_cast<std::byte*>(std::aligned_alloc(4096, slot)), [](std::byte* p) { std::free(p); });
+    auto aligned_in = page_aligned(size), aligned_out = page_aligned(size);
+    // Pieces at page boundaries where the size allows (else the bounce buffer takes them).
+    const std::uint64_t split = size >= 8192 ? size / 2 / 4096 * 4096 : size / 2;
+    auto paged_in = page_aligned(size), paged_out = page_aligned(size);
     std::vector<std::byte> unaligned_in(size + 1), unaligned_out(size + 1), two_in(size),
         two_out(size);
-    const std::vector<KVKey> keys = {1, 2, 3};
-    const auto a = kv_bytes(1, size), b = kv_bytes(2, size), c = kv_bytes(3, size);
+    const std::vector<KVKey> keys = {1, 2, 3, 4};
+    const auto a = kv_bytes(1, size), b = kv_bytes(2, size), c = kv_bytes(3, size),
+               d = kv_bytes(4, size);
     std::memcpy(aligned_in.get(), a.data(), size);
+    std::memcpy(paged_in.get(), d.data(), size);
+    std::vector<KVPiece> paged_ins = {{paged_in.get(), split},
+                                      {paged_in.get() + split, size - split}},
+                         paged_outs = {{paged_out.get(), split},
+                                       {paged_out.get() + split, size - split}};
     std::memcpy(unaligned_in.data() + 1, b.data(), size);
     std::memcpy(two_in.data(), c.data(), size);
     const std::uint64_t half = size / 2;
@@ -96,18 +110,22 @@ TEST(KvStore, HostBlocksRoundTripByEveryRouteColdAndWarm) {
                          outs = {{aligned_out.get(), size}, {unaligned_out.data() + 1, size}};
     std::vector<KVPiece> two_ins = {{two_in.data(), half}, {two_in.data() + half, size - half}},
                          two_outs = {{two_out.data(), half}, {two_out.data() + half, size - half}};
-    const std::vector<KVBlock> sources = {KVBlock(&ins[0], 1), KVBlock(&ins[1], 1), two_ins},
-                               targets = {KVBlock(&outs[0], 1), KVBlock(&outs[1], 1), two_outs};
+    const std::vector<KVBlock> sources = {KVBlock(&ins[0], 1), KVBlock(&ins[1], 1), two_ins,
+                                          paged_ins},
+                               targets = {KVBlock(&outs[0], 1), KVBlock(&outs[1], 1), two_outs,
+                                          paged_outs};
     for (const KVResult& r : store.put(keys, sources)) ASSERT_TRUE(r.ok()) << r.message;
     for (bool cold : {true, false}) {
       if (cold) drop_slab_cache(dir.path());
       std::memset(aligned_out.get(), 0xAA, size);
       std::fill(unaligned_out.begin(), unaligned_out.end(), std::byte{0xAA});
       std::fill(two_out.begin(), two_out.end(), std::byte{0xAA});
+      std::memset(paged_out.get(), 0xAA, size);
       for (const KVResult& r : store.get(keys, targets)) ASSERT_TRUE(r.ok()) << r.message;
       EXPECT_EQ(std::memcmp(aligned_out.get(), a.data(), size), 0) << size << (cold ? " cold" : "");
       EXPECT_TRUE(std::equal(b.begin(), b.end(), unaligned_out.begin() + 1)) << size;
       EXPECT_EQ(two_out, c) << size;
+      EXPECT_EQ(std::memcmp(paged_out.get(), d.data(), size), 0) << size;
       EXPECT_EQ(unaligned_out[0], std::byte{0xAA});  // nothing before the piece
     }
   }
@@ -138,12 +156,16 @@ TEST(KvStore, CorruptBlocksReadColdAreMissesByEitherRoute) {
   }
   drop_slab_cache(dir.path());
   auto store = KVStore::open(dir.path(), ns, 4 * size, size, options);
-  std::vector<std::byte> out(size, std::byte{0x5A});  // not page-aligned: the bounce buffer
-  if (reinterpret_cast<std::uintptr_t>(out.data()) % 4096 == 0) GTEST_SKIP() << "aligned vector";
-  EXPECT_EQ(get_one(store, 7, out).status, KVStatus::missing);
-  EXPECT_EQ(out, std::vector<std::byte>(size, std::byte{0x5A}));  // no bad bytes delivered
-  auto aligned = std::shared_ptr<std::byte>(static_cast<std::byte*>(std::aligned_alloc(4096, size)),
-                                            [](std::byte* p) { std::free(p); });
+  auto memory = page_aligned(size + 4096);
+  std::byte* out = memory.get() + 16;  // not page-aligned: the bounce buffer
+  std::memset(out, 0x5A, size);
+  KVPiece unaligned{out, size};
+  const KVKey first = 7;
+  const KVBlock into(&unaligned, 1);
+  EXPECT_EQ(store.get(std::span(&first, 1), std::span(&into, 1))[0].status, KVStatus::missing);
+  EXPECT_TRUE(std::all_of(out, out + size, [](std::byte b) { return b == std::byte{0x5A}; }))
+      << "bad bytes delivered";
+  auto aligned = page_aligned(size);
   KVPiece piece{aligned.get(), size};
   const KVKey key = 8;
   const KVBlock block(&piece, 1);

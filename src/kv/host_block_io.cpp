@@ -48,6 +48,18 @@ const BlockSpan* direct_piece(const BlockRequest& r) {
              : nullptr;
 }
 
+// Several pieces that O_DIRECT can take as they are (vLLM's per-layer pages of a page-aligned
+// tensor): every one 4 KiB-aligned in address and length.
+bool direct_pieces(const BlockRequest& r) {
+  if (r.pieces.size() < 2) return false;
+  for (const BlockSpan& p : r.pieces)
+    if (!aligned(p.data) || p.size % kAlign) return false;
+  return true;
+}
+
+// Whether the block moves without the bounce buffer.
+bool straight(const BlockRequest& r) { return direct_piece(r) || direct_pieces(r); }
+
 std::uint64_t checksum(std::span<const BlockSpan> pieces) {
   if (pieces.size() == 1) return XXH3_64bits(pieces[0].data, pieces[0].size);
   StreamingHash hash;
@@ -81,11 +93,12 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
   return 0;
 }
 
-// The pieces as one buffered preadv/pwritev (in windows of IOV_MAX), short transfers resumed.
-// Returns 0 or the errno of the failure.
+// The pieces as one preadv/pwritev (in windows of IOV_MAX), short transfers resumed; buffered,
+// or O_DIRECT where `direct` (an EINVAL there switches the slab to buffered, and the rest goes
+// that way). Returns 0 or the errno of the failure.
 template <bool kWrite>
-int transfer_pieces(const SlabFiles& slabs, int slab, std::span<const BlockSpan> pieces,
-                    std::uint64_t offset) {
+int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> pieces,
+                    std::uint64_t offset, bool direct = false) {
   std::vector<iovec> iov;
   iov.reserve(std::min<std::size_t>(pieces.size(), IOV_MAX));
   for (std::size_t first = 0; first < pieces.size();) {
@@ -98,11 +111,15 @@ int transfer_pieces(const SlabFiles& slabs, int slab, std::span<const BlockSpan>
     }
     std::size_t at = 0;
     while (want > 0) {
-      const int fd = slabs.buffered_fd(slab);
+      const int fd = direct ? slabs.fd(slab) : slabs.buffered_fd(slab);
       const int count = static_cast<int>(iov.size() - at);
       const ssize_t n = kWrite ? ::pwritev(fd, &iov[at], count, static_cast<off_t>(offset))
                                : ::preadv(fd, &iov[at], count, static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct && slabs.direct(slab)) {
+        slabs.fall_back_to_buffered(slab);
+        continue;
+      }
       if (n < 0) return errno;
       if (n == 0) return kWrite ? ENOSPC : EIO;
       auto left = static_cast<std::uint64_t>(n);
@@ -221,6 +238,9 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
     // Through the page cache: straight from the pieces; the sync makes them durable.
     request.checksum = checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset);
+  } else if (direct_pieces(request)) {
+    request.checksum = checksum(request.pieces);
+    error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset, true);
   } else if (const BlockSpan* piece = direct_piece(request)) {
     request.checksum = XXH3_64bits(piece->data, length);
     auto* data = static_cast<std::byte*>(piece->data);
@@ -262,6 +282,11 @@ void HostBlockIo::read_one(BlockRequest& request, const std::function<std::byte*
                                                  request.offset))
       return fail_request(request, _slabs, error, "read of a block");
     if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
+  } else if (direct_pieces(request)) {
+    if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
+                                                 request.offset, true))
+      return fail_request(request, _slabs, error, "read of a block");
+    if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (piece) {
     auto* data = static_cast<std::byte*>(piece->data);
     const std::uint64_t body = length / kAlign * kAlign;
@@ -291,7 +316,7 @@ void HostBlockIo::read_one(BlockRequest& request, const std::function<std::byte*
 
 void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
   bool bounces = false;
-  for (const BlockRequest& r : batch) bounces = bounces || !direct_piece(r);
+  for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
   for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
     write_one(request, bounce);
   });
@@ -299,7 +324,7 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {
   bool bounces = false;
-  for (const BlockRequest& r : batch) bounces = bounces || !direct_piece(r);
+  for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
   for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
     read_one(request, bounce);
   });

@@ -4,7 +4,8 @@
 //   - a get whose slot is in the page cache (or a slab that refuses O_DIRECT): one buffered
 //     preadv straight into the caller's pieces; a put on such a slab: one pwritev from them;
 //   - a block of one 4 KiB-aligned piece: O_DIRECT straight between the caller's memory and
-//     the slab (the last partial page, if any, through a one-page buffer);
+//     the slab (the last partial page, if any, through a one-page buffer); pieces all 4 KiB-
+//     aligned in address and length (vLLM's per-layer pages): one O_DIRECT preadv/pwritev;
 //   - anything else through a 4 KiB-aligned bounce buffer (pieces gathered, one O_DIRECT write;
 //     one read, checked, then scattered). Buffers are kept between calls (up to 64 MiB).
 // Checksums are XXH3-64 of the bytes where they sit: a get read into the bounce buffer is
