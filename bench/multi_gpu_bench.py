@@ -4,7 +4,15 @@ with a torch.distributed process group (one process per GPU), beside one single-
 independent single-GPU loads at once, and the NCCL all-gather rate measured in the same run.
 
 usage: multi_gpu_bench.py --ferry BIN --dir CHECKPOINTS [--model llama3-8b] [--gpus N]
-                          [--runs 3] [--sources warm cold] [--json OUT]
+                          [--runs 3] [--sources warm cold] [--json OUT] [--no-peers] [--sweep]
+
+Before the loads it prints the machine's facts (cores, NUMA nodes and which one each GPU sits on,
+pinned host -> GPU copies one GPU at a time and all at once, page cache -> pinned memory reads and
+host memcpy at several thread counts), and after each ferry load where its time went (the reads'
+wall time, the reader threads' busy time split into reading, waiting for copies and queueing,
+each GPU's host link rate, and the collectives' tail). --sweep loads again with each engine knob
+changed (reader threads per GPU, slots, read size, round size, when the next round starts) and
+prints one row per variant. --no-peers leaves out torch.distributed and fastsafetensors.
 
 Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 (NVLink multicast can take a host's GPUs out of service). Cold runs drop
@@ -40,9 +48,10 @@ def warm_page_cache(path):
                 pass
 
 
-def ferry_json(binary, path, devices, runs, extra=()):
+def ferry_json(binary, path, devices, runs, extra=(), env=None):
     cmd = [binary, "load", path, "--device", devices, "--json", "--repeat", str(runs), *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True,
+                         env={**os.environ, **(env or {})})
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout)
@@ -65,6 +74,292 @@ def independent(binary, path, n, cold):
             "bytes_read": sum(r["bytes_read"] for r in rows)}
 
 
+def read_text(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def machine_facts(n):
+    """Cores, NUMA nodes and the node each GPU's PCI device sits on."""
+    import glob
+    import torch
+    facts = {"cores": os.cpu_count(), "numa_nodes": {}, "gpus": []}
+    for line in read_text("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            facts["cpu"] = line.split(":", 1)[1].strip()
+            break
+    facts["sockets"] = len({read_text(p) for p in
+                            glob.glob("/sys/devices/system/cpu/cpu*/topology/physical_package_id")})
+    for node in sorted(glob.glob("/sys/devices/system/node/node[0-9]*")):
+        mem = read_text(os.path.join(node, "meminfo")).split("MemTotal:")[-1].split()
+        facts["numa_nodes"][os.path.basename(node)] = {
+            "cpus": read_text(os.path.join(node, "cpulist")),
+            "mem_gib": round(int(mem[0]) / 2**20, 1) if mem else None}
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        try:
+            bdf = (f"{getattr(p, 'pci_domain_id', 0):04x}:{p.pci_bus_id:02x}:"
+                   f"{p.pci_device_id:02x}.0")
+        except AttributeError:  # an older torch
+            bdf = "?"
+        facts["gpus"].append({"device": f"cuda:{i}", "name": p.name, "pci": bdf,
+                              "numa_node": read_text(f"/sys/bus/pci/devices/{bdf}/numa_node", "?")})
+    try:
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+        facts["nvidia_smi_topo"] = (topo.stdout if topo.returncode == 0 else topo.stderr).strip()
+    except OSError as e:
+        facts["nvidia_smi_topo"] = f"nvidia-smi: {e}"
+    return facts
+
+
+def pinned_copy_rates(n, nbytes=1 << 30, repeats=5):
+    """Pinned host -> GPU copies: each GPU alone, then every GPU at once (GB/s per GPU)."""
+    import torch
+    src = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+    dst = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}") for i in range(n)]
+    streams = [torch.cuda.Stream(device=i) for i in range(n)]
+
+    def timed(gpus):
+        rates = []
+        for r in range(repeats + 1):
+            for i in gpus:
+                torch.cuda.synchronize(i)
+            t = time.perf_counter()
+            for i in gpus:
+                with torch.cuda.stream(streams[i]):
+                    dst[i].copy_(src[i], non_blocking=True)
+            for i in gpus:
+                streams[i].synchronize()
+            if r:
+                rates.append(nbytes / (time.perf_counter() - t) / 1e9)
+        return statistics.median(rates)
+
+    out = {"alone": [timed([i]) for i in range(n)], "all_at_once_per_gpu": timed(range(n))}
+    src.clear()
+    dst.clear()
+    torch.cuda.empty_cache()
+    return out
+
+
+def _files(path):
+    return [os.path.join(path, f) for f in sorted(os.listdir(path)) if not f.endswith(".json")]
+
+
+def page_cache_read_rate(path, threads, chunk=4 << 20, slots=2):
+    """Every file of `path` read once (warm: from the page cache) by `threads` threads, chunk by
+    chunk, into pinned slots of their own, as ferry's readers do (GB/s)."""
+    import threading
+    import torch
+    pieces = []
+    for f in _files(path):
+        size = os.path.getsize(f)
+        pieces += [(f, o, min(chunk, size - o)) for o in range(0, size, chunk)]
+    try:
+        staging = torch.empty(threads * slots * chunk, dtype=torch.uint8, pin_memory=True).numpy()
+    except RuntimeError:  # no GPU (a smoke run): pageable memory, touched first
+        staging = torch.zeros(threads * slots * chunk, dtype=torch.uint8).numpy()
+    fds = {f: os.open(f, os.O_RDONLY) for f in _files(path)}
+    lock = threading.Lock()
+    nxt = [0]
+
+    def reader(t):
+        k = 0
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(pieces):
+                return
+            f, off, size = pieces[i]
+            at = (t * slots + k % slots) * chunk
+            os.preadv(fds[f], [memoryview(staging[at:at + size])], off)
+            k += 1
+
+    workers = [threading.Thread(target=reader, args=(t,)) for t in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    took = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    return sum(p[2] for p in pieces) / took / 1e9
+
+
+def page_cache_read_rate_under_dma(path, threads, n, nbytes=1 << 30):
+    """page_cache_read_rate while every GPU copies from pinned host memory all along (as a load's
+    H2D copies do): the page-cache copies and the GPUs' DMA reads share the host's memory.
+    Returns (page cache -> pinned GB/s, host -> GPUs GB/s) over the same interval."""
+    import threading
+    import torch
+    src = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+    dst = [torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}") for i in range(n)]
+    streams = [torch.cuda.Stream(device=i) for i in range(n)]
+    stop = threading.Event()
+    copied = [0]
+
+    def copies():
+        while not stop.is_set():
+            for i in range(n):
+                with torch.cuda.stream(streams[i]):
+                    dst[i].copy_(src[i], non_blocking=True)
+            for s in streams:
+                s.synchronize()
+            copied[0] += n * nbytes
+
+    mover = threading.Thread(target=copies)
+    t0 = time.perf_counter()
+    mover.start()
+    read_gbps = page_cache_read_rate(path, threads)
+    stop.set()
+    mover.join()
+    dma_gbps = copied[0] / (time.perf_counter() - t0) / 1e9
+    src.clear()
+    dst.clear()
+    torch.cuda.empty_cache()
+    return read_gbps, dma_gbps
+
+
+def memcpy_rate(threads, nbytes=64 << 20, repeats=8):
+    """Host memory -> host memory copies by `threads` threads at once (GB/s copied)."""
+    import threading
+    import numpy as np
+    bufs = [(np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)) for _ in range(threads)]
+    for a, b in bufs:
+        np.copyto(b, a)
+
+    def run(i):
+        for _ in range(repeats):
+            np.copyto(bufs[i][1], bufs[i][0])
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return threads * repeats * nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def print_facts(facts):
+    print(f"machine: {facts['cores']} cores ({facts.get('cpu', '?')}), {facts['sockets']} socket(s), "
+          f"NUMA nodes: " + "; ".join(f"{k} cpus {v['cpus']} {v['mem_gib']} GiB"
+                                      for k, v in facts["numa_nodes"].items()))
+    for g in facts["gpus"]:
+        print(f"  {g['device']} {g['name']} at PCI {g['pci']}, NUMA node {g['numa_node']}")
+    c = facts.get("pinned_h2d")
+    if c:
+        print("pinned H2D (1 GiB): alone " + ", ".join(f"cuda:{i} {r:.1f}" for i, r in
+                                                        enumerate(c["alone"]))
+              + f" GB/s; all at once {c['all_at_once_per_gpu']:.1f} GB/s per GPU")
+    r = facts.get("page_cache_read")
+    if r:
+        print("page cache -> pinned reads, 4 MiB: " + ", ".join(f"{t} threads {v:.1f}"
+                                                               for t, v in r.items()) + " GB/s")
+    if "page_cache_read_1mib_32_threads" in facts:
+        print(f"page cache -> pinned reads, 1 MiB, 32 threads: "
+              f"{facts['page_cache_read_1mib_32_threads']:.1f} GB/s")
+    u = facts.get("page_cache_read_under_dma")
+    if u:
+        print(f"page cache -> pinned reads ({u['threads']} threads) while the GPUs copy from pinned "
+              f"memory: {u['read_gbps']:.1f} GB/s beside {u['dma_gbps']:.1f} GB/s of host -> GPU "
+              f"copies")
+    m = facts.get("memcpy")
+    if m:
+        print("host memcpy: " + ", ".join(f"{t} threads {v:.1f}" for t, v in m.items()) + " GB/s")
+
+
+def single_line(r):
+    """Where a single-GPU load's time went (its readers' thread-seconds)."""
+    busy = sum(r.get(k, 0) for k in ("read_thread_seconds", "wait_thread_seconds",
+                                      "queue_thread_seconds", "setup_thread_seconds"))
+    return (f"single GPU: {r['seconds']:.3f} s, {r['bytes_read'] / r['seconds'] / 1e9:.1f} GB/s; "
+            f"{r.get('reader_threads')} threads x {r.get('slots_per_thread')} slots of "
+            f"{r.get('chunk_bytes', 0) / 2**20:.0f} MiB, {busy / r['seconds']:.1f} busy on average: "
+            f"read {r.get('read_thread_seconds', 0):.2f}, wait for copies "
+            f"{r.get('wait_thread_seconds', 0):.2f}, queue {r.get('queue_thread_seconds', 0):.2f} "
+            f"thread-s")
+
+
+def phases_line(label, r):
+    """Where one ferry multi-device load's time went."""
+    p = r.get("phases")
+    if not p:
+        return f"{label}: no phases (an older ferry)"
+    busy = sum(p[k] for k in ("read_thread_seconds", "wait_thread_seconds",
+                              "queue_thread_seconds", "setup_thread_seconds"))
+    reads = p["reads_seconds"] or float("nan")
+    links = ", ".join(f"{x['device']} {x['link_bytes'] / reads / 1e9:.1f}" for x in r["ranks"])
+    return (f"{label}: {r['seconds']:.3f} s = reads {p['reads_seconds']:.3f} + collectives' tail "
+            f"{p['tail_seconds']:.3f} (+ allocation {r['allocate_seconds']:.3f} inside); "
+            f"storage/page cache {r['bytes_read'] / reads / 1e9:.1f} GB/s; host links GB/s: {links}; "
+            f"{r['reader_threads']} threads/submission ({r.get('next_round', '?')}, "
+            f"{r.get('submissions', '?')}), "
+            f"{busy / reads:.1f} busy on average: read {p['read_thread_seconds']:.2f}, "
+            f"wait for copies {p['wait_thread_seconds']:.2f}, queue {p['queue_thread_seconds']:.2f}, "
+            f"setup {p['setup_thread_seconds']:.2f} thread-s; loader waited "
+            f"{p['loader_wait_seconds']:.3f} s; {r['rounds']} rounds; collectives' device time "
+            f"{r['collective_seconds']:.3f} s; {p['pool_threads']} pool threads")
+
+
+SWEEP = [
+    ("default", []),
+    ("next round at-tail", ["--next-round", "at-tail"]),
+    ("per-device submissions", ["--submissions", "per-device"]),
+    ("16 threads/GPU (32 per round)", ["--threads", "16"]),
+    ("4 threads/GPU", ["--threads", "4"]),
+    ("rounds 1 GiB/GPU", ["--round-mib", "1024"]),
+    ("one round", ["--round-mib", "65536"]),
+    ("2 MiB reads", ["--chunk-mib", "2"]),
+]
+
+
+def sweep(binary, path, n, runs, single):
+    gpus = ",".join(f"cuda:{i}" for i in range(n))
+    rows = []
+    print(f"\nsweep (warm, best and median of {runs}; single GPU {single:.3f} s)")
+    print(f"{'variant':34} {'replicas':>9} {'median':>7} {'x single':>9} {'TP':>7} {'median':>7} "
+          f"{'x single':>9}")
+    for label, extra, *env in SWEEP:
+        env = env[0] if env else {}
+        row = {"variant": label, "args": extra, "env": env}
+        for mode, more in (("replicas", []), ("tensor_parallel", ["--tensor-parallel"])):
+            try:
+                got = ferry_json(binary, path, gpus, runs, [*extra, *more], env)
+                row[mode] = {"best": best_of(got), "median": statistics.median(
+                    g["seconds"] for g in got)}
+            except RuntimeError as e:
+                row[mode] = {"error": str(e)[-300:]}
+        rows.append(row)
+
+        def cols(m):
+            if "error" in m:
+                return f"{'failed':>9} {'':>7} {'':>9}"
+            b = m["best"]["seconds"]
+            return f"{b:9.3f} {m['median']:7.3f} {b / single:9.2f}"
+        print(f"{label:34} {cols(row['replicas'])} {cols(row['tensor_parallel'])}")
+    for label, env in (("single GPU, 32 threads", {}),):
+        extra = ["--threads", "32"] if "32" in label else []
+        got = ferry_json(binary, path, "cuda:0", runs, extra, env)
+        b = best_of(got)["seconds"]
+        rows.append({"variant": label, "args": extra, "env": env, "single": best_of(got)})
+        print(f"{label:34} {b:9.3f} {statistics.median(g['seconds'] for g in got):7.3f} "
+              f"{b / single:9.2f}")
+    for row in rows:
+        if "single" in row:
+            print(f"  {row['variant']}: " + single_line(row["single"]))
+        for mode in ("replicas", "tensor_parallel"):
+            if mode not in row:
+                continue
+            if "best" in row[mode]:
+                print("  " + phases_line(f"{row['variant']}, {mode}", row[mode]["best"]))
+    return rows
+
+
 def best_of(runs, key="seconds"):
     return min(runs, key=lambda r: r[key])
 
@@ -85,7 +380,7 @@ def measure(binary, path, n, runs, cold):
     tp = load(gpus, ["--tensor-parallel"])
     indep = [independent(binary, path, n, cold) for _ in range(1 if cold else runs)]
     return {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
-                       "gigabytes_per_second": single["gigabytes_per_second"]},
+                       "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
             "independent": min(indep, key=lambda r: r["seconds"]),
             "replicas": replicas, "tensor_parallel": tp}
 
@@ -263,6 +558,8 @@ def report(source, n, m, gather_gbps):
         print(f"{name:28} {sec:8.3f} {sec / single:9.2f} {read / ckpt:12.3f} {landed / sec / 1e9:15.1f}")
     for name in ("torch_replicas", "torch_tensor_parallel", "fastsafetensors_replicas",
                  "fastsafetensors_tensor_parallel"):
+        if name not in m:
+            continue  # --no-peers
         sec = m.get(name)
         if isinstance(sec, float):
             landed = ckpt * (n if name.endswith("replicas") else 1)
@@ -302,6 +599,9 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sources", nargs="+", default=["warm", "cold"])
     ap.add_argument("--json")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="leave out torch.distributed and fastsafetensors")
+    ap.add_argument("--sweep", action="store_true", help="one row per engine knob changed")
     args = ap.parse_args()
     import torch
     n = args.gpus or torch.cuda.device_count()
@@ -312,23 +612,61 @@ def main():
         subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoints.py"), args.dir,
                         args.model], check=True)
     ckpt_bytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    gather_gbps = all_gather_rate(n, min(ckpt_bytes, 8 << 30) // n * n)
-    results = {"model": args.model, "gpus": n, "all_gather_gbps": gather_gbps, "sources": {}}
+    facts = machine_facts(n)
+    facts["pinned_h2d"] = pinned_copy_rates(n)
+    warm_page_cache(path)
+    facts["page_cache_read"] = {t: page_cache_read_rate(path, t) for t in (8, 16, 32, 48)}
+    facts["page_cache_read_1mib_32_threads"] = page_cache_read_rate(path, 32, chunk=1 << 20)
+    facts["memcpy"] = {t: memcpy_rate(t) for t in (1, 8, 16, 32)}
+    best = max(facts["page_cache_read"], key=facts["page_cache_read"].get)
+    facts["page_cache_read_under_dma"] = dict(zip(
+        ("threads", "read_gbps", "dma_gbps"),
+        (best, *page_cache_read_rate_under_dma(path, best, n))))
+    print_facts(facts)
+    print(facts["nvidia_smi_topo"])
+    gather_gbps = (float("nan") if args.no_peers
+                   else all_gather_rate(n, min(ckpt_bytes, 8 << 30) // n * n))
+    results = {"model": args.model, "gpus": n, "all_gather_gbps": gather_gbps, "machine": facts,
+               "sources": {}}
     for source in args.sources:
         cold = source == "cold"
         if not cold:
             warm_page_cache(path)
         m = measure(args.ferry, path, n, args.runs, cold)
         runs = 1 if cold else args.runs
-        m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
-        m["torch_tensor_parallel"] = torch_distributed(path, n, "tensor_parallel", runs, cold)
-        m["fastsafetensors_replicas"] = fastsafetensors_distributed(path, n, False, cold)
-        m["fastsafetensors_tensor_parallel"] = fastsafetensors_distributed(path, n, True, cold)
+        if not args.no_peers:
+            m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
+            m["torch_tensor_parallel"] = torch_distributed(path, n, "tensor_parallel", runs, cold)
+            m["fastsafetensors_replicas"] = fastsafetensors_distributed(path, n, False, cold)
+            m["fastsafetensors_tensor_parallel"] = fastsafetensors_distributed(path, n, True, cold)
         m["targets"] = report(source, n, m, gather_gbps)
+        if not cold:
+            # What this machine allows: each GPU's share over its link (every link busy at
+            # once), and every byte from the page cache at the best probed thread count.
+            ckpt = m["replicas"]["checkpoint_bytes"]
+            links_s = ckpt / n / (facts["pinned_h2d"]["all_at_once_per_gpu"] * 1e9)
+            reads_s = ckpt / (max(facts["page_cache_read"].values()) * 1e9)
+            # Host memory: every byte is copied from the page cache into staging and read again
+            # by a GPU's DMA. With the GPUs copying from pinned memory all along, the page-cache
+            # copies reach only `under`: a load can move no faster than that.
+            under = facts["page_cache_read_under_dma"]["read_gbps"]
+            shared_s = ckpt / (under * 1e9)
+            single = m["single"]["seconds"]
+            m["bound_seconds"] = max(links_s, reads_s, shared_s)
+            print(f"bound: host links {links_s:.3f} s; page cache -> pinned {reads_s:.3f} s alone "
+                  f"(best probe), {shared_s:.3f} s beside the GPUs' DMA ({under:.1f} GB/s): the "
+                  f"host's memory bandwidth; targets: replicas <= {0.6 * single:.3f} s, tensor "
+                  f"parallel <= {0.55 * single:.3f} s")
+        print("where the time went:")
+        print("  " + single_line(m["single"]["stats"]))
+        print("  " + phases_line("replicas", m["replicas"]))
+        print("  " + phases_line("tensor parallel", m["tensor_parallel"]))
+        if args.sweep and not cold:
+            m["sweep"] = sweep(args.ferry, path, n, args.runs, m["single"]["seconds"])
         results["sources"][source] = m
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.json:  # after each source: a later one that fails keeps what was measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

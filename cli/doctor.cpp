@@ -161,11 +161,15 @@ void print_text(const Json& r) {
               ds["available"].get<bool>() ? "available" : "not available",
               printable(ds["reason"].get<std::string>()).c_str(),
               ds["available"].get<bool>()
-                  ? "reads through it into host staging; auto never chooses it"
+                  ? "reads through it (cuda:N: into a D3D12 buffer shared with CUDA; cpu: into "
+                    "host staging); auto never chooses it"
                   : "fails here unless --allow-compat lets the staged path stand in");
   if (ds.contains("cuda0_adapter"))
     std::printf("  D3D12 adapter of cuda:0: %s\n",
                 printable(ds["cuda0_adapter"].get<std::string>()).c_str());
+  if (ds.contains("cuda0_bridge"))
+    std::printf("  DirectStorage into cuda:0: %s\n",
+                printable(ds["cuda0_bridge"].get<std::string>()).c_str());
   const Json& n = r["nccl"];
   if (n["loaded"].get<bool>()) {
     const int v = n["version"].get<int>();
@@ -231,6 +235,7 @@ void add_doctor(CLI::App& app) {
     const DirectStorageFacts ds = directstorage_facts();
     report["directstorage"] = {{"available", ds.available}, {"reason", ds.reason}};
     if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
+    if (!ds.cuda0_bridge.empty()) report["directstorage"]["cuda0_bridge"] = ds.cuda0_bridge;
     const NcclFacts nccl = nccl_facts();
     report["nccl"] = {{"loaded", nccl.loaded}, {"path", nccl.path},
                       {"why_not_loaded", nccl.why_not_loaded}, {"version", nccl.version}};

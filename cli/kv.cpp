@@ -10,13 +10,14 @@
 #include "ferry/error.hpp"
 #include "ferry/kv_bench.hpp"
 #include "ferry/kv_store.hpp"
+#include "ferry/utf8_path.hpp"
 
 namespace ferry::cli {
 namespace {
 
 void print_store(const KVStoreInfo& info, const KVStats& s) {
   std::printf("%s\n  namespace: model=%s dtype=%s layout=%s rank %d of %d\n",
-              info.directory.c_str(), info.ns.model.c_str(), info.ns.dtype.c_str(),
+              utf8_of(info.directory).c_str(), info.ns.model.c_str(), info.ns.dtype.c_str(),
               info.ns.block_layout.c_str(), info.ns.tp_rank, info.ns.world_size);
   std::printf("  blocks: %llu of %llu (block %llu bytes, slot %llu); index %.1f MiB; "
               "journal %llu records since %s; slab I/O %s\n",
@@ -82,7 +83,7 @@ void add_bench(CLI::App& kv) {
   bench->add_option("--json", json, "also write the rows to this file");
   bench->callback([] {
     KVBenchOptions o;
-    o.root = root;
+    o.root = path_from_utf8(root);
     o.device = Device::parse(device);
     o.block_sizes.clear();
     for (std::size_t at = 0; at <= sizes.size();) {
@@ -146,16 +147,17 @@ void add_kv(CLI::App& app) {
   auto* stats = kv->add_subcommand("stats", "Print each store under ROOT");
   stats->add_option("root", root, "the KV store root")->required();
   stats->callback([] {
-    const auto stores = KVStore::list(root);
+    const auto stores = KVStore::list(path_from_utf8(root));
     if (stores.empty()) std::printf("no KV stores under %s\n", root.c_str());
-    for (const KVStoreInfo& info : stores) print_store(info, open_reader(root, info).stats());
+    for (const KVStoreInfo& info : stores)
+      print_store(info, open_reader(path_from_utf8(root), info).stats());
   });
   auto* verify = kv->add_subcommand("verify", "Read every committed block and check its checksum");
   verify->add_option("root", root, "the KV store root")->required();
   verify->callback([] {
     std::uint64_t bad = 0, good = 0;
-    for (const KVStoreInfo& info : KVStore::list(root)) {
-      KVStore store = open_reader(root, info);
+    for (const KVStoreInfo& info : KVStore::list(path_from_utf8(root))) {
+      KVStore store = open_reader(path_from_utf8(root), info);
       std::vector<std::byte> buffer(info.block_bytes);
       for (KVKey key : store.keys()) {
         const std::uint64_t length = store.stored_length(key);
@@ -167,7 +169,7 @@ void add_kv(CLI::App& app) {
           ++good;
         } else if (!r.message.empty()) {  // a checksum failure or an I/O error says where
           ++bad;
-          std::printf("%s: key %llu: %s: %s\n", info.directory.c_str(),
+          std::printf("%s: key %llu: %s: %s\n", utf8_of(info.directory).c_str(),
                       static_cast<unsigned long long>(key), to_string(r.status), r.message.c_str());
         }
       }

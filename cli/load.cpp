@@ -72,6 +72,8 @@ void add_load(CLI::App& app) {
   static unsigned repeat = 1;
   static bool tensor_parallel = false;
   static unsigned round_mib = 0;
+  static std::string next_round = "eager";
+  static std::string submissions = "per-round";
     cmd->add_option("path", path,
                   "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
@@ -87,6 +89,16 @@ void add_load(CLI::App& app) {
                   "with several devices: each device's share of one all-gather round "
                   "(default: 256)")
       ->check(CLI::Range(0u, 65536u));
+  cmd->add_option("--next-round", next_round,
+                  "with several devices: when a round's reads start: eager (beside the previous "
+                  "round's) or at-tail (as the previous round's last reads are handed out)")
+      ->check(CLI::IsMember({"eager", "at-tail"}))
+      ->capture_default_str();
+  cmd->add_option("--submissions", submissions,
+                  "with several devices: each round's reads in one submission with every "
+                  "device's reader threads (per-round) or one per device with its own (per-device)")
+      ->check(CLI::IsMember({"per-round", "per-device"}))
+      ->capture_default_str();
   cmd->add_flag("--hash", hash,
                 "print name, dtype, shape and XXH3-64 of each tensor as loaded, sorted by name "
                 "(statistics then go to stderr); for GGUF the ggml type and dims, ne[0] first");
@@ -131,7 +143,8 @@ void add_load(CLI::App& app) {
     options.keep_going = [] { return interrupted == 0; };
     if (several) {
       return run_fanout_load({path, device, options, tensor_parallel, hash, json, repeat,
-                              std::uint64_t{round_mib} << 20});
+                              std::uint64_t{round_mib} << 20, next_round == "at-tail",
+                              submissions == "per-device"});
     }
     FERRY_EXPECT(!tensor_parallel, std::invalid_argument,
                  "--tensor-parallel needs several devices (--device cuda:0,cuda:1)");

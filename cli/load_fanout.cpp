@@ -42,6 +42,17 @@ void print_stats(std::FILE* out, const FanoutStats& s, bool tensor_parallel) {
                s.collective.c_str(), s.collective_seconds, s.rounds, s.collective_setup_seconds);
   std::fprintf(out, "engine: %u reader threads, %s reads; settings: %s\n", s.reader_threads,
                human_bytes(s.chunk_bytes).c_str(), printable(s.settings_source).c_str());
+  const FanoutPhases& p = s.phases;
+  const double busy = p.read_thread_seconds + p.wait_thread_seconds + p.queue_thread_seconds +
+                      p.setup_thread_seconds;
+  std::fprintf(out,
+               "phases: reads %.3f s (next round %s, submissions %s; %.1f readers busy on "
+               "average: reading %.3f, waiting for copies %.3f, queueing %.3f, setup %.3f "
+               "thread-s), then collectives %.3f s; %u pool threads\n",
+               p.reads_seconds, s.next_round.c_str(), s.submissions.c_str(),
+               p.reads_seconds > 0 ? busy / p.reads_seconds : 0.0, p.read_thread_seconds,
+               p.wait_thread_seconds, p.queue_thread_seconds, p.setup_thread_seconds,
+               p.tail_seconds, p.pool_threads);
   for (const auto& f : s.files)
     std::fprintf(out, "path: %s %s (%s)\n", printable(f.path.string()).c_str(),
                  std::string(io_path_name(f.io_path)).c_str(), printable(f.reason).c_str());
@@ -82,6 +93,10 @@ void run_fanout_load(const FanoutRequest& request) {
   options.rule =
       request.tensor_parallel ? ShardRule(llama_tensor_parallel) : ShardRule(replicate_all);
   options.round_bytes = request.round_bytes;
+  options.next_round = request.next_round_at_tail ? FanoutOptions::NextRound::AtTail
+                                                  : FanoutOptions::NextRound::Eager;
+  options.submissions = request.per_device ? FanoutOptions::Submissions::PerDevice
+                                           : FanoutOptions::Submissions::PerRound;
   auto checkpoint = Checkpoint::open_shared(request.path);
   std::FILE* report = request.hash ? stderr : stdout;
   nlohmann::json runs = nlohmann::json::array();

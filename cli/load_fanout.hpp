@@ -16,6 +16,8 @@ struct FanoutRequest {
   bool json = false;
   unsigned repeat = 1;
   std::uint64_t round_bytes = 0;
+  bool next_round_at_tail = false;  // --next-round at-tail
+  bool per_device = false;          // --submissions per-device
 };
 
 // True when `device` names more than one device.

@@ -80,9 +80,7 @@ int main(int argc, char** argv) {
   ferry::cli::add_load(app);
   ferry::cli::add_doctor(app);
   ferry::cli::add_demo(app);
-#ifndef _WIN32
   ferry::cli::add_kv(app);
-#endif
   ferry::cli::add_plan(app);
   try {
     app.parse(argc, argv);

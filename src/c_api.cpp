@@ -25,11 +25,6 @@ namespace ferry::capi {
 thread_local std::string last_error;
 }  // namespace ferry::capi
 
-struct ferry_checkpoint {
-  std::shared_ptr<const ferry::Checkpoint> checkpoint;
-  std::vector<std::string> file_names;
-};
-
 struct ferry_loaded {
   ferry::LoadedCheckpoint loaded;
   std::vector<std::string> file_paths;
@@ -53,6 +48,34 @@ using ferry::capi::require_size;
   (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= (s).struct_size)
 
 }  // namespace
+
+namespace ferry::capi {
+
+LoadOptions load_options(const ferry_load_options& o) {
+  require_size(o, "options");
+  LoadOptions cpp;
+  cpp.device = Device::parse(o.device ? o.device : "cpu");
+  for (size_t i = 0; i < o.name_count; ++i) {
+    FERRY_EXPECT(o.names && o.names[i], std::invalid_argument, "names[", i, "] is NULL");
+    cpp.names.emplace_back(o.names[i]);
+  }
+  FERRY_EXPECT(o.io_mode >= FERRY_IO_MODE_AUTO && o.io_mode <= FERRY_IO_MODE_BUFFERED,
+               std::invalid_argument, "unknown io_mode ", o.io_mode);
+  cpp.io = static_cast<IoMode>(o.io_mode);
+  // Numbers go through the same checks as the CLI's flags and Python's keywords.
+  const auto set = [&](std::string_view key, const std::string& value) {
+    set_load_option(cpp, key, value);
+  };
+  if (o.staging_bytes) set("staging_bytes", std::to_string(o.staging_bytes));
+  set("chunk_bytes", std::to_string(o.chunk_bytes));
+  set("threads", std::to_string(o.reader_threads));
+  if (FERRY_HAS_FIELD(o, backend) && o.backend) set("backend", o.backend);
+  if (FERRY_HAS_FIELD(o, allow_compat)) set("allow_compat", o.allow_compat ? "true" : "false");
+  if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
+  return cpp;
+}
+
+}  // namespace ferry::capi
 
 extern "C" {
 
@@ -116,27 +139,7 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
     require(out, "out");
     ferry_load_options defaults;
     ferry_load_options_init(&defaults);
-    const ferry_load_options& o = options ? *options : defaults;
-    require_size(o, "options");
-    ferry::LoadOptions cpp;
-    cpp.device = ferry::Device::parse(o.device ? o.device : "cpu");
-    for (size_t i = 0; i < o.name_count; ++i) {
-      FERRY_EXPECT(o.names && o.names[i], std::invalid_argument, "names[", i, "] is NULL");
-      cpp.names.emplace_back(o.names[i]);
-    }
-    FERRY_EXPECT(o.io_mode >= FERRY_IO_MODE_AUTO && o.io_mode <= FERRY_IO_MODE_BUFFERED,
-                 std::invalid_argument, "unknown io_mode ", o.io_mode);
-    cpp.io = static_cast<ferry::IoMode>(o.io_mode);
-    // Numbers go through the same checks as the CLI's flags and Python's keywords.
-    const auto set = [&](std::string_view key, const std::string& value) {
-      ferry::set_load_option(cpp, key, value);
-    };
-    if (o.staging_bytes) set("staging_bytes", std::to_string(o.staging_bytes));
-    set("chunk_bytes", std::to_string(o.chunk_bytes));
-    set("threads", std::to_string(o.reader_threads));
-    if (FERRY_HAS_FIELD(o, backend) && o.backend) set("backend", o.backend);
-    if (FERRY_HAS_FIELD(o, allow_compat)) set("allow_compat", o.allow_compat ? "true" : "false");
-    if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
+    const ferry::LoadOptions cpp = ferry::capi::load_options(options ? *options : defaults);
     auto handle = std::make_unique<ferry_loaded>(
         ferry_loaded{ferry::load(checkpoint->checkpoint, cpp), {}, {}});
     for (const auto& f : handle->loaded.stats().files) {

@@ -11,6 +11,10 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "test_support.hpp"
+#ifdef _WIN32
+#include "shim/cuda_driver.hpp"
+#include "transfer/dstorage_bridge.hpp"
+#endif
 
 namespace ferry {
 namespace {
@@ -89,6 +93,24 @@ TEST(DirectStorageBackend, UnavailableIsAnErrorOrAnAnnouncedFallback) {
   EXPECT_NE(file.io_path, IoPath::DirectStorage);
   EXPECT_NE(file.reason.find("DirectStorage not used"), std::string::npos) << file.reason;
 }
+
+#ifdef _WIN32
+// The bridge into CUDA memory (D3D12 buffer and fence shared with CUDA) is built step by step;
+// where a step cannot run, the error names it and the capability missing, and `ferry doctor`
+// reports the same words. Under Wine there is no nvcuda.dll: the first step fails.
+TEST(DirectStorageBridge, AMissingCapabilityIsNamedWithItsStep) {
+  if (shim::CudaDriver::get().usable) GTEST_SKIP() << "a CUDA driver runs here";
+  std::string error;
+  EXPECT_EQ(detail::directstorage_bridge(0, error), nullptr);
+  for (const char* words :
+       {"DirectStorage to cuda:0", "step 1 of 11", "cuDeviceGetLuid", "nvcuda.dll"})
+    EXPECT_NE(error.find(words), std::string::npos) << words << " missing from: " << error;
+  std::string again;
+  EXPECT_EQ(detail::directstorage_bridge(0, again), nullptr);  // remembered, not retried
+  EXPECT_EQ(again, error);
+  EXPECT_EQ(directstorage_facts().cuda0_bridge, error);
+}
+#endif
 
 }  // namespace
 }  // namespace ferry

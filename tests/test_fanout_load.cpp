@@ -49,9 +49,22 @@ TEST(FanoutLoad, ReplicasOnThreeHostRanks) {
   o.round_bytes = 1024;  // many rounds
   o.load.chunk_bytes = 4096;
   o.load.io = IoMode::Buffered;  // O_DIRECT would count its 4 KiB alignment as read
+  o.next_round = FanoutOptions::NextRound::AtTail;
+  expect_ranks_match_host(load_fanout(ckpt, o), written);
+  o.submissions = FanoutOptions::Submissions::PerDevice;
+  const FanoutLoad per_device = load_fanout(ckpt, o);
+  expect_ranks_match_host(per_device, written);
+  EXPECT_EQ(per_device.stats().submissions, "per-device");
+  EXPECT_EQ(per_device.stats().bytes_read, per_device.stats().checkpoint_bytes);
+  o.submissions = FanoutOptions::Submissions::PerRound;
+  o.next_round = FanoutOptions::NextRound::Eager;
   const FanoutLoad loaded = load_fanout(ckpt, o);
   expect_ranks_match_host(loaded, written);
   const FanoutStats& s = loaded.stats();
+  EXPECT_EQ(s.next_round, "eager");
+  EXPECT_GT(s.phases.reads_seconds, 0.0);
+  EXPECT_GT(s.phases.read_thread_seconds, 0.0);
+  EXPECT_GE(s.phases.pool_threads, 1u);
   EXPECT_EQ(s.checkpoint_bytes, ckpt->files()[0].size - ckpt->files()[0].data_start);
   EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once, not three times
   EXPECT_EQ(s.tensor_bytes, 3 * s.checkpoint_bytes);
@@ -75,6 +88,8 @@ TEST(FanoutLoad, TensorParallelOnHostRanks) {
     o.round_bytes = 512;
     o.load.chunk_bytes = 1000;
     o.load.io = IoMode::Buffered;
+    if (n == 2) o.next_round = FanoutOptions::NextRound::AtTail;
+    if (n == 4) o.submissions = FanoutOptions::Submissions::PerDevice;
     const FanoutLoad loaded = load_fanout(ckpt, o);
     expect_ranks_match_host(loaded, written);
     EXPECT_EQ(loaded.stats().bytes_read, loaded.stats().checkpoint_bytes);

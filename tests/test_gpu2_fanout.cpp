@@ -8,8 +8,10 @@
 #include <cstring>
 
 #include "ferry/fanout_load.hpp"
+#include "ferry/ferry.h"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/tensor_digest.hpp"
 #include "gguf_bytes.hpp"
 #include "shard_reference.hpp"
 #include "shim/cuda_driver.hpp"
@@ -88,14 +90,20 @@ TEST_F(Gpu2, SafetensorsReplicasAndTensorParallelMatchASingleGpuLoad) {
   auto ckpt = Checkpoint::open_shared(file);
   const auto reference = single_gpu_bytes(ckpt);
   ASSERT_EQ(reference, written);
-  for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)}) {
-    const FanoutLoad loaded = load_fanout(ckpt, on_two_gpus(rule));
-    expect_ranks_match(loaded, reference);
-    const FanoutStats& s = loaded.stats();
-    EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once per node
-    EXPECT_GT(s.rounds, 1u);
-    EXPECT_NE(s.collective.find("nccl"), std::string::npos);
-  }
+  for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)})
+    for (auto next : {FanoutOptions::NextRound::Eager, FanoutOptions::NextRound::AtTail}) {
+      FanoutOptions o = on_two_gpus(rule);
+      o.next_round = next;
+      // Both ways of submitting: one submission of every device's threads, one per device.
+      if (next == FanoutOptions::NextRound::AtTail)
+        o.submissions = FanoutOptions::Submissions::PerDevice;
+      const FanoutLoad loaded = load_fanout(ckpt, o);
+      expect_ranks_match(loaded, reference);
+      const FanoutStats& s = loaded.stats();
+      EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once per node
+      EXPECT_GT(s.rounds, 1u);
+      EXPECT_NE(s.collective.find("nccl"), std::string::npos);
+    }
 }
 
 TEST_F(Gpu2, GgufQuantizedAndPlainTensors) {
@@ -142,6 +150,54 @@ TEST_F(Gpu2, EveryGpuOfTheMachine) {
   o.devices.clear();
   for (int i = n - 1; i >= 0; --i) o.devices.push_back(Device::cuda(i));  // any order
   expect_ranks_match(load_fanout(ckpt, o), reference);
+}
+
+// The C ABI (ferry_checkpoint_load_fanout) on two GPUs: each device's digests equal those of
+// the written bytes (replicas) or of their slices cut on the host (tensor parallel).
+TEST_F(Gpu2, TheCAbiLoadsReplicasAndSlices) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 23);
+  ferry_checkpoint* checkpoint = nullptr;
+  ASSERT_EQ(ferry_checkpoint_open(file.string().c_str(), &checkpoint), FERRY_STATUS_OK)
+      << ferry_last_error();
+  const char* devices[] = {"cuda:0", "cuda:1"};
+  for (int mode : {FERRY_SHARD_MODE_REPLICAS, FERRY_SHARD_MODE_TENSOR_PARALLEL}) {
+    ferry_fanout_options options;
+    ferry_fanout_options_init(&options);
+    options.devices = devices;
+    options.device_count = 2;
+    options.shard_mode = mode;
+    options.round_bytes = 1 << 20;
+    ferry_fanout* fanout = nullptr;
+    ASSERT_EQ(ferry_checkpoint_load_fanout(checkpoint, &options, &fanout), FERRY_STATUS_OK)
+        << ferry_last_error();
+    for (size_t d = 0; d < 2; ++d)
+      for (const auto& [name, whole] : written) {
+        ferry_shard_info s{};
+        ASSERT_EQ(ferry_fanout_tensor(fanout, d, name.c_str(), &s), FERRY_STATUS_OK) << name;
+        ferry_tensor_info info{};
+        for (size_t i = 0; i < ferry_checkpoint_tensor_count(checkpoint); ++i) {
+          ASSERT_EQ(ferry_checkpoint_tensor_info(checkpoint, i, &info), FERRY_STATUS_OK);
+          if (name == info.name) break;
+        }
+        TensorInfo t;
+        t.shape.assign(info.shape, info.shape + info.rank);
+        ShardPiece piece{&t, s.dim, s.begin, s.end, {}, s.bytes, 0};
+        const auto want = test::host_slice(whole, piece);
+        ASSERT_EQ(s.bytes, want.size()) << name;
+        std::uint64_t digest = 0;
+        ASSERT_EQ(ferry_fanout_tensor_digest(fanout, d, name.c_str(), &digest), FERRY_STATUS_OK);
+        EXPECT_EQ(digest, bytes_digest(want)) << name << " on cuda:" << d;
+      }
+    ferry_fanout_stats stats{};
+    stats.struct_size = sizeof stats;
+    ASSERT_EQ(ferry_fanout_stats_get(fanout, &stats), FERRY_STATUS_OK);
+    EXPECT_EQ(stats.bytes_read, stats.checkpoint_bytes);
+    EXPECT_NE(std::string(stats.collective).find("nccl"), std::string::npos);
+    ferry_fanout_free(fanout);
+  }
+  ferry_checkpoint_free(checkpoint);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // The KV block store through its public API: round trips, reopen, eviction, bad input.
 #include <gtest/gtest.h>
-#include <fcntl.h>
+#ifndef _WIN32
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 
 #include "ferry/error.hpp"
 #include "kv_test_support.hpp"
+#include "platform/file_ranges.hpp"
 
 namespace ferry::test {
 namespace {
@@ -65,11 +67,10 @@ TEST(KvStore, RoundTripsBlockSizesBitExact) {
 void drop_slab_cache(const std::filesystem::path& root) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
     if (entry.path().filename().string().rfind("slab-", 0) != 0) continue;
-    const int fd = ::open(entry.path().c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0);
-    ::fsync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
+    const detail::FileDescriptor fd = detail::open_existing(entry.path(), true);
+    ASSERT_TRUE(fd) << entry.path();
+    ASSERT_TRUE(detail::sync_all(fd.get()));
+    detail::drop_cached_pages(fd.get());  // none to drop on Windows
   }
 }
 
@@ -401,11 +402,13 @@ TEST(KvStore, OneWriterPerNamespaceAndPrivateFiles) {
   }
   ASSERT_TRUE(put_one(store, 1, kv_bytes(1, 4096)).ok());
   store.checkpoint();
+#ifndef _WIN32  // Windows files have access lists, not mode bits
   for (const auto& entry : std::filesystem::directory_iterator(store.stats().directory)) {
     struct stat st {};
     ASSERT_EQ(::stat(entry.path().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u) << entry.path();
   }
+#endif
   // A reader through the same process sees the writer's commits and cannot write.
   KVStoreOptions reader;
   reader.read_only = true;
@@ -416,6 +419,45 @@ TEST(KvStore, OneWriterPerNamespaceAndPrivateFiles) {
   std::vector<std::byte> out(4096);
   ASSERT_TRUE(get_one(view, 2, out).ok());
   EXPECT_EQ(out, kv_bytes(2, 4096));
+}
+
+// A reader open across the writer's checkpoints: each replaces the journal (renamed over the
+// one the writer and the reader hold; Windows refuses the classic rename there) and the reader
+// follows it to the new one (another inode; the file index on Windows).
+TEST(KvStore, ReaderFollowsTheWriterAcrossCheckpoints) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.checkpoint_every = 3;
+  auto store = KVStore::open(dir.path(), kv_namespace(), 64 * 4096, 4096, options);
+  KVStoreOptions reader;
+  reader.read_only = true;
+  auto view = KVStore::open(dir.path(), kv_namespace(), 64 * 4096, 4096, reader);
+  std::vector<std::byte> out(4096);
+  for (KVKey k = 1; k <= 10; ++k) {
+    ASSERT_TRUE(put_one(store, k, kv_bytes(k, 4096)).ok());
+    ASSERT_TRUE(get_one(view, k, out).ok()) << "key " << k;
+    EXPECT_EQ(out, kv_bytes(k, 4096)) << "key " << k;
+  }
+  EXPECT_GE(store.stats().checkpoints, 3u);
+  store.checkpoint();
+  ASSERT_TRUE(get_one(view, 1, out).ok());
+  EXPECT_EQ(out, kv_bytes(1, 4096));
+}
+
+// A root whose name is not ASCII (UTF-16 on Windows): created, written, reopened, listed.
+TEST(KvStore, NonAsciiRootRoundTripsAndReopens) {
+  TempDir dir;
+  const auto root = dir.path() / std::filesystem::path(u8"kv-キャッシュ-é");
+  {
+    auto store = KVStore::open(root, kv_namespace(), 16 * 8 * kKiB, 8 * kKiB);
+    round_trip(store, iota_keys(12), 8 * kKiB);
+  }
+  auto store = KVStore::open(root, kv_namespace(), 16 * 8 * kKiB, 8 * kKiB);
+  EXPECT_EQ(store.lookup(iota_keys(12)), 12u);
+  std::vector<std::byte> out(8 * kKiB);
+  ASSERT_TRUE(get_one(store, 5, out).ok());
+  EXPECT_EQ(out, kv_bytes(5, 8 * kKiB));
+  EXPECT_EQ(KVStore::list(root).size(), 1u);
 }
 
 TEST(KvStore, TwoNamespacesOnOneRootNeverShareABlock) {
@@ -475,6 +517,8 @@ TEST(KvStore, PeriodicCheckpointsTruncateTheJournal) {
   EXPECT_EQ(store.keys(), iota_keys(25));  // the LRU order survives
 }
 
+#ifndef _WIN32
+// File-size limits, fork and tmpfs mounts: POSIX only.
 // A child with a file-size limit just above the journal's size: the journal append fails
 // (EFBIG), the put reports it, and nothing half-written becomes visible. (RLIMIT_FSIZE limits
 // write offsets in every file, so the slabs here are one slot each and the journal is made
@@ -600,6 +644,7 @@ TEST(KvStore, FullFileSystemIsAClearErrorAndCommitsNothingPartial) {
     else EXPECT_EQ(r.status, KVStatus::missing);  // the slot the failed put had overwritten
   }
 }
+#endif  // _WIN32
 
 }  // namespace
 }  // namespace ferry::test

@@ -1,11 +1,13 @@
 // The saver: header bytes and order as safetensors writes them, the streamed write path against
 // the in-memory one, and failures that leave no file behind.
 #include <gtest/gtest.h>
+#ifndef _WIN32
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
 
 #include <csignal>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/safetensors_save.hpp"
+#include "io/file_descriptor.hpp"
 #include "test_support.hpp"
 
 namespace ferry {
@@ -29,7 +32,8 @@ std::string read_all(const std::filesystem::path& path) {
 
 std::vector<std::string> directory_entries(const std::filesystem::path& dir) {
   std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
   return out;
 }
 
@@ -161,6 +165,59 @@ TEST(SaveSafetensors, ReplacesAnExistingFileWhole) {
   EXPECT_EQ(read_all(path), serialized(tensors.tensors, std::nullopt));
 }
 
+// A reader holding the old file keeps reading the old bytes; the name gives the new file. On
+// Windows the classic rename (MoveFileExW) refuses to replace an open file, so the saver takes
+// the POSIX-semantics rename (Windows 10 1809+, NTFS); where that does not exist (Wine, older
+// Windows) the save fails naming the file, and the old file stays whole beside no leftover.
+TEST(SaveSafetensors, ReplacesAFileThatAReaderHoldsOpen) {
+  TempDir dir;
+  const auto path = dir / "m.safetensors";
+  const std::string old_bytes(3u << 20, 'o');
+  test::write_file(path, old_bytes);
+  const auto tensors = mixed_tensors();
+  {
+    const auto reader = detail::open_for_reading(path);
+    bool replaced = true;
+    try {
+      save_safetensors(path, tensors.tensors, std::nullopt);
+    } catch (const std::system_error& e) {
+#ifndef _WIN32
+      throw;
+#endif
+      replaced = false;
+      EXPECT_EQ(e.code().value(), EBUSY) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(read_all(path), replaced ? serialized(tensors.tensors, std::nullopt) : old_bytes);
+    std::string held(old_bytes.size(), '\0');
+    detail::read_exact(reader, held.data(), held.size(), 0, path);
+    EXPECT_EQ(held, old_bytes);
+  }
+  EXPECT_EQ(directory_entries(dir.path()), std::vector<std::string>{"m.safetensors"});
+}
+
+// A name that is not ASCII (UTF-16 on Windows) and data that text mode would change: CR LF and
+// 0x1A (end of file for the C runtime's text mode) land unchanged.
+TEST(SaveSafetensors, NonAsciiNameAndTextModeBytesRoundTrip) {
+  TempDir dir;
+  const auto path = dir.path() / std::filesystem::path(u8"modèle-模型.safetensors");
+  HostTensors t;
+  t.add("w", DType::F32, {64, 33}, 9);
+  const std::uint8_t trap[] = {13, 10, 26, 10, 13, 13, 10, 26};
+  t.storage.emplace_back();
+  for (int i = 0; i < 4001; ++i)
+    for (std::uint8_t b : trap) t.storage.back().push_back(std::byte{b});
+  t.tensors.push_back({{"crlf", DType::U8, {t.storage.back().size()}},
+                       t.storage.back().data(),
+                       t.storage.back().size(),
+                       {}});
+  save_safetensors(path, t.tensors, std::nullopt);
+  EXPECT_EQ(read_all(path), serialized(t.tensors, std::nullopt));
+  const auto checkpoint = Checkpoint::open(path);
+  for (std::size_t i = 0; i < t.tensors.size(); ++i)
+    EXPECT_EQ(test::read_plain(checkpoint, *checkpoint.find(t.tensors[i].spec.name)), t.storage[i]);
+}
+
 TEST(SaveSafetensors, SizeDisagreeingWithShapeIsRefusedBeforeAnyFile) {
   TempDir dir;
   auto tensors = mixed_tensors();
@@ -189,6 +246,8 @@ TEST(SaveSafetensors, MissingOrNonDirectoryParentNamesThePath) {
   }
 }
 
+#ifndef _WIN32
+// Permission bits, mounts, file-size limits and fork: POSIX only.
 TEST(SaveSafetensors, UnwritableDirectoryLeavesNothing) {
   TempDir dir;
   const auto locked = dir / "locked";
@@ -294,6 +353,8 @@ TEST(SaveSafetensors, DirectOnTmpfsWritesTheSameBytesAndSaysWhichPathRan) {
     EXPECT_EQ(stats.io_path, "direct");
   }
 }
+
+#endif  // _WIN32
 
 TEST(SaveSafetensors, EmptyAndZeroDimTensorsOnly) {
   TempDir dir;

@@ -20,8 +20,14 @@
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py. The device tool
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
-#   mgpu (not in the default; 2+ GPUs): multi-GPU loading (ctest -L gpu2, replicas' hashes beside
-#   a single-GPU load, bench/multi_gpu_bench.py). The device tool
+#   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
+#   hashes beside a single-GPU load, bench/multi_gpu_bench.py warm with the machine's facts and
+#   bound, ferry only: about 3 minutes with `build`, which then skips the Python package);
+#   mgpu-full: the same plus the torch.distributed tests and the benchmark warm and cold beside
+#   torch.distributed and fastsafetensors (needs `build` with the package); mgpu-sweep: the
+#   multi-GPU C++ tests, the replicas' hashes, then the benchmark warm with the machine's facts,
+#   where the time went, and one row per engine knob (no Python package is built for it:
+#   `tools/gpu_check.sh build mgpu-sweep` runs in about 6 minutes). The device tool
 #   caps one call at 10 minutes, so split them, e.g. `build tests warm`, then `tmpfs cold`, then
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
@@ -68,6 +74,13 @@ build() {
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # The sweep alone needs only the C++ build.
+  case "$(echo $stages)" in "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep) nopip=1 ;; *) nopip=0 ;; esac
+  if [ "$nopip" = 1 ]; then
+    log "doctor"
+    "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
+    return
+  fi
   # --upgrade: a warm machine keeps /tmp/site from an earlier run (another branch's ferry).
   log "python package (pip install .)"
   CMAKE_PREFIX_PATH=/tmp/deps/usr CMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
@@ -306,11 +319,13 @@ mgpu() {
   local gpus
   gpus=$(nvidia-smi -L | wc -l)
   log "multi-GPU tests on $gpus GPUs (ctest -L gpu2; planner and host-rank tests)"
-  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
+  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|CApiFanout|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-mgpu.log" | head -80; }
   grep -E "tests passed|SKIPPED|Skipped" "$OUT/ctest-mgpu.log" | tee -a "$OUT/summary.txt"
-  log "torch.distributed loads (gloo on the CPU, NCCL on the GPUs)"
-  python3 -m pytest -q tests/python/test_distributed.py 2>&1 | tail -5 | tee -a "$OUT/summary.txt" || status=1
+  if [ "${1:-}" = full ]; then
+    log "torch.distributed loads (gloo on the CPU, NCCL on the GPUs)"
+    python3 -m pytest -q tests/python/test_distributed.py 2>&1 | tail -5 | tee -a "$OUT/summary.txt" || status=1
+  fi
   models=llama3-8b checkpoints
   local all="cuda:0"
   for ((i = 1; i < gpus; i++)); do all="$all,cuda:$i"; done
@@ -328,9 +343,12 @@ mgpu() {
     fi
   done
   "$ferry" load "$ckpts/llama3-8b" --device "$all" --tensor-parallel 2>/dev/null | tee -a "$OUT/summary.txt" || status=1
+  [ "${1:-}" = sweep ] && return
   log "multi-GPU benchmark (bench/multi_gpu_bench.py)"
+  local args="--sources warm --no-peers"
+  [ "${1:-}" = full ] && args="--sources warm cold"
   (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --gpus "$gpus" \
-    --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    $args --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
 if want build || [ ! -x "$ferry" ]; then build; fi
@@ -343,6 +361,13 @@ want core && core_checks
 want kv && kv_stage
 want stream && stream_checks
 want mgpu && mgpu
+want mgpu-full && mgpu full
+if want mgpu-sweep; then
+  mgpu sweep
+  log "multi-GPU benchmark, warm, with the machine's facts and one row per knob"
+  (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --sources warm \
+    --no-peers --sweep --json "$OUT/multi_gpu_sweep.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+fi
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi
 want warm && bench warm --sources warm
 want tmpfs && bench tmpfs --sources tmpfs

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Cross-builds ferry for 64-bit Windows with mingw-w64 (cmake/toolchain-mingw64.cmake): the
 # library (ferry.dll), the CLI (ferry.exe) and the Windows test subset, then runs the tests under
-# Wine, so the Win32 code paths really execute (host memory: no GPU or DirectStorage under Wine),
-# and compares `ferry load --hash` of a checkpoint with non-ASCII name between the Linux and the
-# Windows build. Usage: tools/windows_check.sh [LINUX_FERRY_BINARY]. Needs tools/install_deps.sh
-# (mingw-w64, Wine); about 4 minutes on 2 cores, most of it compiling.
+# Wine, so the Win32 code paths really execute (host memory: no GPU under Wine; DirectStorage
+# through a stand-in runtime, tests/fake_dstorage, as Microsoft's cannot start there), and compares
+# `ferry load --hash` of a checkpoint with non-ASCII name between the Linux and the Windows build.
+# Usage: tools/windows_check.sh [LINUX_FERRY_BINARY]. Needs tools/install_deps.sh (mingw-w64,
+# Wine); about 4 minutes on 2 cores, most of it compiling.
 # FERRY_WINE_DSTORAGE=1 also tries Microsoft's DirectStorage runtime under Wine: it downloads the
 # dstorage-gpu wheel from PyPI (which ships dstorage.dll and dstoragecore.dll; nothing is kept in
 # the repository), puts the DLLs beside a copy of ferry.exe and runs a DirectStorage load,
@@ -23,6 +24,24 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-mingw64.c
 cmake --build "$build"
 "$wine" wineboot --init >/dev/null 2>&1 || true  # make the prefix once, outside the timings
 ctest --test-dir "$build" --output-on-failure -j2
+
+# DirectStorage into GPU memory needs nvcuda.dll, a D3D12 device on the CUDA GPU's adapter and
+# CUDA's external memory: none exists under Wine, so `ferry doctor` must name the step of the
+# D3D12 -> CUDA bridge that fails and the piece that is missing.
+"$wine" "$build/bin/ferry.exe" doctor 2>/dev/null | tr -d '\r' > "$build/doctor.txt"
+if ! grep -q "DirectStorage into cuda:0: .*step 1 of 11 .*nvcuda.dll" "$build/doctor.txt"; then
+  echo "windows_check: ferry doctor does not name the DirectStorage bridge's failing step:" >&2
+  cat "$build/doctor.txt" >&2
+  exit 1
+fi
+echo "windows_check: ferry doctor names the DirectStorage bridge's missing step (nvcuda.dll)"
+
+# `ferry kv bench` at tiny sizes: the KV store and its raw baselines through the Win32 seam (its
+# figures under Wine mean nothing; it must run and finish).
+kv_root=$(mktemp -d)
+"$wine" "$build/bin/ferry.exe" kv bench "$kv_root/kv" --sizes 4K,64K --bytes 1M >/dev/null
+rm -rf "$kv_root"
+echo "windows_check: ferry kv bench runs"
 
 # The Windows CLI on a checkpoint whose name is not ASCII and whose data holds CR LF and 0x1A:
 # the digests must equal the Linux build's, byte for byte.
@@ -43,6 +62,21 @@ PY
     diff "$scratch/linux.txt" "$scratch/windows-$io.txt"
   done
   echo "windows_check: ferry.exe --hash (buffered, direct, auto) equals the Linux build's"
+  # The DirectStorage backend's host path, through the stand-in runtime (tests/fake_dstorage):
+  # ferry.exe looks for dstorage.dll beside itself, so a copy goes beside the fake.
+  cp "$build/bin/ferry.exe" "$build/bin/fake-dstorage/ferry.exe"
+  "$wine" "$build/bin/fake-dstorage/ferry.exe" load "$model" --device cpu --backend directstorage \
+    --hash 2>/dev/null | tr -d '\r' > "$scratch/windows-directstorage.txt"
+  diff "$scratch/linux.txt" "$scratch/windows-directstorage.txt"
+  echo "windows_check: ferry.exe --backend directstorage (stand-in runtime) equals the Linux build's"
+  # ... and into cuda:0 through the D3D12 -> CUDA bridge, every library a stand-in
+  # (tests/fake_gpu; Wine told to take the native d3d12.dll and dxgi.dll).
+  cp "$build/bin/ferry.exe" "$build/bin/fake-gpu/ferry.exe"
+  WINEDLLOVERRIDES="d3d12,dxgi=n" "$wine" "$build/bin/fake-gpu/ferry.exe" load "$model" \
+    --device cuda:0 --backend directstorage --hash 2>/dev/null | tr -d '\r' \
+    > "$scratch/windows-bridge.txt"
+  diff "$scratch/linux.txt" "$scratch/windows-bridge.txt"
+  echo "windows_check: ferry.exe --device cuda:0 --backend directstorage (stand-ins) equals it too"
 fi
 
 if [ "${FERRY_WINE_DSTORAGE:-0}" = 1 ]; then

@@ -29,6 +29,16 @@ struct FanoutOptions {
   std::vector<Device> devices;  // the ranks, in rank order: distinct cuda:N, or all cpu
   ShardRule rule = replicate_all;
   std::uint64_t round_bytes = 0;  // each rank's share of one all-gather round; 0: 256 MiB
+  // When round k + 1's reads start. Eager: as soon as round k - 1's have landed, so that two
+  // rounds read at once (twice the reader threads run). AtTail: when round k has no read left to
+  // hand out (its remaining bytes fit in one read per thread), so that one round's threads read
+  // at a time and the next round's take over as they finish.
+  enum class NextRound { Eager, AtTail };
+  NextRound next_round = NextRound::Eager;
+  // Each round's reads: one submission with every device's reader threads (PerRound), or one per
+  // device with its own threads, its reads only (PerDevice, as one process per GPU runs).
+  enum class Submissions { PerRound, PerDevice };
+  Submissions submissions = Submissions::PerRound;
 };
 
 // What one rank holds of one tensor, and where.
@@ -62,6 +72,21 @@ struct RankLoadStats {
   double seconds = 0;
 };
 
+// Where a load's time went. Reader-thread seconds are summed over the reader threads of every
+// round's submission; their sum over the reads' wall time is how many readers were busy on
+// average.
+struct FanoutPhases {
+  double read_thread_seconds = 0;   // reading files into staging (page cache or storage)
+  double wait_thread_seconds = 0;   // for a slot's copies to land (the host links), and drains
+  double queue_thread_seconds = 0;  // queueing copies
+  double setup_thread_seconds = 0;  // streams and events
+  double staging_seconds = 0;       // the longest staging lease of any round
+  double reads_seconds = 0;         // from the first submission until the last reads landed
+  double tail_seconds = 0;          // then until every collective finished
+  double loader_wait_seconds = 0;   // the loading thread blocked on rounds' reads
+  unsigned pool_threads = 0;        // the transfer core's worker threads after the load
+};
+
 struct FanoutStats {
   std::string collective;  // "nccl 2.27.3 (libnccl.so.2)" (where it was found), "host memcpy"
   double seconds = 0;      // from planning until every rank holds its bytes
@@ -75,6 +100,9 @@ struct FanoutStats {
   unsigned reader_threads = 0;
   std::uint64_t chunk_bytes = 0;
   std::string settings_source;
+  std::string next_round;   // "eager" or "at-tail" (FanoutOptions::next_round)
+  std::string submissions;  // "per-round" or "per-device" (FanoutOptions::submissions)
+  FanoutPhases phases;
   std::vector<RankLoadStats> ranks;
   std::vector<FileLoadStats> files;
   double gigabytes_per_second() const {  // aggregate: bytes landed on all ranks

@@ -50,6 +50,9 @@ struct DirectStorageFacts {
   // Windows: the D3D12 adapter that is cuda:0, matched by LUID (never the default adapter by
   // chance: a laptop's default is often its integrated GPU), or why none is. Empty elsewhere.
   std::string cuda0_adapter;
+  // Windows: whether DirectStorage can read straight into cuda:0 (the D3D12 buffer and fence
+  // shared with CUDA), or the step of that bridge which failed and why. Empty elsewhere.
+  std::string cuda0_bridge;
 };
 DirectStorageFacts directstorage_facts();
 

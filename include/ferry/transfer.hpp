@@ -39,6 +39,7 @@ struct Extent {
 struct TransferOptions {
   Backend backend = Backend::Auto;  // Auto: cuFile only where it does true GPUDirect Storage
   bool allow_compat = false;        // cuFile's compatibility mode; DirectStorage's staged fallback
+                                    // (and host staging where its D3D12 -> CUDA bridge fails)
   IoMode io = IoMode::Auto;         // the staged path: per file, O_DIRECT or buffered
   unsigned threads = 0;             // workers; 0: 16 (at most kMaxWorkerThreads, 64)
   std::uint64_t chunk_bytes = 0;    // largest single read or write; 0: 4 MiB

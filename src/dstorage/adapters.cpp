@@ -12,18 +12,42 @@
 
 namespace ferry::dstorage {
 
-std::vector<AdapterInfo> dxgi_adapters(std::string& why) {
+namespace {
+
+// DXGI's factory (a reference the caller releases), or null with `why` set.
+IDXGIFactory1* dxgi_factory(std::string& why) {
   void* dxgi = shim::open_vendor_library({"dxgi.dll"}, why);
-  if (!dxgi) return {};
+  if (!dxgi) return nullptr;
   using CreateFactory = HRESULT(WINAPI*)(REFIID, void**);
   CreateFactory create = nullptr;
-  if (!shim::resolve(dxgi, "dxgi.dll", "CreateDXGIFactory1", create, why)) return {};
+  if (!shim::resolve(dxgi, "dxgi.dll", "CreateDXGIFactory1", create, why)) return nullptr;
   IDXGIFactory1* factory = nullptr;
   if (const HRESULT hr = create(__uuidof(IDXGIFactory1), reinterpret_cast<void**>(&factory));
       FAILED(hr)) {
     why = "CreateDXGIFactory1 failed (" + shim::hresult_text(hr) + ")";
-    return {};
+    return nullptr;
   }
+  return factory;
+}
+
+}  // namespace
+
+IDXGIAdapter1* dxgi_adapter_at(std::size_t index, std::string& why) {
+  IDXGIFactory1* factory = dxgi_factory(why);
+  if (!factory) return nullptr;
+  IDXGIAdapter1* adapter = nullptr;
+  if (const HRESULT hr = factory->EnumAdapters1(static_cast<UINT>(index), &adapter); FAILED(hr)) {
+    why = "IDXGIFactory1::EnumAdapters1(" + std::to_string(index) + ") failed (" +
+          shim::hresult_text(hr) + ")";
+    adapter = nullptr;
+  }
+  factory->Release();
+  return adapter;
+}
+
+std::vector<AdapterInfo> dxgi_adapters(std::string& why) {
+  IDXGIFactory1* factory = dxgi_factory(why);
+  if (!factory) return {};
   std::vector<AdapterInfo> adapters;
   IDXGIAdapter1* adapter = nullptr;
   for (UINT i = 0; factory->EnumAdapters1(i, &adapter) != DXGI_ERROR_NOT_FOUND; ++i) {

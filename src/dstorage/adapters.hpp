@@ -8,10 +8,16 @@
 
 #include "dstorage/adapter_match.hpp"
 
+struct IDXGIAdapter1;
+
 namespace ferry::dstorage {
 
 // Every adapter DXGI enumerates, or an empty list with `why` saying what failed.
 std::vector<AdapterInfo> dxgi_adapters(std::string& why);
+
+// The adapter dxgi_adapters() listed at `index` (a reference the caller releases), or null with
+// `why` set.
+IDXGIAdapter1* dxgi_adapter_at(std::size_t index, std::string& why);
 
 // cuda:`ordinal`'s LUID, or nothing with `why` set (no driver, no device, no cuDeviceGetLuid).
 std::optional<Luid> cuda_luid(int ordinal, std::string& why);

@@ -9,12 +9,14 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "cuda/cuda_resources.hpp"
 #include "fanout/collective.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
+#include "load/ticket_wait.hpp"
 #include "transfer/worker_pool.hpp"
 
 namespace ferry {
@@ -64,6 +66,18 @@ std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
   return out;
 }
 
+std::uint64_t round_read_bytes(const std::vector<FanoutRead>& reads) {
+  std::uint64_t bytes = 0;
+  for (const FanoutRead& read : reads) bytes += read.size;
+  return bytes;
+}
+
+// A round's submissions and the bytes each reads.
+struct Submitted {
+  std::vector<Ticket> tickets;
+  std::vector<std::uint64_t> bytes;
+};
+
 TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
   TransferOptions t;
   t.backend = Backend::Posix;
@@ -76,16 +90,15 @@ TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSe
   return t;
 }
 
-// Until every copy of the ticket landed; polls keep_going, rethrows the first failure.
-void wait_for(Ticket& ticket, const LoadOptions& load) {
-  if (load.keep_going)
-    while (!ticket.wait_for(0.05))
-      if (!load.keep_going()) {
-        ticket.cancel();
-        break;
-      }
-  ticket.wait();
-  ticket.rethrow_if_failed();
+// Until the round of `ticket` has no read left to hand out: fewer than `tail` of its `total` bytes
+// are still to land (each of its threads is on its last read), or it finished.
+void wait_for_tail(const Ticket& ticket, std::uint64_t total, std::uint64_t tail) {
+  while (ticket.bytes_done() + tail < total && !ticket.wait_for(100e-6)) {
+  }
+}
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 }  // namespace
@@ -171,33 +184,66 @@ class FanoutLoader {
     }
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
 
-    // One process reads for every device: each gets the reader threads and staging one load
-    // would have (2 x H200: 16 threads fed both GPUs at 62 GB/s, two processes of 16 at 93 GB/s),
-    // within the pool's cap, and two submissions in flight fit the process's staging limit.
+    // One process reads for every device: all its readers together are the threads N loads
+    // would have (per device: given or chosen), split between the rounds that read at once, and,
+    // where the engine chose them, no more than the machine's cores: on 2 x H200 (32 cores),
+    // replicas loaded in 0.279 s with two rounds of 32 readers, 0.255 s with two of 16 (waiting
+    // copies spin, and the page-cache copies compete for the cores and memory). Two submissions
+    // in flight fit the process's staging limit. Per round: one submission with every device's
+    // threads, or one per reading device with its share (as one process per GPU would run).
+    const bool per_device = _options.submissions == FanoutOptions::Submissions::PerDevice;
+    const bool at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
+    static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    unsigned readers = std::min(detail::kMaxWorkerThreads, settings.threads * n);
+    if (_options.load.reader_threads == 0) readers = std::min(readers, std::max(cores, n));
+    const unsigned reading_at_once = (at_tail ? 1u : 2u) * (per_device ? n : 1u);
     TransferOptions t = transfer_options(_options.load, settings);
-    t.threads = std::min(detail::kMaxWorkerThreads, settings.threads * n);
-    t.staging_bytes = std::max(_options.load.staging_bytes,
-                               std::min(_options.load.staging_bytes * n, staging_limit() / 2));
+    t.threads = std::max(1u, readers / reading_at_once);
+    if (!per_device)
+      t.staging_bytes = std::max(_options.load.staging_bytes,
+                                 std::min(_options.load.staging_bytes * n, staging_limit() / 2));
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
     const std::uint64_t total = plan->read_bytes;
+    const auto submit_round = [&](const FanoutRound& round) {
+      Submitted s;
+      for (unsigned r = 0; r < (per_device ? n : 1u); ++r) {
+        std::vector<FanoutRead> reads;
+        for (const FanoutRead& read : round.reads)
+          if (!per_device || read.reader == r) reads.push_back(read);
+        if (reads.empty()) continue;
+        if (_options.load.progress) {
+          auto seen = std::make_shared<std::uint64_t>(0);
+          t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
+                                                                              std::uint64_t) {
+            progress(done->fetch_add(d - *seen) + d - *seen, total);
+            *seen = d;
+          };
+        }
+        s.bytes.push_back(round_read_bytes(reads));
+        s.tickets.push_back(submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
+                                   resolve(reads, bases, scratch, devices), t));
+      }
+      return s;
+    };
 
     // Round k's reads are submitted before round k-1's gather is queued, so that they overlap.
-    Ticket previous;
+    stats.next_round = at_tail ? "at-tail" : "eager";
+    stats.submissions = per_device ? "per-device" : "per-round";
+    const std::uint64_t tail = std::uint64_t{t.threads} * settings.chunk_bytes;
+    const auto reading = Clock::now();
+    Submitted previous;
     std::size_t previous_round = 0;
     for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
       const FanoutRound& round = plan->rounds[k];
-      if (_options.load.progress) {
-        auto seen = std::make_shared<std::uint64_t>(0);
-        t.progress = [done, seen, total, progress = _options.load.progress](std::uint64_t d,
-                                                                            std::uint64_t) {
-          progress(done->fetch_add(d - *seen) + d - *seen, total);
-          *seen = d;
-        };
-      }
       // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
       if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
-      Ticket current = submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
-                              resolve(round.reads, bases, scratch, devices), t);
+      if (at_tail && k > 0) {
+        const auto waiting = Clock::now();
+        for (std::size_t i = 0; i < previous.tickets.size(); ++i)
+          wait_for_tail(previous.tickets[i], previous.bytes[i], tail);
+        stats.phases.loader_wait_seconds += since(waiting);
+      }
+      Submitted current = submit_round(round);
       if (k > 0)
         finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
       previous = std::move(current);
@@ -205,7 +251,11 @@ class FanoutLoader {
     }
     if (!plan->rounds.empty())
       finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+    stats.phases.reads_seconds = since(reading);
+    const auto draining = Clock::now();
     collective->wait();
+    stats.phases.tail_seconds = since(draining);
+    stats.phases.pool_threads = detail::transfer_workers().threads();
     stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     stats.collective_seconds = collective->busy_seconds();
     stats.rounds = plan->rounds.size();
@@ -234,22 +284,10 @@ class FanoutLoader {
   }
 
   // Waits for a round's reads (every copy landed), then queues its scatters and its gather.
-  void finish(Ticket& ticket, const FanoutRound& round, detail::Collective& collective,
+  void finish(Submitted& submitted, const FanoutRound& round, detail::Collective& collective,
               const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
               FanoutStats& stats) {
-    wait_for(ticket, _options.load);
-    const TransferStats& ts = ticket.stats();
-    stats.reader_threads = std::max(stats.reader_threads, ts.threads);
-    stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
-    for (const FileLoadStats& f : ts.files) {
-      auto it = std::find_if(stats.files.begin(), stats.files.end(),
-                             [&](const FileLoadStats& g) { return g.path == f.path; });
-      if (it == stats.files.end()) {
-        stats.files.push_back(f);
-      } else {
-        it->bytes_read += f.bytes_read;
-      }
-    }
+    for (Ticket& ticket : submitted.tickets) add_stats(ticket, stats);
     std::vector<detail::Collective::Slice> slices;
     for (const FanoutScatter& sc : round.scatters) {
       slices.clear();
@@ -262,6 +300,31 @@ class FanoutLoader {
     }
     if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
       collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+  }
+
+  // Waits for one submission (every copy landed) and adds its statistics.
+  void add_stats(Ticket& ticket, FanoutStats& stats) {
+    const auto waiting = Clock::now();
+    detail::wait_for_load(ticket, _options.load);
+    stats.phases.loader_wait_seconds += since(waiting);
+    const TransferStats& ts = ticket.stats();
+    stats.reader_threads = std::max(stats.reader_threads, ts.threads);
+    FanoutPhases& p = stats.phases;
+    p.read_thread_seconds += ts.read_thread_seconds;
+    p.wait_thread_seconds += ts.wait_thread_seconds;
+    p.queue_thread_seconds += ts.queue_thread_seconds;
+    p.setup_thread_seconds += ts.setup_thread_seconds;
+    p.staging_seconds = std::max(p.staging_seconds, ts.staging_seconds);
+    stats.chunk_bytes = std::max(stats.chunk_bytes, ts.chunk_bytes);
+    for (const FileLoadStats& f : ts.files) {
+      auto it = std::find_if(stats.files.begin(), stats.files.end(),
+                             [&](const FileLoadStats& g) { return g.path == f.path; });
+      if (it == stats.files.end()) {
+        stats.files.push_back(f);
+      } else {
+        it->bytes_read += f.bytes_read;
+      }
+    }
   }
 
   std::shared_ptr<const Checkpoint> _checkpoint;
@@ -312,7 +375,7 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
 LoadStats FanoutRoundRead::wait() {
   if (_started) {
     _started = false;
-    wait_for(_ticket, _options);
+    detail::wait_for_load(_ticket, _options);
     const TransferStats& ts = _ticket.stats();
     _stats.reader_threads = ts.threads;
     _stats.chunk_bytes = ts.chunk_bytes;

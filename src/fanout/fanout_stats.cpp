@@ -1,6 +1,5 @@
-#include <nlohmann/json.hpp>
-
 #include "ferry/fanout_load.hpp"
+#include "load/stats_json.hpp"
 
 namespace ferry {
 
@@ -13,12 +12,16 @@ std::string to_json(const FanoutStats& s) {
                      {"peer_bytes", r.peer_bytes},
                      {"seconds", r.seconds},
                      {"gigabytes_per_second", r.gigabytes_per_second()}});
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : s.files)
-    files.push_back({{"path", f.path.string()},
-                     {"io_path", io_path_name(f.io_path)},
-                     {"reason", f.reason},
-                     {"bytes_read", f.bytes_read}});
+  const FanoutPhases& p = s.phases;
+  const nlohmann::json phases = {{"read_thread_seconds", p.read_thread_seconds},
+                                 {"wait_thread_seconds", p.wait_thread_seconds},
+                                 {"queue_thread_seconds", p.queue_thread_seconds},
+                                 {"setup_thread_seconds", p.setup_thread_seconds},
+                                 {"staging_seconds", p.staging_seconds},
+                                 {"reads_seconds", p.reads_seconds},
+                                 {"tail_seconds", p.tail_seconds},
+                                 {"loader_wait_seconds", p.loader_wait_seconds},
+                                 {"pool_threads", p.pool_threads}};
   const nlohmann::json j = {{"collective", s.collective},
                             {"seconds", s.seconds},
                             {"gigabytes_per_second", s.gigabytes_per_second()},
@@ -32,10 +35,12 @@ std::string to_json(const FanoutStats& s) {
                             {"reader_threads", s.reader_threads},
                             {"chunk_bytes", s.chunk_bytes},
                             {"settings_source", s.settings_source},
+                            {"next_round", s.next_round},
+                            {"submissions", s.submissions},
+                            {"phases", phases},
                             {"ranks", ranks},
-                            {"files", files}};
-  // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+                            {"files", detail::files_json(s.files)}};
+  return detail::dump_json(j);
 }
 
 }  // namespace ferry

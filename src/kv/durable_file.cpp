@@ -1,21 +1,19 @@
 #include "kv/durable_file.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 
 #include "ferry/error.hpp"
+#include "platform/file_ops.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::detail::kv {
 namespace {
 
-void write_all(int fd, const std::byte* data, std::size_t size, std::uint64_t offset,
+void write_all(NativeDescriptor fd, const std::byte* data, std::size_t size, std::uint64_t offset,
                const std::string& name) {
   std::size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pwrite(fd, data + done, size - done, static_cast<off_t>(offset + done));
+    const std::int64_t n = write_some_at(fd, data + done, size - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       FERRY_SYSCALL_FAIL(name, ": write of ", size, " bytes at offset ", offset, " failed");
@@ -31,7 +29,7 @@ void write_all(int fd, const std::byte* data, std::size_t size, std::uint64_t of
 }  // namespace
 
 std::optional<std::vector<std::byte>> read_if_exists(const std::filesystem::path& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FileDescriptor fd = open_existing(path, false);
   if (!fd) {
     if (errno == ENOENT) return std::nullopt;
     FERRY_SYSCALL_FAIL(path.string(), ": cannot open");
@@ -42,53 +40,53 @@ std::optional<std::vector<std::byte>> read_if_exists(const std::filesystem::path
 }
 
 void fsync_directory(const std::filesystem::path& directory) {
-  FileDescriptor fd(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) FERRY_SYSCALL_FAIL(directory.string(), ": cannot open directory");
-  if (::fsync(fd.get()) != 0) FERRY_SYSCALL_FAIL(directory.string(), ": fsync of directory");
+  if (!sync_directory(directory)) FERRY_SYSCALL_FAIL(directory.string(), ": fsync of directory");
 }
 
 void write_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  const std::filesystem::path temp = path.string() + ".tmp." + std::to_string(::getpid());
-  ::unlink(temp.c_str());  // left by a crash of an earlier process with this pid
+  std::filesystem::path temp = path;  // a path, not a string: non-ASCII names stay whole on Windows
+  temp += ".tmp." + std::to_string(process_id());
+  remove_file(temp);  // left by a crash of an earlier process with this pid
   {
-    FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    FileDescriptor fd = create_new(temp, 0600);
     if (!fd) FERRY_SYSCALL_FAIL(temp.string(), ": cannot create");
     try {
       write_all(fd.get(), bytes.data(), bytes.size(), 0, temp.string());
-      if (::fsync(fd.get()) != 0) FERRY_SYSCALL_FAIL(temp.string(), ": fsync");
+      if (!sync_all(fd.get())) FERRY_SYSCALL_FAIL(temp.string(), ": fsync");
     } catch (...) {
-      ::unlink(temp.c_str());
+      fd = FileDescriptor();  // closed first: Windows removes an open file only at its close
+      remove_file(temp);
       throw;
     }
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
+  if (!rename_replacing(temp, path)) {
     const int error = errno;
-    ::unlink(temp.c_str());
+    remove_file(temp);
     detail::fail_errno(error, path.string(), ": cannot rename ", temp.string(), " over it");
   }
   fsync_directory(path.parent_path());
 }
 
 AppendFile::AppendFile(const std::filesystem::path& path, std::uint64_t size)
-    : _fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC)), _name(path.string()), _size(size) {
+    : _fd(open_existing(path, true)), _name(path.string()), _size(size) {
   if (!_fd) FERRY_SYSCALL_FAIL(_name, ": cannot open for appending");
-  struct stat st {};
-  if (::fstat(_fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(_name);
-  if (static_cast<std::uint64_t>(st.st_size) != size) {
-    if (::ftruncate(_fd.get(), static_cast<off_t>(size)) != 0)
+  const auto now = identity_of_open(_fd.get());
+  if (!now) FERRY_SYSCALL_FAIL(_name);
+  if (now->size != size) {
+    if (!set_file_size(_fd.get(), size))
       FERRY_SYSCALL_FAIL(_name, ": cannot cut the torn tail at ", size);
-    if (::fdatasync(_fd.get()) != 0) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
+    if (!sync_data(_fd.get())) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
   }
 }
 
 void AppendFile::append(std::span<const std::byte> bytes) {
   try {
     write_all(_fd.get(), bytes.data(), bytes.size(), _size, _name);
-    if (::fdatasync(_fd.get()) != 0) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
+    if (!sync_data(_fd.get())) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
   } catch (...) {
     // No partial record may stay before later ones: replay would stop at it. If even the cut
     // fails, the next append at _size overwrites the partial bytes anyway.
-    if (::ftruncate(_fd.get(), static_cast<off_t>(_size)) == 0) ::fdatasync(_fd.get());
+    if (set_file_size(_fd.get(), _size)) sync_data(_fd.get());
     throw;
   }
   _size += bytes.size();

@@ -1,13 +1,10 @@
 #include "kv/host_block_io.hpp"
 
-#include <sys/uio.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +17,8 @@
 
 #include "ferry/error.hpp"
 #include "kv/block_hasher.hpp"
+#include "platform/file_ranges.hpp"
+#include "platform/system.hpp"
 #include "transfer/worker_pool.hpp"
 
 namespace ferry::detail::kv {
@@ -75,10 +74,10 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
              std::uint64_t offset) {
   std::uint64_t done = 0;
   while (done < size) {
-    const int fd = slabs.fd(slab);
-    const off_t at = static_cast<off_t>(offset + done);
-    const ssize_t n = kWrite ? ::pwrite(fd, buffer + done, size - done, at)
-                             : ::pread(fd, buffer + done, size - done, at);
+    const NativeDescriptor fd = slabs.fd(slab);
+    const std::uint64_t at = offset + done;
+    const std::int64_t n = kWrite ? write_some_at(fd, buffer + done, size - done, at)
+                                  : read_some_at(fd, buffer + done, size - done, at);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL && slabs.direct(slab)) {
@@ -93,28 +92,29 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
   return 0;
 }
 
-// The pieces as one preadv/pwritev (in windows of IOV_MAX), short transfers resumed; buffered,
+// The pieces as one preadv/pwritev (in windows of kMaxSlices), short transfers resumed; buffered,
 // or O_DIRECT where `direct` (an EINVAL there switches the slab to buffered, and the rest goes
 // that way). Returns 0 or the errno of the failure.
 template <bool kWrite>
 int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> pieces,
                     std::uint64_t offset, bool direct = false) {
-  std::vector<iovec> iov;
-  iov.reserve(std::min<std::size_t>(pieces.size(), IOV_MAX));
+  constexpr std::size_t kMaxSlices = 1024;  // IOV_MAX on Linux
+  std::vector<IoSlice> iov;
+  iov.reserve(std::min<std::size_t>(pieces.size(), kMaxSlices));
   for (std::size_t first = 0; first < pieces.size();) {
     iov.clear();
     std::uint64_t want = 0;
-    for (; first < pieces.size() && iov.size() < IOV_MAX; ++first) {
+    for (; first < pieces.size() && iov.size() < kMaxSlices; ++first) {
       if (pieces[first].size == 0) continue;
       iov.push_back({pieces[first].data, pieces[first].size});
       want += pieces[first].size;
     }
     std::size_t at = 0;
     while (want > 0) {
-      const int fd = direct ? slabs.fd(slab) : slabs.buffered_fd(slab);
-      const int count = static_cast<int>(iov.size() - at);
-      const ssize_t n = kWrite ? ::pwritev(fd, &iov[at], count, static_cast<off_t>(offset))
-                               : ::preadv(fd, &iov[at], count, static_cast<off_t>(offset));
+      const NativeDescriptor fd = direct ? slabs.fd(slab) : slabs.buffered_fd(slab);
+      const std::size_t count = iov.size() - at;
+      const std::int64_t n = kWrite ? write_slices_at(fd, &iov[at], count, offset)
+                                    : read_slices_at(fd, &iov[at], count, offset);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EINVAL && direct && slabs.direct(slab)) {
         slabs.fall_back_to_buffered(slab);
@@ -125,10 +125,10 @@ int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> piece
       auto left = static_cast<std::uint64_t>(n);
       offset += left;
       want -= left;
-      for (; left > 0 && left >= iov[at].iov_len; ++at) left -= iov[at].iov_len;
+      for (; left > 0 && left >= iov[at].size; ++at) left -= iov[at].size;
       if (left > 0) {
-        iov[at].iov_base = static_cast<std::byte*>(iov[at].iov_base) + left;
-        iov[at].iov_len -= left;
+        iov[at].data = static_cast<std::byte*>(iov[at].data) + left;
+        iov[at].size -= left;
       }
     }
   }
@@ -179,7 +179,7 @@ HostBlockIo::Buffer HostBlockIo::take_buffer() {
       return b;
     }
   }
-  void* p = std::aligned_alloc(kAlign, round_up(_slot_bytes));
+  void* p = aligned_malloc(kAlign, round_up(_slot_bytes));
   if (p == nullptr) throw std::bad_alloc();
   return Buffer(static_cast<std::byte*>(p));
 }
@@ -331,8 +331,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
 }
 
 void HostBlockIo::sync(int slab) {
-  if (::fdatasync(_slabs.buffered_fd(slab)) != 0)
-    FERRY_SYSCALL_FAIL(_slabs.name(slab), ": fdatasync");
+  if (!sync_data(_slabs.buffered_fd(slab))) FERRY_SYSCALL_FAIL(_slabs.name(slab), ": fdatasync");
 }
 
 bool HostBlockIo::direct() const {

@@ -14,12 +14,14 @@
 #pragma once
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "kv/block_io.hpp"
 #include "kv/slab_files.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::detail::kv {
 
@@ -33,7 +35,7 @@ class HostBlockIo final : public BlockIo {
 
  private:
   struct FreeDeleter {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
+    void operator()(std::byte* p) const noexcept { aligned_free(p); }
   };
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
   Buffer take_buffer();

@@ -1,9 +1,6 @@
 // `ferry kv bench` (ferry/kv_bench.hpp): timings for reporting only, never for tests.
 #include "ferry/kv_bench.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -14,6 +11,8 @@
 #include "cuda/cuda_resources.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "platform/file_ops.hpp"
+#include "platform/file_ranges.hpp"
 
 namespace ferry {
 namespace {
@@ -112,11 +111,10 @@ double median(std::vector<double> v) {
 // Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or
 // synced), so the next read comes from the device.
 void drop_cache(const fs::path& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  detail::sync_data(fd.get());
+  detail::drop_cached_pages(fd.get());
 }
 
 // The slab files of a store's directory.
@@ -130,11 +128,13 @@ std::vector<fs::path> slabs_of(const fs::path& directory) {
 // Reads a file through the page cache.
 void warm(const fs::path& file) {
   std::vector<char> buffer(8 << 20);
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  while (::read(fd, buffer.data(), buffer.size()) > 0) {
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  for (std::uint64_t at = 0;;) {
+    const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
+    if (n <= 0) break;
+    at += static_cast<std::uint64_t>(n);
   }
-  ::close(fd);
 }
 
 // Raw I/O of the same bytes as the store moves: `count` blocks, one pwrite/pread per block at
@@ -145,12 +145,11 @@ class RawFile {
  public:
   RawFile(fs::path file, std::uint64_t block, std::uint64_t count, std::uint64_t batch)
       : _path(std::move(file)), _slot(round_up(block)), _count(count), _batch(batch) {
-    _direct = ::open(_path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-    _buffered = ::open(_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (_buffered < 0) FERRY_SYSCALL_FAIL(_path.string(), ": cannot open");
-    if (_direct < 0) _direct = _buffered;  // a file system that refuses O_DIRECT
-    if (::posix_fallocate(_buffered, 0, static_cast<off_t>(_slot * count)) != 0)
-      FERRY_SYSCALL_FAIL(_path.string(), ": fallocate");
+    _buffered = detail::open_or_create(_path, 0600);
+    if (!_buffered) FERRY_SYSCALL_FAIL(_path.string(), ": cannot open");
+    if (const int error = detail::preallocate(_buffered.get(), _slot * count); error != 0)
+      detail::fail_errno(error, _path.string(), ": fallocate");
+    _direct = detail::open_existing(_path, true, true);  // empty where O_DIRECT is refused
     const std::size_t threads = std::min<std::uint64_t>(kThreads, batch);
     for (std::size_t t = 0; t < threads; ++t) {
       _buffers.push_back(detail::allocate_host_memory(_slot));
@@ -160,21 +159,21 @@ class RawFile {
   RawFile(const RawFile&) = delete;
   RawFile& operator=(const RawFile&) = delete;
   ~RawFile() {
-    if (_direct != _buffered) ::close(_direct);
-    ::close(_buffered);
+    _direct = {};
+    _buffered = {};  // closed before the removal (Windows removes an open file only at its close)
     std::error_code ignored;
     fs::remove(_path, ignored);
   }
 
   // Seconds for one pass over every block.
-  double write() { return pass(true, _direct); }
+  double write() { return pass(true, direct()); }
   double read_cold() {
     drop_cache(_path);
-    return pass(false, _direct);
+    return pass(false, direct());
   }
   double read_warm() {
     warm(_path);
-    return pass(false, _buffered);
+    return pass(false, _buffered.get());
   }
 
  private:
@@ -182,12 +181,14 @@ class RawFile {
 
   // The threads stay for the whole pass, meeting at a barrier after each batch (whose last
   // arrival syncs a write batch), so no thread is made per batch.
-  double pass(bool writing, int fd) {
+  detail::NativeDescriptor direct() const { return _direct ? _direct.get() : _buffered.get(); }
+
+  double pass(bool writing, detail::NativeDescriptor fd) {
     const std::size_t threads = _buffers.size();
     const std::uint64_t batches = (_count + _batch - 1) / _batch;
     std::atomic<bool> failed{false};
     std::barrier meet(static_cast<std::ptrdiff_t>(threads), [&]() noexcept {
-      if (writing && ::fdatasync(fd) != 0) failed = true;
+      if (writing && !detail::sync_data(fd)) failed = true;
     });
     const auto start = Clock::now();
     std::vector<std::thread> pool;
@@ -196,11 +197,11 @@ class RawFile {
         for (std::uint64_t b = 0; b < batches; ++b) {
           const std::uint64_t first = b * _batch, end = std::min(_count, first + _batch);
           for (std::uint64_t i = first + t; i < end; i += threads) {
-            const auto at = static_cast<off_t>(i * _slot);
             void* buffer = _buffers[t].get();
-            const ssize_t done =
-                writing ? ::pwrite(fd, buffer, _slot, at) : ::pread(fd, buffer, _slot, at);
-            if (done != static_cast<ssize_t>(_slot)) failed = true;
+            const std::int64_t done = writing
+                                          ? detail::write_some_at(fd, buffer, _slot, i * _slot)
+                                          : detail::read_some_at(fd, buffer, _slot, i * _slot);
+            if (done != static_cast<std::int64_t>(_slot)) failed = true;
           }
           meet.arrive_and_wait();
         }
@@ -213,7 +214,7 @@ class RawFile {
 
   fs::path _path;
   std::uint64_t _slot, _count, _batch;
-  int _direct = -1, _buffered = -1;
+  detail::FileDescriptor _buffered, _direct;
   std::vector<std::shared_ptr<void>> _buffers;
 };
 

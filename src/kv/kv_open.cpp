@@ -2,10 +2,6 @@
 // open), listing the namespaces under a root, and the store's files set up for open().
 #include "ferry/kv_store.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -24,6 +20,7 @@
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
+#include "platform/file_ops.hpp"
 
 
 namespace ferry {
@@ -185,24 +182,24 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
     std::error_code error;
     fs::create_directories(root, error);
     if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
-    if (::mkdir(impl->dir.c_str(), 0700) == 0)
+    if (detail::create_directory(impl->dir, 0700))
       fsync_directory(root);  // the new directory's name is durable before files go in it
     else if (errno != EEXIST)
       FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
     const fs::path lock_path = impl->dir / "writer.lock";
-    impl->lock_fd = detail::FileDescriptor(
-        ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    impl->lock_fd = detail::open_or_create(lock_path, 0600);
     if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
-    if (::flock(impl->lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (!detail::lock_exclusive(impl->lock_fd.get())) {
       if (errno == EWOULDBLOCK)
         FERRY_SYSCALL_FAIL(lock_path.string(),
                            ": another process writes this namespace (open read_only to share)");
       FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
     }
   } else {
-    struct stat st {};
-    if (::stat(impl->dir.c_str(), &st) != 0)
-      FERRY_SYSCALL_FAIL(impl->dir.string(), ": no KV store for this namespace (a writer creates it)");
+    std::error_code error;
+    if (!fs::exists(impl->dir, error))
+      detail::fail_errno(error ? error.value() : ENOENT, impl->dir.string(),
+                         ": no KV store for this namespace (a writer creates it)");
   }
   impl->check_manifest(writable);
   impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,

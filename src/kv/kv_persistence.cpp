@@ -1,15 +1,12 @@
 // KVStore's durable state: applying records, loading the checkpoint and replaying the journal
 // at open, appending a batch's records, writing a checkpoint, and a reader's refresh.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <mutex>
 
 #include "ferry/error.hpp"
 #include "kv/kv_store_impl.hpp"
+#include "platform/file_ops.hpp"
 
 namespace ferry {
 
@@ -46,13 +43,15 @@ void KVStore::Impl::load_state(bool writable) {
     const auto checkpoint = read_if_exists(checkpoint_path);
     CheckpointHeader base;
     if (checkpoint) base = decode_checkpoint_header(*checkpoint, limits, checkpoint_path.string());
-    detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
+    detail::FileDescriptor fd = detail::open_existing(journal_path, false);
     if (!fd && errno != ENOENT) FERRY_SYSCALL_FAIL(journal_name, ": cannot open");
     std::vector<std::byte> bytes;
-    struct stat st {};
+    detail::FileIdentity st;
     if (fd) {
-      if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_name);
-      bytes.resize(static_cast<std::size_t>(st.st_size));
+      const auto now = detail::identity_of_open(fd.get());
+      if (!now) FERRY_SYSCALL_FAIL(journal_name);
+      st = *now;
+      bytes.resize(static_cast<std::size_t>(st.size));
       bytes.resize(detail::read_up_to(fd, bytes.data(), bytes.size(), 0, journal_path));
     }
     std::optional<std::uint64_t> journal_epoch;
@@ -76,9 +75,10 @@ void KVStore::Impl::load_state(bool writable) {
       records_since_checkpoint = scan.records.size();
       valid_end = scan.valid_end;
       counters.journal_tail_dropped = scan.torn_bytes;
-      journal_inode = st.st_ino;
+      journal_inode = st.inode;
       journal_offset = valid_end;
     }
+    fd = {};  // closed before a rename over it (Windows refuses to replace an open file)
     if (writable) {
       if (!journal_epoch || *journal_epoch != base.epoch) {
         // No journal, or one older than the checkpoint (a crash between the two renames):
@@ -114,7 +114,16 @@ void KVStore::Impl::checkpoint_locked() {
   // Checkpoint first, then the new journal: a crash in between leaves a journal older than
   // the checkpoint, which open recognises by its epoch and replaces.
   write_atomically(checkpoint_path, encode_checkpoint(snapshot, limits));
-  write_atomically(journal_path, encode_journal_header(snapshot.epoch));
+  // The old journal closed before the new one is renamed over it: Windows refuses to replace an
+  // open file. Should that rename fail, appends go on to the old journal, as before.
+  const std::uint64_t old_size = journal.size();
+  journal = AppendFile();
+  try {
+    write_atomically(journal_path, encode_journal_header(snapshot.epoch));
+  } catch (...) {
+    journal = AppendFile(journal_path, old_size);
+    throw;
+  }
   journal = AppendFile(journal_path, kJournalHeaderSize);
   epoch = snapshot.epoch;
   records_since_checkpoint = 0;
@@ -124,19 +133,19 @@ void KVStore::Impl::checkpoint_locked() {
 
 void KVStore::Impl::refresh() {
   std::lock_guard commit_lock(commit);
-  detail::FileDescriptor fd(::open(journal_path.c_str(), O_RDONLY | O_CLOEXEC));
+  detail::FileDescriptor fd = detail::open_existing(journal_path, false);
   if (!fd) {
     if (errno == ENOENT) return;  // between the writer's creation steps
     FERRY_SYSCALL_FAIL(journal_path.string(), ": cannot open");
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) FERRY_SYSCALL_FAIL(journal_path.string());
-  if (st.st_ino != journal_inode) {  // the writer checkpointed: start again from its snapshot
+  const auto st = detail::identity_of_open(fd.get());
+  if (!st) FERRY_SYSCALL_FAIL(journal_path.string());
+  if (st->inode != journal_inode) {  // the writer checkpointed: start again from its snapshot
     std::lock_guard lock(mutex);
     load_state(false);
     return;
   }
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t size = st->size;
   if (size <= journal_offset) return;
   std::vector<std::byte> bytes(size);
   const std::size_t got = detail::read_up_to(fd, bytes.data() + journal_offset,

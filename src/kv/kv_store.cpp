@@ -3,10 +3,6 @@
 // (index, counters); no I/O on slabs is done under either.
 #include "ferry/kv_store.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>

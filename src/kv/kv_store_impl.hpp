@@ -2,8 +2,6 @@
 // Shared by kv_store.cpp (the operations) and kv_persistence.cpp (journal, checkpoint, replay).
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -40,7 +38,7 @@ struct KVStore::Impl {
   std::mutex commit;  // the journal, checkpoints, a reader's refresh
   AppendFile journal;
   std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
-  ino_t journal_inode = 0;           // a reader: the journal file it follows
+  std::uint64_t journal_inode = 0;   // a reader: the journal file it follows (its inode)
   std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
 
   std::mutex mutex;  // the index, pending keys and counters

@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "io/file_descriptor.hpp"
+#include "platform/file_ops.hpp"
 
 namespace ferry::detail::kv {
 
@@ -24,34 +24,24 @@ class SlabFiles {
 
   unsigned count() const { return static_cast<unsigned>(_files.size()); }
   // The descriptor I/O should use now: O_DIRECT unless refused.
-  int fd(int slab) const;
-  int buffered_fd(int slab) const { return _files[slab]->buffered.get(); }
+  NativeDescriptor fd(int slab) const;
+  NativeDescriptor buffered_fd(int slab) const { return _files[slab]->buffered.get(); }
   const std::string& name(int slab) const { return _files[slab]->name; }
+  const std::filesystem::path& path(int slab) const { return _files[slab]->path; }
   bool direct(int slab) const { return _files[slab]->use_direct.load(); }
   // The file system refused O_DIRECT at I/O time (EINVAL): use the buffered descriptor from
   // now on. Both stay open, so I/O in flight on the other is unaffected.
   void fall_back_to_buffered(int slab) { _files[slab]->use_direct = false; }
-  // Whether every page of [offset, offset + length) is in the page cache now (mincore over a
-  // read-only mapping of the slab made at first use); false where that cannot be told.
+  // Whether every page of [offset, offset + length) is in the page cache now; false where that
+  // cannot be told (Windows).
   bool cached(int slab, std::uint64_t offset, std::uint64_t length) const;
 
  private:
-  // A read-only shared mapping, only ever asked which of its pages are resident.
-  struct Mapping {
-    Mapping() = default;
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    ~Mapping();
-    void* data = nullptr;
-    std::uint64_t bytes = 0;
-  };
   struct File {
     FileDescriptor buffered, direct;
-    std::string name;
-    std::uint64_t bytes = 0;
+    std::filesystem::path path;
+    std::string name;  // the path in messages
     std::atomic<bool> use_direct{false};
-    mutable std::once_flag mapped;
-    mutable Mapping mapping;
   };
   std::vector<std::unique_ptr<File>> _files;
 };

@@ -147,7 +147,7 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
     if (!_files) {
       auto files = FileSet::create();
       for (unsigned i = 0; i < _slabs.count(); ++i)
-        files->add(_slabs.name(static_cast<int>(i)),
+        files->add(_slabs.path(static_cast<int>(i)),
                    _writable ? FileAccess::ReadWrite : FileAccess::Read);
       _files = std::move(files);
     }

@@ -1,16 +1,28 @@
-#include <nlohmann/json.hpp>
-
 #include "ferry/load_stats.hpp"
+
+#include "load/stats_json.hpp"
 
 namespace ferry {
 
+namespace detail {
+
+nlohmann::json files_json(const std::vector<FileLoadStats>& files) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& f : files)
+    out.push_back({{"path", f.path.string()},
+                   {"io_path", io_path_name(f.io_path)},
+                   {"reason", f.reason},
+                   {"bytes_read", f.bytes_read}});
+  return out;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace detail
+
 std::string to_json(const LoadStats& s) {
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : s.files)
-    files.push_back({{"path", f.path.string()},
-                     {"io_path", io_path_name(f.io_path)},
-                     {"reason", f.reason},
-                     {"bytes_read", f.bytes_read}});
   const nlohmann::json j = {{"device", s.device},
                             {"tensor_bytes", s.tensor_bytes},
                             {"allocated_bytes", s.allocated_bytes},
@@ -30,9 +42,8 @@ std::string to_json(const LoadStats& s) {
                             {"wait_thread_seconds", s.wait_thread_seconds},
                             {"queue_thread_seconds", s.queue_thread_seconds},
                             {"chunk_bytes", s.chunk_bytes},
-                            {"files", files}};
-  // Paths are bytes, not always UTF-8: what JSON cannot hold becomes U+FFFD.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+                            {"files", detail::files_json(s.files)}};
+  return detail::dump_json(j);
 }
 
 }  // namespace ferry

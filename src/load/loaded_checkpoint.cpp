@@ -9,6 +9,7 @@
 #include "ferry/load_plan.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
+#include "load/ticket_wait.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/ticket_state.hpp"
@@ -78,15 +79,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   state->stats.note = route.note;
   Ticket ticket = detail::start(*route.backend, std::move(state));
   // Every copy out of staging has finished when the wait returns, even on failure.
-  if (options.keep_going) {
-    while (!ticket.wait_for(0.05))
-      if (!options.keep_going()) {
-        ticket.cancel();
-        break;
-      }
-  }
-  ticket.wait();
-  ticket.rethrow_if_failed();
+  detail::wait_for_load(ticket, options);
   const TransferStats& ts = ticket.stats();
   stats.reader_threads = ts.threads;
   stats.chunk_bytes = ts.chunk_bytes;

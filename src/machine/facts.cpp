@@ -5,6 +5,7 @@
 #include "dstorage/availability.hpp"
 #ifdef _WIN32
 #include "dstorage/adapters.hpp"
+#include "transfer/dstorage_bridge.hpp"
 #endif
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
@@ -87,9 +88,12 @@ std::uint64_t physical_memory_bytes() { return detail::physical_memory_bytes(); 
 DirectStorageFacts directstorage_facts() {
   const auto& a = dstorage::availability();
 #ifdef _WIN32
-  return {a.usable, a.reason, dstorage::adapter_for_cuda_device(0)};
+  std::string error;
+  const detail::DirectStorageBridge* bridge = detail::directstorage_bridge(0, error);
+  return {a.usable, a.reason, dstorage::adapter_for_cuda_device(0),
+          bridge ? "ready: " + bridge->adapter : error};
 #else
-  return {a.usable, a.reason, {}};
+  return {a.usable, a.reason, {}, {}};
 #endif
 }
 

@@ -1,7 +1,7 @@
 // An open file as the operating system gives it: one buffered handle, and an unbuffered one
 // (O_DIRECT; FILE_FLAG_NO_BUFFERING on Windows) where the file system allows it, with the file's
-// identity taken at open. This header is the seam: platform/posix/ implements it now, a Windows
-// implementation fills the same declarations later. Nothing above platform/ calls the OS for files.
+// identity taken at open. This header is the seam: platform/posix/ and platform/windows/ implement
+// what differs, platform/file.cpp what does not. Nothing above platform/ calls the OS for files.
 #pragma once
 
 #include <atomic>
@@ -37,6 +37,9 @@ struct FileIdentity {
 // A descriptor on POSIX, a HANDLE on Windows.
 using NativeFile = std::intptr_t;
 inline constexpr NativeFile kNoNativeFile = -1;
+// Closes one open handle (close; CloseHandle on Windows). PlatformFile's ownership of its
+// handles (platform/file.cpp) is the same everywhere; only this differs.
+void close_native_file(NativeFile f) noexcept;
 
 class PlatformFile {
  public:

@@ -65,6 +65,12 @@ CudaDriver load_driver() {
   std::string optional;
   if (!resolve(library, "cuEventElapsedTime_v2", d.cuEventElapsedTime, optional))
     resolve(library, "cuEventElapsedTime", d.cuEventElapsedTime, optional);
+  resolve(library, "cuImportExternalMemory", d.cuImportExternalMemory, optional);
+  resolve(library, "cuExternalMemoryGetMappedBuffer", d.cuExternalMemoryGetMappedBuffer, optional);
+  resolve(library, "cuDestroyExternalMemory", d.cuDestroyExternalMemory, optional);
+  resolve(library, "cuImportExternalSemaphore", d.cuImportExternalSemaphore, optional);
+  resolve(library, "cuWaitExternalSemaphoresAsync", d.cuWaitExternalSemaphoresAsync, optional);
+  resolve(library, "cuDestroyExternalSemaphore", d.cuDestroyExternalSemaphore, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

@@ -46,6 +46,65 @@ struct Memcpy3DPeer {
   std::size_t dstPitch = 0, dstHeight = 0;
   std::size_t WidthInBytes = 0, Height = 0, Depth = 0;
 };
+
+// External memory and semaphores (CUDA 10 and later): what DirectStorage's D3D12 buffer and
+// fence become in CUDA on Windows (transfer/dstorage_gpu.cpp). The v1 structs of cuda.h, byte
+// for byte; zero them ({}) before use, as cuda.h asks of `reserved`.
+struct ExternalMemoryState;
+using ExternalMemory = ExternalMemoryState*;
+struct ExternalSemaphoreState;
+using ExternalSemaphore = ExternalSemaphoreState*;
+inline constexpr int kExternalMemoryHandleTypeD3D12Resource = 5;
+inline constexpr unsigned kExternalMemoryDedicated = 0x1;
+inline constexpr int kExternalSemaphoreHandleTypeD3D12Fence = 4;
+union ExternalHandle {
+  int fd;
+  struct {
+    void* handle;  // an NT handle (CreateSharedHandle); CUDA does not take ownership of it
+    const void* name;
+  } win32;
+  const void* nvSciObject;
+};
+struct ExternalMemoryHandleDesc {  // CUDA_EXTERNAL_MEMORY_HANDLE_DESC
+  int type;
+  ExternalHandle handle;
+  unsigned long long size;  // for a D3D12 resource: GetResourceAllocationInfo's SizeInBytes
+  unsigned flags;
+  unsigned reserved[16];
+};
+struct ExternalMemoryBufferDesc {  // CUDA_EXTERNAL_MEMORY_BUFFER_DESC
+  unsigned long long offset;
+  unsigned long long size;
+  unsigned flags;
+  unsigned reserved[16];
+};
+struct ExternalSemaphoreHandleDesc {  // CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC
+  int type;
+  ExternalHandle handle;
+  unsigned flags;
+  unsigned reserved[16];
+};
+struct ExternalSemaphoreWaitParams {  // CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS
+  struct {
+    struct {
+      unsigned long long value;  // the fence value to wait for
+    } fence;
+    union {
+      void* fence;
+      unsigned long long reserved;
+    } nvSciSync;
+    struct {
+      unsigned long long key;
+      unsigned timeoutMs;
+    } keyedMutex;
+    unsigned reserved[10];
+  } params;
+  unsigned flags;
+  unsigned reserved[16];
+};
+static_assert(sizeof(ExternalMemoryHandleDesc) == 104 && sizeof(ExternalMemoryBufferDesc) == 88 &&
+              sizeof(ExternalSemaphoreHandleDesc) == 96 &&
+              sizeof(ExternalSemaphoreWaitParams) == 144);
 }  // namespace cu
 
 // A process-wide table of driver entry points. Loaded once, never unloaded (the library is
@@ -101,6 +160,20 @@ struct CudaDriver {
   cu::Result (*cuMemcpy3DPeerAsync)(const cu::Memcpy3DPeer*, cu::Stream) = nullptr;
   // Optional (null where the driver lacks it): timing only, never needed to move bytes.
   cu::Result (*cuEventElapsedTime)(float*, cu::Event, cu::Event) = nullptr;
+  // Optional (null where the driver lacks them): external memory and semaphores, for
+  // DirectStorage's D3D12 buffer and fence. cuExternalMemoryGetMappedBuffer's pointer is freed
+  // with cuMemFree.
+  cu::Result (*cuImportExternalMemory)(cu::ExternalMemory*,
+                                       const cu::ExternalMemoryHandleDesc*) = nullptr;
+  cu::Result (*cuExternalMemoryGetMappedBuffer)(cu::DevicePtr*, cu::ExternalMemory,
+                                                const cu::ExternalMemoryBufferDesc*) = nullptr;
+  cu::Result (*cuDestroyExternalMemory)(cu::ExternalMemory) = nullptr;
+  cu::Result (*cuImportExternalSemaphore)(cu::ExternalSemaphore*,
+                                          const cu::ExternalSemaphoreHandleDesc*) = nullptr;
+  cu::Result (*cuWaitExternalSemaphoresAsync)(const cu::ExternalSemaphore*,
+                                              const cu::ExternalSemaphoreWaitParams*, unsigned,
+                                              cu::Stream) = nullptr;
+  cu::Result (*cuDestroyExternalSemaphore)(cu::ExternalSemaphore) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

@@ -60,6 +60,31 @@ struct Ours<CUDA_MEMCPY3D_PEER> {
   using type = cu::Memcpy3DPeer;
 };
 
+template <>
+struct Ours<CUexternalMemory> {
+  using type = cu::ExternalMemory;
+};
+template <>
+struct Ours<CUexternalSemaphore> {
+  using type = cu::ExternalSemaphore;
+};
+template <>
+struct Ours<CUDA_EXTERNAL_MEMORY_HANDLE_DESC> {
+  using type = cu::ExternalMemoryHandleDesc;
+};
+template <>
+struct Ours<CUDA_EXTERNAL_MEMORY_BUFFER_DESC> {
+  using type = cu::ExternalMemoryBufferDesc;
+};
+template <>
+struct Ours<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC> {
+  using type = cu::ExternalSemaphoreHandleDesc;
+};
+template <>
+struct Ours<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> {
+  using type = cu::ExternalSemaphoreWaitParams;
+};
+
 template <class Real, class Declared>
 constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
 
@@ -139,6 +164,43 @@ FERRY_CHECK_FIELD(WidthInBytes);
 FERRY_CHECK_FIELD(Height);
 FERRY_CHECK_FIELD(Depth);  // cuda.h maps it to the current version
 static_assert(CU_EVENT_DEFAULT == cu::kEventDefault);
+
+// External memory and semaphores: the entry points, the constants and every field's offset.
+FERRY_CHECK_ABI(cuImportExternalMemory, cuImportExternalMemory);
+FERRY_CHECK_ABI(cuExternalMemoryGetMappedBuffer, cuExternalMemoryGetMappedBuffer);
+FERRY_CHECK_ABI(cuDestroyExternalMemory, cuDestroyExternalMemory);
+FERRY_CHECK_ABI(cuImportExternalSemaphore, cuImportExternalSemaphore);
+FERRY_CHECK_ABI(cuWaitExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync);
+FERRY_CHECK_ABI(cuDestroyExternalSemaphore, cuDestroyExternalSemaphore);
+static_assert(CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE ==
+              cu::kExternalMemoryHandleTypeD3D12Resource);
+static_assert(CUDA_EXTERNAL_MEMORY_DEDICATED == cu::kExternalMemoryDedicated);
+static_assert(CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE ==
+              cu::kExternalSemaphoreHandleTypeD3D12Fence);
+#define FERRY_CHECK_STRUCT_FIELD(real, ours, f) \
+  static_assert(offsetof(real, f) == offsetof(ours, f), #real "." #f)
+static_assert(sizeof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC) == sizeof(cu::ExternalMemoryHandleDesc));
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, cu::ExternalMemoryHandleDesc, type);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, cu::ExternalMemoryHandleDesc,
+                         handle.win32.handle);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, cu::ExternalMemoryHandleDesc, size);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, cu::ExternalMemoryHandleDesc, flags);
+static_assert(sizeof(CUDA_EXTERNAL_MEMORY_BUFFER_DESC) == sizeof(cu::ExternalMemoryBufferDesc));
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_BUFFER_DESC, cu::ExternalMemoryBufferDesc, offset);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_BUFFER_DESC, cu::ExternalMemoryBufferDesc, size);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_MEMORY_BUFFER_DESC, cu::ExternalMemoryBufferDesc, flags);
+static_assert(sizeof(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC) ==
+              sizeof(cu::ExternalSemaphoreHandleDesc));
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, cu::ExternalSemaphoreHandleDesc,
+                         handle.win32.handle);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC, cu::ExternalSemaphoreHandleDesc,
+                         flags);
+static_assert(sizeof(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS) ==
+              sizeof(cu::ExternalSemaphoreWaitParams));
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, cu::ExternalSemaphoreWaitParams,
+                         params.fence.value);
+FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, cu::ExternalSemaphoreWaitParams,
+                         flags);
 
 }  // namespace
 }  // namespace ferry::shim

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "ferry/error.hpp"
@@ -20,14 +19,6 @@ namespace ferry::detail {
 namespace {
 
 int fd_of(NativeFile f) { return static_cast<int>(f); }
-
-void close_native(NativeFile& f) noexcept {
-  if (f != kNoNativeFile) ::close(fd_of(std::exchange(f, kNoNativeFile)));
-}
-
-void close_native(std::atomic<NativeFile>& f) noexcept {
-  if (const NativeFile old = f.exchange(kNoNativeFile); old != kNoNativeFile) ::close(fd_of(old));
-}
 
 // EMFILE and ENFILE name the process's (or the system's) descriptor limit, not the file.
 [[noreturn]] void open_failed(int error, const std::filesystem::path& path) {
@@ -45,6 +36,8 @@ FileIdentity identity_of(const struct stat& st) {
 }
 
 }  // namespace
+
+void close_native_file(NativeFile f) noexcept { ::close(fd_of(f)); }
 
 PlatformFile PlatformFile::open(const std::filesystem::path& path, FileAccess access,
                                 bool want_direct) {
@@ -65,29 +58,6 @@ PlatformFile PlatformFile::open(const std::filesystem::path& path, FileAccess ac
   f._identity = identity_of(st);
   if (want_direct) f.add_direct();
   return f;
-}
-
-PlatformFile::PlatformFile(PlatformFile&& other) noexcept { *this = std::move(other); }
-
-PlatformFile& PlatformFile::operator=(PlatformFile&& other) noexcept {
-  if (this != &other) {
-    close_native(_buffered);
-    close_native(_direct);
-    _path = std::move(other._path);
-    _access = other._access;
-    _buffered = std::exchange(other._buffered, kNoNativeFile);
-    _direct.store(other._direct.exchange(kNoNativeFile));
-    _identity = other._identity;
-    _direct_refusal = std::move(other._direct_refusal);
-    _residency.store(other._residency.load());
-    _residency_at.store(other._residency_at.exchange(-1));
-  }
-  return *this;
-}
-
-PlatformFile::~PlatformFile() {
-  close_native(_buffered);
-  close_native(_direct);
 }
 
 FileIdentity PlatformFile::current_identity() const {

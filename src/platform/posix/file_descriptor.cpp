@@ -77,11 +77,4 @@ std::size_t read_up_to(const FileDescriptor& fd, void* buffer, std::size_t size,
   return done;
 }
 
-void read_exact(const FileDescriptor& fd, void* buffer, std::size_t size, std::uint64_t offset,
-                const std::filesystem::path& path) {
-  std::size_t got = read_up_to(fd, buffer, size, offset, path);
-  FERRY_FORMAT_EXPECT(got == size, path.string(), ": unexpected end of file at offset ",
-                      offset + got, " (wanted ", size, " bytes at offset ", offset, ")");
-}
-
 }  // namespace ferry::detail

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <utility>
 
 #include "ferry/error.hpp"
 #include "platform/windows/win32.hpp"
@@ -16,15 +15,6 @@ namespace {
 
 HANDLE handle_of(NativeFile f) { return reinterpret_cast<HANDLE>(f); }
 NativeFile native_of(HANDLE h) { return reinterpret_cast<NativeFile>(h); }
-
-void close_native(NativeFile& f) noexcept {
-  if (f != kNoNativeFile) ::CloseHandle(handle_of(std::exchange(f, kNoNativeFile)));
-}
-
-void close_native(std::atomic<NativeFile>& f) noexcept {
-  if (const NativeFile old = f.exchange(kNoNativeFile); old != kNoNativeFile)
-    ::CloseHandle(handle_of(old));
-}
 
 // Other readers, writers and renames of the file stay possible while ferry holds it, as on POSIX.
 constexpr DWORD kShareAll = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
@@ -57,6 +47,8 @@ bool is_directory(HANDLE file) {
 
 }  // namespace
 
+void close_native_file(NativeFile f) noexcept { ::CloseHandle(handle_of(f)); }
+
 PlatformFile PlatformFile::open(const std::filesystem::path& path, FileAccess access,
                                 bool want_direct) {
   PlatformFile f;
@@ -75,29 +67,6 @@ PlatformFile PlatformFile::open(const std::filesystem::path& path, FileAccess ac
   f._identity = identity_of(h, path);
   if (want_direct) f.add_direct();
   return f;
-}
-
-PlatformFile::PlatformFile(PlatformFile&& other) noexcept { *this = std::move(other); }
-
-PlatformFile& PlatformFile::operator=(PlatformFile&& other) noexcept {
-  if (this != &other) {
-    close_native(_buffered);
-    close_native(_direct);
-    _path = std::move(other._path);
-    _access = other._access;
-    _buffered = std::exchange(other._buffered, kNoNativeFile);
-    _direct.store(other._direct.exchange(kNoNativeFile));
-    _identity = other._identity;
-    _direct_refusal = std::move(other._direct_refusal);
-    _residency.store(other._residency.load());
-    _residency_at.store(other._residency_at.exchange(-1));
-  }
-  return *this;
-}
-
-PlatformFile::~PlatformFile() {
-  close_native(_buffered);
-  close_native(_direct);
 }
 
 FileIdentity PlatformFile::current_identity() const {
