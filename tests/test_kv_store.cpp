@@ -18,6 +18,7 @@
 #include "ferry/error.hpp"
 #include "kv_test_support.hpp"
 #include "platform/file_ranges.hpp"
+#include "platform/system.hpp"
 
 namespace ferry::test {
 namespace {
@@ -76,8 +77,8 @@ void drop_slab_cache(const std::filesystem::path& root) {
 
 std::shared_ptr<std::byte> page_aligned(std::uint64_t bytes) {
   const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
-  return {static_cast<std::byte*>(std::aligned_alloc(4096, rounded)),
-          [](std::byte* p) { std::free(p); }};
+  return {static_cast<std::byte*>(detail::aligned_malloc(4096, rounded)),
+          [](std::byte* p) { detail::aligned_free(p); }};
 }
 
 // Host memory by each route the host path takes: one 4 KiB-aligned piece (O_DIRECT straight
