@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "ferry/error.hpp"
@@ -204,6 +205,89 @@ TEST(Transfer, OneBadExtentFailsAloneWhileTheOthersLand) {
   EXPECT_TRUE(std::equal(a.begin(), a.end(), content.begin()));
   EXPECT_TRUE(std::equal(b.begin(), b.end(), content.begin() + 90000));
   EXPECT_THROW(t.rethrow_if_failed(), std::exception);
+}
+
+// What the observer saw of each extent, checked to come in order, each byte once, one call at a
+// time per extent.
+struct Observed {
+  explicit Observed(std::size_t extents) : bytes(extents), busy(extents) {}
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::atomic<bool>> busy;
+  std::atomic<int> misordered{0}, overlapping{0};
+  std::function<void(std::size_t, std::uint64_t, const std::byte*, std::uint64_t)> observer() {
+    return [this](std::size_t e, std::uint64_t offset, const std::byte* data, std::uint64_t n) {
+      if (busy[e].exchange(true)) ++overlapping;
+      if (offset != bytes[e].size()) ++misordered;
+      bytes[e].insert(bytes[e].end(), data, data + n);
+      std::this_thread::yield();  // gives another worker the chance to overtake
+      busy[e] = false;
+    };
+  }
+};
+
+TEST(Transfer, TheObserverSeesEachExtentsBytesInOrderOnceBothWays) {
+  TempDir dir;
+  auto set = FileSet::create();
+  set->add(dir / "data.bin", FileAccess::ReadWrite);
+  // Extents of many pieces (64 KiB chunks over 8 workers), unaligned ones, several spans.
+  const std::uint64_t sizes[] = {3ull << 20, 4096, 70001, (1 << 20) + 3, 5ull << 20, 12345};
+  std::vector<std::vector<std::byte>> data, back;
+  std::vector<Extent> puts, gets;
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; i < std::size(sizes); ++i) {
+    data.push_back(test::random_bytes(sizes[i], 40 + i));
+    back.emplace_back(sizes[i]);
+    const std::uint64_t half = sizes[i] / 2;
+    puts.push_back({0, at, {host(data[i], 0, half), host(data[i], half)}});
+    gets.push_back(i % 2 ? Extent{0, at, {host(back[i])}}
+                         : Extent{0, at, {host(back[i], 0, half), host(back[i], half)}});
+    at += sizes[i] + (i % 2 ? 4096 : 1);
+  }
+  TransferOptions options;
+  options.chunk_bytes = 64 << 10;
+  options.threads = 8;
+  for (const Direction direction : {Direction::MemoryToFile, Direction::FileToMemory}) {
+    Observed seen(std::size(sizes));
+    options.observer = seen.observer();
+    const bool writing = direction == Direction::MemoryToFile;
+    Ticket t = submit(set, direction, writing ? puts : gets, options);
+    t.wait();
+    expect_done(t);
+    EXPECT_EQ(seen.misordered, 0);
+    EXPECT_EQ(seen.overlapping, 0);
+    for (std::size_t i = 0; i < std::size(sizes); ++i)
+      EXPECT_TRUE(seen.bytes[i] == data[i]) << "extent " << i << (writing ? " put" : " get");
+  }
+  for (std::size_t i = 0; i < std::size(sizes); ++i) EXPECT_TRUE(back[i] == data[i]) << i;
+}
+
+TEST(Transfer, AFailedExtentLeavesTheObserverWaitingForNothing) {
+  TempDir dir;
+  auto content = test::random_bytes(3 << 20, 11);
+  test::write_file(dir / "data.bin",
+                   std::string(reinterpret_cast<char*>(content.data()), content.size()));
+  auto set = FileSet::create();
+  set->add(dir / "data.bin");
+  // The second extent runs past the end: its last pieces fail, the earlier ones are observed.
+  std::vector<std::byte> a(1 << 20), past(3 << 20), b(1 << 20);
+  TransferOptions options;
+  options.chunk_bytes = 64 << 10;
+  options.threads = 8;
+  Observed seen(3);
+  options.observer = seen.observer();
+  Ticket t = submit(set, Direction::FileToMemory,
+                    {{0, 0, {host(a)}}, {0, 1 << 20, {host(past)}}, {0, 2 << 20, {host(b)}}},
+                    options);
+  t.wait();
+  EXPECT_EQ(t.status(0).state, ExtentStatus::State::Done);
+  EXPECT_EQ(t.status(1).state, ExtentStatus::State::Failed);
+  EXPECT_EQ(t.status(2).state, ExtentStatus::State::Done);
+  EXPECT_EQ(seen.misordered, 0);
+  EXPECT_TRUE(std::equal(seen.bytes[0].begin(), seen.bytes[0].end(), content.begin()));
+  EXPECT_EQ(seen.bytes[0].size(), a.size());
+  EXPECT_EQ(seen.bytes[2].size(), b.size());
+  EXPECT_LT(seen.bytes[1].size(), past.size());
+  EXPECT_TRUE(std::equal(seen.bytes[1].begin(), seen.bytes[1].end(), content.begin() + (1 << 20)));
 }
 
 TEST(Transfer, CancelStopsBeforeTheNextChunk) {

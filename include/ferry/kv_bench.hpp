@@ -1,6 +1,7 @@
 // `ferry kv bench`: the KV store's put and get throughput per block size and data path, beside
 // the limits measured in the same run on the same root: raw O_DIRECT writes (synced per batch, as
-// puts are) and reads of the same bytes, and pinned device<->host copies of a batch.
+// puts are) and reads of the same bytes, a batch's blocks on as many threads as the store keeps
+// in flight (16), and pinned device<->host copies of a batch.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ struct KVBenchOptions {
   // The GPU paths to measure; empty: staged, and direct where cuFile can run. Host memory always
   // takes the host path.
   std::vector<KVPath> paths;
+  // Rounds per size and path: each a put, a cold get and a warm get, the raw write and read of
+  // the same bytes alternating with them (which goes first swaps every round); medians kept.
+  unsigned rounds = 3;
 };
 
 struct KVBenchRow {
@@ -34,6 +38,8 @@ struct KVBenchRow {
   double get_warm_gbps = 0;           // slabs read into the page cache first
   double put_iops = 0, get_iops = 0;  // blocks per second (cold get)
   double raw_write_gbps = 0, raw_read_gbps = 0;     // O_DIRECT, the same bytes and batches
+  double raw_warm_read_gbps = 0;                    // the same reads from the page cache
+  unsigned rounds = 0;                              // the figures are medians of this many
   double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;  // one batch's bytes; 0 for host memory
 };
 

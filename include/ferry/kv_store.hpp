@@ -5,7 +5,8 @@
 // preallocated slab files of 4 KiB-aligned slots; an append-only journal plus a periodic
 // checkpoint make the index survive restarts. Publish order: a block's bytes are written and
 // made durable before the journal record that makes it visible. Every block carries an
-// XXH3-64 checksum, checked on every get: a mismatch drops the block and reports a miss.
+// XXH3-64 checksum, checked on every get: a mismatch drops the block and reports a miss (the
+// destination's bytes are then undefined: blocks move straight into it where they can).
 //
 // Keys are 64-bit (vLLM's block hashes are integers); byte-string keys are hashed with
 // kv_key(). A key names content: putting a key that is present keeps the stored block.

@@ -58,6 +58,15 @@ struct TransferOptions {
   bool profile_copies = false;
   // Called from workers, one call at a time, as bytes land.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
+  // The staged path only (others never call it): sees each extent's bytes while they sit in host
+  // memory, on the worker thread: file -> memory after the read (beside the copies out), memory
+  // -> file after the copies into staging, before the write. Per extent in order, each byte once
+  // (a worker whose bytes are not next waits for the earlier ones); bytes of a failed or
+  // cancelled extent may go unseen. Calls for different extents run at once. Must not throw.
+  // A checksum taken on the way (the KV store's) costs no second pass over the bytes.
+  std::function<void(std::size_t extent, std::uint64_t extent_offset, const std::byte* data,
+                     std::uint64_t size)>
+      observer;
 };
 
 struct ExtentStatus {

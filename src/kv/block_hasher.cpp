@@ -37,6 +37,22 @@ struct BlockHasher::DeviceState {
   unsigned next = 0;
 };
 
+void StreamingHash::Free::operator()(XXH3_state_s* state) const noexcept {
+  XXH3_freeState(state);
+}
+
+StreamingHash::StreamingHash() : _state(XXH3_createState()) {
+  if (!_state) throw std::bad_alloc();
+  XXH3_64bits_reset(_state.get());
+}
+
+void StreamingHash::update(const void* data, std::uint64_t size) {
+  if (size) XXH3_64bits_update(_state.get(), data, size);
+  _bytes += size;
+}
+
+std::uint64_t StreamingHash::digest() const { return XXH3_64bits_digest(_state.get()); }
+
 BlockHasher::BlockHasher() = default;
 BlockHasher::~BlockHasher() = default;
 

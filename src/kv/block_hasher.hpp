@@ -13,7 +13,25 @@
 
 #include "kv/block_io.hpp"
 
+struct XXH3_state_s;
+
 namespace ferry::detail::kv {
+
+// XXH3-64 of bytes handed over in order: the digest one call over all of them gives.
+class StreamingHash {
+ public:
+  StreamingHash();  // throws std::bad_alloc
+  void update(const void* data, std::uint64_t size);
+  std::uint64_t bytes() const { return _bytes; }
+  std::uint64_t digest() const;
+
+ private:
+  struct Free {
+    void operator()(XXH3_state_s* state) const noexcept;
+  };
+  std::unique_ptr<XXH3_state_s, Free> _state;
+  std::uint64_t _bytes = 0;
+};
 
 class BlockHasher {
  public:

@@ -41,10 +41,10 @@ class BlockIo {
   // bytes as written. GPU memory is read only after `after_event` (a CUevent, or null) fires.
   // Failures are per block.
   virtual void write(std::span<BlockRequest> batch, void* after_event) = 0;
-  // Each block is ONE read. Its checksum is verified before any byte reaches host pieces and
-  // where the bytes pass through a device bounce buffer; a block read straight into the
-  // caller's GPU memory is verified there, so a mismatch may leave bytes in the destination
-  // (the block is reported missing either way: bad bytes are never reported as a hit).
+  // Each block is ONE read. Its checksum is verified in the bounce buffer where the bytes pass
+  // through one (host or device), before any reaches the caller; a block read straight into the
+  // caller's memory is verified there, so a mismatch may leave bytes in the destination (the
+  // block is reported missing either way: bad bytes are never reported as a hit).
   virtual void read(std::span<BlockRequest> batch) = 0;
   // Makes every write to `slab` so far durable (fdatasync). Throws std::system_error.
   virtual void sync(int slab) = 0;

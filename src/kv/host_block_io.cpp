@@ -2,29 +2,33 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include "ferry/error.hpp"
-#include "platform/file_ops.hpp"
+#include "kv/block_hasher.hpp"
+#include "platform/file_ranges.hpp"
 #include "platform/system.hpp"
+#include "transfer/worker_pool.hpp"
 
 namespace ferry::detail::kv {
 namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 
-constexpr std::size_t kMaxThreads = 4;
-constexpr std::uint64_t kInFlightBytes = 16ull << 20;  // the blocks a batch has in flight at once
-constexpr std::uint64_t kKeptBytes = 64ull << 20;      // the most bounce memory kept between calls
+constexpr std::size_t kMaxInFlight = 16;                // blocks of a batch moving at once
+constexpr std::uint64_t kBounceBytes = 256ull << 20;    // the most bounce memory one batch uses
+constexpr std::uint64_t kKeptBytes = 64ull << 20;       // the most bounce memory kept between calls
 
 std::uint64_t total(std::span<const BlockSpan> pieces) {
   std::uint64_t sum = 0;
@@ -33,6 +37,34 @@ std::uint64_t total(std::span<const BlockSpan> pieces) {
 }
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kAlign == 0; }
+
+// The block's one piece, where it can go straight between the caller's memory and O_DIRECT.
+const BlockSpan* direct_piece(const BlockRequest& r) {
+  return r.pieces.size() == 1 && r.pieces[0].size > 0 && aligned(r.pieces[0].data)
+             ? &r.pieces[0]
+             : nullptr;
+}
+
+// Several pieces that O_DIRECT can take as they are (vLLM's per-layer pages of a page-aligned
+// tensor): every one 4 KiB-aligned in address and length.
+bool direct_pieces(const BlockRequest& r) {
+  if (r.pieces.size() < 2) return false;
+  for (const BlockSpan& p : r.pieces)
+    if (!aligned(p.data) || p.size % kAlign) return false;
+  return true;
+}
+
+// Whether the block moves without the bounce buffer.
+bool straight(const BlockRequest& r) { return direct_piece(r) || direct_pieces(r); }
+
+std::uint64_t checksum(std::span<const BlockSpan> pieces) {
+  if (pieces.size() == 1) return XXH3_64bits(pieces[0].data, pieces[0].size);
+  StreamingHash hash;
+  for (const BlockSpan& p : pieces) hash.update(p.data, p.size);
+  return hash.digest();
+}
 
 // One positioned transfer of exactly `size` bytes, retrying short transfers and EINTR; an
 // EINVAL on the O_DIRECT descriptor switches the slab to buffered and retries there.
@@ -60,12 +92,81 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
   return 0;
 }
 
+// The pieces as one preadv/pwritev (in windows of kMaxSlices), short transfers resumed; buffered,
+// or O_DIRECT where `direct` (an EINVAL there switches the slab to buffered, and the rest goes
+// that way). Returns 0 or the errno of the failure.
+template <bool kWrite>
+int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> pieces,
+                    std::uint64_t offset, bool direct = false) {
+  constexpr std::size_t kMaxSlices = 1024;  // IOV_MAX on Linux
+  std::vector<IoSlice> iov;
+  iov.reserve(std::min<std::size_t>(pieces.size(), kMaxSlices));
+  for (std::size_t first = 0; first < pieces.size();) {
+    iov.clear();
+    std::uint64_t want = 0;
+    for (; first < pieces.size() && iov.size() < kMaxSlices; ++first) {
+      if (pieces[first].size == 0) continue;
+      iov.push_back({pieces[first].data, pieces[first].size});
+      want += pieces[first].size;
+    }
+    std::size_t at = 0;
+    while (want > 0) {
+      const NativeDescriptor fd = direct ? slabs.fd(slab) : slabs.buffered_fd(slab);
+      const std::size_t count = iov.size() - at;
+      const std::int64_t n = kWrite ? write_slices_at(fd, &iov[at], count, offset)
+                                    : read_slices_at(fd, &iov[at], count, offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct && slabs.direct(slab)) {
+        slabs.fall_back_to_buffered(slab);
+        continue;
+      }
+      if (n < 0) return errno;
+      if (n == 0) return kWrite ? ENOSPC : EIO;
+      auto left = static_cast<std::uint64_t>(n);
+      offset += left;
+      want -= left;
+      for (; left > 0 && left >= iov[at].size; ++at) left -= iov[at].size;
+      if (left > 0) {
+        iov[at].data = static_cast<std::byte*>(iov[at].data) + left;
+        iov[at].size -= left;
+      }
+    }
+  }
+  return 0;
+}
+
 void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, const char* what) {
   request.outcome = BlockOutcome::io_error;
   request.message = detail::concat(slabs.name(request.slab), ": ", what, " at offset ",
                                    request.offset, " failed: ",
                                    std::generic_category().message(error));
 }
+
+void mismatch(BlockRequest& request, const SlabFiles& slabs) {
+  request.outcome = BlockOutcome::checksum_mismatch;
+  request.message = detail::concat(slabs.name(request.slab), ": block at offset ", request.offset,
+                                   " fails its checksum; dropped");
+}
+
+// The batch's blocks handed out one at a time to the caller and pool threads. Pool threads hold
+// it by shared_ptr: one that wakes after the batch is done finds nothing left and touches
+// nothing else.
+struct Batch {
+  explicit Batch(std::size_t n) : size(n) {}
+  const std::size_t size;
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::condition_variable done;
+  std::size_t finished = 0;  // under mutex
+  void finish_one() {
+    bool last = false;
+    {
+      std::lock_guard lock(mutex);
+      last = ++finished == size;
+    }
+    if (last) done.notify_all();
+  }
+};
 
 }  // namespace
 
@@ -78,7 +179,7 @@ HostBlockIo::Buffer HostBlockIo::take_buffer() {
       return b;
     }
   }
-  void* p = aligned_malloc(kAlign, _slot_bytes);
+  void* p = aligned_malloc(kAlign, round_up(_slot_bytes));
   if (p == nullptr) throw std::bad_alloc();
   return Buffer(static_cast<std::byte*>(p));
 }
@@ -89,46 +190,71 @@ void HostBlockIo::give_buffer(Buffer buffer) {
 }
 
 template <class One>
-void HostBlockIo::for_each_block(std::span<BlockRequest> batch, One&& one) {
-  std::atomic<std::size_t> next{0};
-  std::vector<char> handled(batch.size(), 0);
-  std::string error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    try {
-      Buffer buffer = take_buffer();
-      for (std::size_t i; (i = next.fetch_add(1)) < batch.size(); handled[i] = 1)
-        one(batch[i], buffer.get());
-      give_buffer(std::move(buffer));
-    } catch (const std::exception& e) {  // no buffer: the other threads take the rest
-      std::lock_guard lock(error_mutex);
-      if (error.empty()) error = e.what();
+void HostBlockIo::for_each_block(std::span<BlockRequest> batch, bool bounces, One&& one) {
+  if (batch.empty()) return;
+  std::size_t threads = std::min(kMaxInFlight, batch.size());
+  if (bounces)
+    threads = std::min<std::size_t>(threads, std::max<std::uint64_t>(1, kBounceBytes / _slot_bytes));
+  auto state = std::make_shared<Batch>(batch.size());
+  // Each block's outcome is set whatever happens; a pool thread gives its buffer back before
+  // the block that lets the caller return is counted, so it never touches `this` after.
+  const auto work = [this, state, batch, &one] {
+    Buffer buffer;
+    const std::function<std::byte*()> bounce = [&] {
+      if (!buffer) buffer = take_buffer();
+      return buffer.get();
+    };
+    for (std::size_t i = state->next.fetch_add(1); i < state->size;) {
+      try {
+        one(batch[i], bounce);
+      } catch (const std::exception& e) {  // no bounce memory: this block fails alone
+        batch[i].outcome = BlockOutcome::io_error;
+        batch[i].message = concat(_slabs.name(batch[i].slab), ": block at offset ",
+                                  batch[i].offset, " was not moved: ", e.what());
+      }
+      const std::size_t j = state->next.fetch_add(1);
+      if (j >= state->size && buffer) give_buffer(std::move(buffer));
+      state->finish_one();
+      i = j;
     }
   };
-  std::vector<std::thread> helpers;
-  const std::size_t threads = std::min<std::size_t>(
-      {kMaxThreads, batch.size(), std::max<std::uint64_t>(1, kInFlightBytes / _slot_bytes)});
-  try {
-    for (std::size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
-  } catch (const std::system_error&) {
-    // No more threads: those made (and the caller) do the work.
+  if (threads > 1) {
+    WorkerPool& pool = transfer_workers();
+    pool.reserve(static_cast<unsigned>(threads - 1));
+    pool.post(work, static_cast<unsigned>(threads - 1));
   }
   work();
-  for (auto& t : helpers) t.join();
-  for (std::size_t i = 0; i < batch.size(); ++i)
-    if (!handled[i]) {  // taken by a thread that failed: every block still gets an outcome
-      batch[i].outcome = BlockOutcome::io_error;
-      batch[i].message = "the block was not moved: " + error;
-    }
+  std::unique_lock lock(state->mutex);
+  state->done.wait(lock, [&] { return state->finished == state->size; });
 }
 
-void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
-  for_each_block(batch, [&](BlockRequest& request, std::byte* buffer) {
-    const std::uint64_t length = total(request.pieces);
-    FERRY_ASSERT(length <= _slot_bytes);
+void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte*()>& bounce) {
+  const std::uint64_t length = total(request.pieces);
+  FERRY_ASSERT(length <= _slot_bytes);
+  for (const BlockSpan& piece : request.pieces) FERRY_ASSERT(!piece.device.is_cuda());
+  request.route = KVRoute::host;
+  int error = 0;
+  if (!_slabs.direct(request.slab)) {
+    // Through the page cache: straight from the pieces; the sync makes them durable.
+    request.checksum = checksum(request.pieces);
+    error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset);
+  } else if (direct_pieces(request)) {
+    request.checksum = checksum(request.pieces);
+    error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset, true);
+  } else if (const BlockSpan* piece = direct_piece(request)) {
+    request.checksum = XXH3_64bits(piece->data, length);
+    auto* data = static_cast<std::byte*>(piece->data);
+    const std::uint64_t body = length / kAlign * kAlign;
+    if (body) error = transfer<true>(_slabs, request.slab, data, body, request.offset);
+    if (!error && body < length) {  // the last partial page, zero-padded
+      alignas(kAlign) std::byte page[kAlign] = {};
+      std::memcpy(page, data + body, length - body);
+      error = transfer<true>(_slabs, request.slab, page, kAlign, request.offset + body);
+    }
+  } else {
+    std::byte* buffer = bounce();
     std::byte* at = buffer;
     for (const BlockSpan& piece : request.pieces) {
-      FERRY_ASSERT(!piece.device.is_cuda());
       if (piece.size == 0) continue;
       std::memcpy(at, piece.data, piece.size);
       at += piece.size;
@@ -136,37 +262,71 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
     const std::uint64_t padded = round_up(length);
     std::memset(at, 0, padded - length);
     request.checksum = XXH3_64bits(buffer, length);
-    const int error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
-    request.route = KVRoute::host;
-    if (error != 0)
-      fail_request(request, _slabs, error, "write of a block");
-    else
-      request.outcome = BlockOutcome::ok;
+    error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
+  }
+  if (error != 0)
+    fail_request(request, _slabs, error, "write of a block");
+  else
+    request.outcome = BlockOutcome::ok;
+}
+
+void HostBlockIo::read_one(BlockRequest& request, const std::function<std::byte*()>& bounce) {
+  const std::uint64_t length = total(request.pieces);
+  FERRY_ASSERT(length <= _slot_bytes);
+  for (const BlockSpan& piece : request.pieces) FERRY_ASSERT(!piece.device.is_cuda());
+  request.route = KVRoute::host;
+  const BlockSpan* piece = direct_piece(request);
+  if (!_slabs.direct(request.slab) || _slabs.cached(request.slab, request.offset, length)) {
+    // From the page cache (or a slab that refuses O_DIRECT): straight into the pieces.
+    if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
+                                                 request.offset))
+      return fail_request(request, _slabs, error, "read of a block");
+    if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
+  } else if (direct_pieces(request)) {
+    if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
+                                                 request.offset, true))
+      return fail_request(request, _slabs, error, "read of a block");
+    if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
+  } else if (piece) {
+    auto* data = static_cast<std::byte*>(piece->data);
+    const std::uint64_t body = length / kAlign * kAlign;
+    int error = body ? transfer<false>(_slabs, request.slab, data, body, request.offset) : 0;
+    if (!error && body < length) {  // the last partial page
+      alignas(kAlign) std::byte page[kAlign];
+      error = transfer<false>(_slabs, request.slab, page, kAlign, request.offset + body);
+      if (!error) std::memcpy(data + body, page, length - body);
+    }
+    if (error != 0) return fail_request(request, _slabs, error, "read of a block");
+    if (XXH3_64bits(data, length) != request.checksum) return mismatch(request, _slabs);
+  } else {
+    std::byte* buffer = bounce();
+    if (const int error =
+            transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset))
+      return fail_request(request, _slabs, error, "read of a block");
+    if (XXH3_64bits(buffer, length) != request.checksum) return mismatch(request, _slabs);
+    const std::byte* from = buffer;
+    for (const BlockSpan& p : request.pieces) {
+      if (p.size == 0) continue;
+      std::memcpy(p.data, from, p.size);
+      from += p.size;
+    }
+  }
+  request.outcome = BlockOutcome::ok;
+}
+
+void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
+  bool bounces = false;
+  for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
+  for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
+    write_one(request, bounce);
   });
 }
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {
-  for_each_block(batch, [&](BlockRequest& request, std::byte* buffer) {
-    const std::uint64_t length = total(request.pieces);
-    FERRY_ASSERT(length <= _slot_bytes);
-    request.route = KVRoute::host;
-    const int error =
-        transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset);
-    if (error != 0) return fail_request(request, _slabs, error, "read of a block");
-    if (XXH3_64bits(buffer, length) != request.checksum) {
-      request.outcome = BlockOutcome::checksum_mismatch;
-      request.message = detail::concat(_slabs.name(request.slab), ": block at offset ",
-                                       request.offset, " fails its checksum; dropped");
-      return;
-    }
-    const std::byte* from = buffer;
-    for (const BlockSpan& piece : request.pieces) {
-      FERRY_ASSERT(!piece.device.is_cuda());
-      if (piece.size == 0) continue;
-      std::memcpy(piece.data, from, piece.size);
-      from += piece.size;
-    }
-    request.outcome = BlockOutcome::ok;
+  bool bounces = false;
+  for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
+  for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
+    read_one(request, bounce);
   });
 }
 

@@ -1,12 +1,20 @@
-// BlockIo for host memory: positioned I/O on the slab files through 4 KiB-aligned bounce buffers
-// (O_DIRECT needs aligned memory, lengths and offsets; the caller's pieces are neither). The
-// pieces of a block are gathered into a buffer and written with one pwrite. Small blocks of a
-// batch go several at once (up to 16 MiB in flight, four threads, a buffer each); a large block's
-// one I/O already fills the device queue. Buffers are kept between calls (up to 64 MiB), so
-// their pages are not faulted in again for every batch.
+// BlockIo for host memory: positioned I/O on the slab files, up to 16 blocks of a batch in flight
+// at once (the queue depth NVMe and virtio disks want) on the transfer core's worker threads.
+// Each block is ONE read or write, by the cheapest route its memory allows:
+//   - a get whose slot is in the page cache (or a slab that refuses O_DIRECT): one buffered
+//     preadv straight into the caller's pieces; a put on such a slab: one pwritev from them;
+//   - a block of one 4 KiB-aligned piece: O_DIRECT straight between the caller's memory and
+//     the slab (the last partial page, if any, through a one-page buffer); pieces all 4 KiB-
+//     aligned in address and length (vLLM's per-layer pages): one O_DIRECT preadv/pwritev;
+//   - anything else through a 4 KiB-aligned bounce buffer (pieces gathered, one O_DIRECT write;
+//     one read, checked, then scattered). Buffers are kept between calls (up to 64 MiB).
+// Checksums are XXH3-64 of the bytes where they sit: a get read into the bounce buffer is
+// verified before any byte reaches the caller; one read straight into the caller's memory is
+// verified there, so a mismatch (reported, the block dropped: a miss) leaves bytes undefined.
 #pragma once
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -32,9 +40,12 @@ class HostBlockIo final : public BlockIo {
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
   Buffer take_buffer();
   void give_buffer(Buffer buffer);
-  // Runs `one(request, bounce buffer)` over the batch on the threads this block size allows.
+  // Runs `one(request, bounce)` over the batch, blocks in parallel; `bounce` is a buffer taken
+  // at the first block that asks for it (one(...) calls bounce() to get it).
   template <class One>
-  void for_each_block(std::span<BlockRequest> batch, One&& one);
+  void for_each_block(std::span<BlockRequest> batch, bool bounces, One&& one);
+  void write_one(BlockRequest& request, const std::function<std::byte*()>& bounce);
+  void read_one(BlockRequest& request, const std::function<std::byte*()>& bounce);
 
   SlabFiles& _slabs;
   std::uint64_t _slot_bytes;

@@ -1,15 +1,18 @@
 // `ferry kv bench` (ferry/kv_bench.hpp): timings for reporting only, never for tests.
 #include "ferry/kv_bench.hpp"
 
-
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "cuda/cuda_resources.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "platform/file_ops.hpp"
+#include "platform/file_ranges.hpp"
 
 namespace ferry {
 namespace {
@@ -100,55 +103,123 @@ std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
   return {d2h, time(true)};
 }
 
-// Raw O_DIRECT of the same bytes: one pwrite per block, fdatasync per batch, then one pread per
-// block (cold: written with O_DIRECT, never cached).
-std::pair<double, double> raw_direct(const fs::path& file, std::uint64_t block, std::uint64_t count,
-                                     std::uint64_t batch) {
-  const std::uint64_t slot = round_up(block);
-  auto buffer = detail::allocate_host_memory(slot);
-  std::memset(buffer.get(), 0x5A, slot);
-  detail::FileDescriptor created = detail::open_or_create(file, 0600);
-  if (!created) FERRY_SYSCALL_FAIL(file.string(), ": cannot open");
-  if (const int error = detail::preallocate(created.get(), slot * count); error != 0)
-    detail::fail_errno(error, file.string(), ": fallocate");
-  detail::FileDescriptor direct = detail::open_existing(file, true, true);
-  const detail::NativeDescriptor fd = direct ? direct.get() : created.get();
-  auto start = Clock::now();
-  for (std::uint64_t i = 0; i < count; ++i) {
-    if (detail::write_some_at(fd, buffer.get(), slot, i * slot) != static_cast<std::int64_t>(slot))
-      FERRY_SYSCALL_FAIL(file.string(), ": pwrite");
-    if (((i + 1) % batch == 0 || i + 1 == count) && !detail::sync_data(fd))
-      FERRY_SYSCALL_FAIL(file.string(), ": fdatasync");
-  }
-  const double write_s = seconds_since(start);
-  start = Clock::now();
-  for (std::uint64_t i = 0; i < count; ++i)
-    if (detail::read_some_at(fd, buffer.get(), slot, i * slot) != static_cast<std::int64_t>(slot))
-      FERRY_SYSCALL_FAIL(file.string(), ": pread");
-  const double read_s = seconds_since(start);
-  direct = {};
-  created = {};  // closed before the removal (Windows removes an open file only at its close)
-  fs::remove(file);
-  const double gb = double(count) * double(block) / 1e9;
-  return {gb / write_s, gb / read_s};
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Reads every slab of the store's directory through the page cache.
-void warm_slabs(const fs::path& directory) {
+// Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or
+// synced), so the next read comes from the device.
+void drop_cache(const fs::path& file) {
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  detail::sync_data(fd.get());
+  detail::drop_cached_pages(fd.get());
+}
+
+// The slab files of a store's directory.
+std::vector<fs::path> slabs_of(const fs::path& directory) {
+  std::vector<fs::path> out;
+  for (const auto& entry : fs::directory_iterator(directory))
+    if (entry.path().filename().string().rfind("slab-", 0) == 0) out.push_back(entry.path());
+  return out;
+}
+
+// Reads a file through the page cache.
+void warm(const fs::path& file) {
   std::vector<char> buffer(8 << 20);
-  for (const auto& entry : fs::directory_iterator(directory)) {
-    if (entry.path().filename().string().rfind("slab-", 0) != 0) continue;
-    const detail::FileDescriptor fd = detail::open_existing(entry.path(), false);
-    if (!fd) continue;
-    for (std::uint64_t at = 0;;) {
-      const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
-      if (n <= 0) break;
-      at += static_cast<std::uint64_t>(n);
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  for (std::uint64_t at = 0;;) {
+    const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
+    if (n <= 0) break;
+    at += static_cast<std::uint64_t>(n);
+  }
+}
+
+// Raw I/O of the same bytes as the store moves: `count` blocks, one pwrite/pread per block at
+// 4 KiB-aligned slots, in batches whose blocks run on as many threads as the store keeps in
+// flight; writes are O_DIRECT with one fdatasync per batch (as a durable put), cold reads
+// O_DIRECT, warm reads buffered from the page cache.
+class RawFile {
+ public:
+  RawFile(fs::path file, std::uint64_t block, std::uint64_t count, std::uint64_t batch)
+      : _path(std::move(file)), _slot(round_up(block)), _count(count), _batch(batch) {
+    _buffered = detail::open_or_create(_path, 0600);
+    if (!_buffered) FERRY_SYSCALL_FAIL(_path.string(), ": cannot open");
+    if (const int error = detail::preallocate(_buffered.get(), _slot * count); error != 0)
+      detail::fail_errno(error, _path.string(), ": fallocate");
+    _direct = detail::open_existing(_path, true, true);  // empty where O_DIRECT is refused
+    const std::size_t threads = std::min<std::uint64_t>(kThreads, batch);
+    for (std::size_t t = 0; t < threads; ++t) {
+      _buffers.push_back(detail::allocate_host_memory(_slot));
+      std::memset(_buffers.back().get(), 0x5A, _slot);
     }
   }
-}
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  ~RawFile() {
+    _direct = {};
+    _buffered = {};  // closed before the removal (Windows removes an open file only at its close)
+    std::error_code ignored;
+    fs::remove(_path, ignored);
+  }
 
-// Puts then gets (cold, then warm) `count` blocks in batches; returns the row.
+  // Seconds for one pass over every block.
+  double write() { return pass(true, direct()); }
+  double read_cold() {
+    drop_cache(_path);
+    return pass(false, direct());
+  }
+  double read_warm() {
+    warm(_path);
+    return pass(false, _buffered.get());
+  }
+
+ private:
+  static constexpr std::uint64_t kThreads = 16;
+
+  // The threads stay for the whole pass, meeting at a barrier after each batch (whose last
+  // arrival syncs a write batch), so no thread is made per batch.
+  detail::NativeDescriptor direct() const { return _direct ? _direct.get() : _buffered.get(); }
+
+  double pass(bool writing, detail::NativeDescriptor fd) {
+    const std::size_t threads = _buffers.size();
+    const std::uint64_t batches = (_count + _batch - 1) / _batch;
+    std::atomic<bool> failed{false};
+    std::barrier meet(static_cast<std::ptrdiff_t>(threads), [&]() noexcept {
+      if (writing && !detail::sync_data(fd)) failed = true;
+    });
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        for (std::uint64_t b = 0; b < batches; ++b) {
+          const std::uint64_t first = b * _batch, end = std::min(_count, first + _batch);
+          for (std::uint64_t i = first + t; i < end; i += threads) {
+            void* buffer = _buffers[t].get();
+            const std::int64_t done = writing
+                                          ? detail::write_some_at(fd, buffer, _slot, i * _slot)
+                                          : detail::read_some_at(fd, buffer, _slot, i * _slot);
+            if (done != static_cast<std::int64_t>(_slot)) failed = true;
+          }
+          meet.arrive_and_wait();
+        }
+      });
+    for (auto& t : pool) t.join();
+    FERRY_EXPECT(!failed, std::runtime_error, _path.string(), ": raw ",
+                 writing ? "pwrite or fdatasync" : "pread", " failed");
+    return seconds_since(start);
+  }
+
+  fs::path _path;
+  std::uint64_t _slot, _count, _batch;
+  detail::FileDescriptor _buffered, _direct;
+  std::vector<std::shared_ptr<void>> _buffers;
+};
+
+// Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw
+// I/O of the same bytes (alternating which goes first); returns the row of medians.
 KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
   const std::uint64_t count = std::max(o.batch, o.bytes / block);
   const KVNamespace ns{"kv-bench", "bytes",
@@ -172,45 +243,82 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   KVBenchRow row;
   row.block_bytes = block;
   row.blocks = count;
+  row.rounds = std::max(1u, o.rounds);
   const fs::path dir = o.root / KVStore::directory_name(ns);
   fs::remove_all(dir);
+  std::vector<double> put_s, cold_s, warm_s, raw_write_s, raw_cold_s, raw_warm_s;
   {
+    // Room for one round's blocks: each round's puts evict the round before's.
     auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
+    RawFile raw(o.root / "kv-bench-raw.bin", block, count, o.batch);
+    const std::vector<fs::path> slabs = slabs_of(dir);
     std::vector<KVKey> keys(o.batch);
-    const auto run = [&](bool put) {
+    // One pass over the round's `count` keys.
+    const auto run = [&](bool put, std::uint64_t round) {
       const auto start = Clock::now();
       for (std::uint64_t i = 0; i < count; i += o.batch) {
         const std::uint64_t n = std::min(o.batch, count - i);
-        for (std::uint64_t k = 0; k < n; ++k) keys[k] = i + k + 1;
+        for (std::uint64_t k = 0; k < n; ++k) keys[k] = round * count + i + k + 1;
         const auto results = put ? store.put(std::span(keys).first(n), std::span(sources).first(n))
                                  : store.get(std::span(keys).first(n), std::span(targets).first(n));
         for (const KVResult& r : results) {
-          FERRY_EXPECT(r.ok(), std::runtime_error, "kv bench ", put ? "put" : "get", " of ", block,
-                       "-byte blocks: ", to_string(r.status), ": ", r.message);
+          FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
+                       "kv bench ", put ? "put" : "get", " of ", block, "-byte blocks: ",
+                       to_string(r.status), ": ", r.message);
           row.path = to_string(r.route);
         }
       }
       return seconds_since(start);
     };
-    const double gb = double(count) * double(block) / 1e9;
-    const double put_s = run(true);
-    const double cold_s = run(false);
     const std::uint64_t last = count - (count - 1) / o.batch * o.batch;  // blocks in the last batch
-    const std::vector<std::byte> got = target.read();
-    FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
-                 std::runtime_error, "kv bench: the blocks got back differ from those put (", block,
-                 "-byte blocks, ", row.path, ")");
-    warm_slabs(dir);
-    const double warm_s = run(false);
-    row.put_gbps = gb / put_s;
-    row.get_cold_gbps = gb / cold_s;
-    row.get_warm_gbps = gb / warm_s;
-    row.put_iops = double(count) / put_s;
-    row.get_iops = double(count) / cold_s;
+    const auto check = [&] {
+      const std::vector<std::byte> got = target.read();
+      FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
+                   std::runtime_error, "kv bench: the blocks got back differ from those put (",
+                   block, "-byte blocks, ", row.path, ")");
+    };
+    // Each pair in turn, ferry's first in even rounds.
+    const auto pair = [](std::uint64_t round, const auto& ferry, const auto& raw_io) {
+      if (round % 2 == 0) {
+        ferry();
+        raw_io();
+      } else {
+        raw_io();
+        ferry();
+      }
+    };
+    for (std::uint64_t r = 0; r < row.rounds; ++r) {
+      pair(r, [&] { put_s.push_back(run(true, r)); },
+           [&] { raw_write_s.push_back(raw.write()); });
+      pair(
+          r,
+          [&] {
+            for (const auto& slab : slabs) drop_cache(slab);
+            cold_s.push_back(run(false, r));
+          },
+          [&] { raw_cold_s.push_back(raw.read_cold()); });
+      check();
+      target.fill(std::vector<std::byte>(pattern.size()));
+      pair(
+          r,
+          [&] {
+            for (const auto& slab : slabs) warm(slab);
+            warm_s.push_back(run(false, r));
+          },
+          [&] { raw_warm_s.push_back(raw.read_warm()); });
+      check();
+    }
   }
   fs::remove_all(dir);
-  std::tie(row.raw_write_gbps, row.raw_read_gbps) =
-      raw_direct(o.root / "kv-bench-raw.bin", block, count, o.batch);
+  const double gb = double(count) * double(block) / 1e9;
+  row.put_gbps = gb / median(put_s);
+  row.get_cold_gbps = gb / median(cold_s);
+  row.get_warm_gbps = gb / median(warm_s);
+  row.put_iops = double(count) / median(put_s);
+  row.get_iops = double(count) / median(cold_s);
+  row.raw_write_gbps = gb / median(raw_write_s);
+  row.raw_read_gbps = gb / median(raw_cold_s);
+  row.raw_warm_read_gbps = gb / median(raw_warm_s);
   if (o.device.is_cuda())
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
         pinned_copies(o.device.index, block * o.batch);

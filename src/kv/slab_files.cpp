@@ -4,6 +4,7 @@
 
 #include "ferry/error.hpp"
 #include "platform/file_ops.hpp"
+#include "platform/file_ranges.hpp"
 
 namespace ferry::detail::kv {
 
@@ -36,6 +37,10 @@ SlabFiles::SlabFiles(const std::filesystem::path& directory, unsigned count,
 NativeDescriptor SlabFiles::fd(int slab) const {
   const File& file = *_files[slab];
   return file.use_direct.load() ? file.direct.get() : file.buffered.get();
+}
+
+bool SlabFiles::cached(int slab, std::uint64_t offset, std::uint64_t length) const {
+  return range_resident(_files[slab]->buffered.get(), offset, length);
 }
 
 }  // namespace ferry::detail::kv

@@ -32,6 +32,9 @@ class SlabFiles {
   // The file system refused O_DIRECT at I/O time (EINVAL): use the buffered descriptor from
   // now on. Both stay open, so I/O in flight on the other is unaffected.
   void fall_back_to_buffered(int slab) { _files[slab]->use_direct = false; }
+  // Whether every page of [offset, offset + length) is in the page cache now; false where that
+  // cannot be told (Windows).
+  bool cached(int slab, std::uint64_t offset, std::uint64_t length) const;
 
  private:
   struct File {

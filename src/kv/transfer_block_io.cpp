@@ -246,15 +246,48 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     extents[i].file_offset = blocks[i]->offset;
     for (const BlockSpan& p : views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
   }
+  // Staged: each block's checksum taken by the core's observer from the bytes in host staging,
+  // in block order, as they pass (no second pass over them). Declared before the ticket, whose
+  // destructor waits for the workers that update them.
+  std::vector<StreamingHash> seen(direct ? 0 : blocks.size());
+  TransferOptions o = options(writing ? after_event : nullptr);
+  if (!writing) {
+    // Gets of blocks all in the page cache read through it (far faster than the device);
+    // else around it, whatever the residency of the rest of the slabs.
+    bool cached = true;
+    for (std::size_t i = 0; i < blocks.size() && cached; ++i)
+      cached = _slabs.cached(blocks[i]->slab, blocks[i]->offset, total(*blocks[i]));
+    o.io = cached ? IoMode::Buffered : _host.direct() ? IoMode::Direct : IoMode::Auto;
+  }
+  if (!direct)
+    o.observer = [&seen](std::size_t e, std::uint64_t, const std::byte* data, std::uint64_t n) {
+      seen[e].update(data, n);
+    };
   Ticket ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
-                         std::move(extents), options(writing ? after_event : nullptr));
-  if (writing) {  // the checksums, while the transfer runs (gathered blocks are ready already)
+                         std::move(extents), o);
+  // The checksums the observer could not take (cuFile; a staged block it did not see whole),
+  // from the device-side bytes; a put's while the transfer runs.
+  const auto hash_rest = [&](const std::vector<bool>& candidates, const std::vector<void*>& waits) {
+    std::vector<bool> wanted(candidates);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (!direct && seen[i].bytes() == total(*blocks[i])) wanted[i] = false;
+    auto sums = hash_blocks(views, wanted, waits);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (candidates[i] && !wanted[i]) sums[i] = seen[i].digest();
+    return sums;
+  };
+  if (writing && direct) {  // gathered blocks are ready already; the others wait for the event
     std::vector<void*> waits(blocks.size());
     for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = bounce[i] ? nullptr : after_event;
     const auto sums = hash_blocks(views, std::vector<bool>(blocks.size(), true), waits);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
   ticket.wait();
+  if (writing && !direct) {
+    std::vector<void*> waits(blocks.size(), after_event);
+    const auto sums = hash_rest(std::vector<bool>(blocks.size(), true), waits);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
+  }
   const TransferStats& stats = ticket.stats();
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     BlockRequest& b = *blocks[i];
@@ -273,7 +306,9 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   std::vector<bool> landed(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     landed[i] = blocks[i]->outcome == BlockOutcome::ok;
-  const auto sums = hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr));
+  const auto sums = direct
+                        ? hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr))
+                        : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr));
   for (std::size_t i = 0; i < blocks.size(); ++i)
     if (landed[i] && sums[i] != blocks[i]->checksum)
       fail(*blocks[i], BlockOutcome::checksum_mismatch,

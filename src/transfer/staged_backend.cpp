@@ -175,8 +175,12 @@ class Job {
       } catch (...) {
         // The job could not start (no staging, no stream): its groups fall to the other jobs,
         // or, where none is left, are failed by finish().
-        std::lock_guard lock(_t.mutex);
-        if (!_t.first_error) _t.first_error = std::current_exception();
+        {
+          std::lock_guard lock(_t.mutex);
+          if (!_t.first_error) _t.first_error = std::current_exception();
+          _t.job_lost = true;  // a group it held may never be observed
+        }
+        _t.changed.notify_all();
       }
       std::vector<PooledEvent> ends;
       try {
@@ -308,7 +312,9 @@ class Job {
         // extent even inside a group.
         for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
           const Piece& p = _run->plan.pieces[next_piece];
-          put(p, data + (file_offset(p) - g.file_offset));
+          const std::byte* bytes = data + (file_offset(p) - g.file_offset);
+          put(p, bytes);
+          _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
           _t.landed(p.extent, p.size);
         }
         fence_slot(s);
@@ -342,6 +348,7 @@ class Job {
     try {
       copier(Device::cpu());  // made once: it waits for the caller's event, as copies would
       if (!file(g).read_into(*_open, g.file_offset, g.size, memory)) return false;
+      _t.observe(p.extent, p.extent_offset, memory, p.size);
     } catch (...) {
       _t.fail(p.extent, std::current_exception());
       return true;
@@ -358,7 +365,9 @@ class Job {
       try {
         wait_slot(s);
         SourceFile& f = file(g);
-        put(p, f.read(*_open, file_offset(p), p.size, slot(s)));
+        const std::byte* bytes = f.read(*_open, file_offset(p), p.size, slot(s));
+        put(p, bytes);
+        _t.observe(p.extent, p.extent_offset, bytes, p.size);
         fence_slot(s);
         _t.landed(p.extent, p.size);
       } catch (...) {
@@ -405,6 +414,12 @@ class Job {
       try {
         wait_slot(s);  // its copies have landed in staging
         times.wait += clock.lap();
+        for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+          const Piece& p = _run->plan.pieces[i];
+          _t.observe(p.extent, p.extent_offset,
+                     slot(s) + g.file_offset % kDirectAlignment + (file_offset(p) - g.file_offset),
+                     p.size);
+        }
         file(g).write(*_open, g.file_offset, g.size, slot(s));
         times.read += clock.lap();
         _timeline.read_done(since(_run->started));  // for writes: the write finished
@@ -431,6 +446,7 @@ class Job {
         get(p, slot(s) + at % kDirectAlignment);
         fence_slot(s);
         wait_slot(s);
+        _t.observe(p.extent, p.extent_offset, slot(s) + at % kDirectAlignment, p.size);
         file(g).write(*_open, at, p.size, slot(s));
         _t.landed(p.extent, p.size);
       } catch (...) {

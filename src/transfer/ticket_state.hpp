@@ -21,6 +21,7 @@ struct TicketState {
     std::atomic<std::uint64_t> bytes{0};
     std::atomic<std::uint32_t> pieces_left{0};
     std::exception_ptr error;  // under TicketState::mutex
+    std::atomic<std::uint64_t> observed{0};  // the extent's bytes options.observer has seen
   };
 
   TicketState(std::shared_ptr<const FileSet> files, Direction direction,
@@ -47,6 +48,7 @@ struct TicketState {
   unsigned jobs_running = 0;  // not finished
   unsigned jobs_queuing = 0;  // have not queued their last copy yet
   std::exception_ptr first_error;
+  bool job_lost = false;  // a job stopped early: observers stop waiting for its bytes
   std::vector<PooledEvent> queued;  // recorded behind each job's last copies (GPU jobs)
   TransferStats stats;
 
@@ -54,6 +56,10 @@ struct TicketState {
   void fail(std::size_t e, std::exception_ptr error);
   // A piece of extent `e` moved `bytes`.
   void landed(std::size_t e, std::uint64_t bytes);
+  // Hands `size` bytes of extent `e` from `offset`, now at `data` in host memory, to
+  // options.observer, in extent order: waits until the bytes before `offset` were seen, and
+  // skips where the extent failed or the transfer was cancelled first.
+  void observe(std::size_t e, std::uint64_t offset, const std::byte* data, std::uint64_t size);
   void job_queued(std::vector<PooledEvent> ends);  // once per job
   void job_finished();
   void wait() const;

@@ -32,9 +32,29 @@ void TicketState::fail(std::size_t e, std::exception_ptr error) {
     std::lock_guard lock(mutex);
     if (!records[e].error) records[e].error = error;
     if (!first_error) first_error = error;
+    if (options.stop_at_first_error) cancel = true;
   }
   records[e].pieces_left.fetch_sub(1);
-  if (options.stop_at_first_error) cancel = true;
+  changed.notify_all();  // an observer waiting for this extent's earlier bytes
+}
+
+void TicketState::observe(std::size_t e, std::uint64_t offset, const std::byte* data,
+                          std::uint64_t size) {
+  if (!options.observer) return;
+  ExtentRecord& r = records[e];
+  if (r.observed.load(std::memory_order_acquire) < offset) {
+    // The earlier bytes are with a worker that took them before these (groups are taken in
+    // order, and observed in order within one), so they come, or their extent fails.
+    std::unique_lock lock(mutex);
+    while (!(r.observed.load() >= offset || r.error || cancel.load() || job_lost))
+      changed.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  // Past `offset`: seen already (a group redone piece by piece after its write failed).
+  if (r.observed.load(std::memory_order_acquire) != offset) return;
+  options.observer(e, offset, data, size);
+  r.observed.store(offset + size, std::memory_order_release);
+  { std::lock_guard lock(mutex); }  // a waiter between its check and its wait sees the store
+  changed.notify_all();
 }
 
 void TicketState::landed(std::size_t e, std::uint64_t bytes) {
@@ -147,7 +167,11 @@ bool Ticket::ready() const {
 }
 
 void Ticket::cancel() {
-  if (_state) _state->cancel = true;
+  if (!_state) return;
+  // Not under the mutex: cancel() may be called from the progress callback, which holds it.
+  // An observer that misses this wake-up sees the flag at its next timed look.
+  _state->cancel = true;
+  _state->changed.notify_all();
 }
 
 bool Ticket::cancelled() const { return _state && _state->cancel.load(); }

@@ -1,0 +1,52 @@
+#include "platform/file_ranges.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <vector>
+
+namespace ferry::detail {
+
+static_assert(sizeof(IoSlice) == sizeof(iovec));
+
+std::int64_t read_slices_at(NativeDescriptor fd, const IoSlice* slices, std::size_t count,
+                            std::uint64_t offset) noexcept {
+  return ::preadv(fd, reinterpret_cast<const iovec*>(slices), static_cast<int>(count),
+                  static_cast<off_t>(offset));
+}
+
+std::int64_t write_slices_at(NativeDescriptor fd, const IoSlice* slices, std::size_t count,
+                             std::uint64_t offset) noexcept {
+  return ::pwritev(fd, reinterpret_cast<const iovec*>(slices), static_cast<int>(count),
+                   static_cast<off_t>(offset));
+}
+
+bool range_resident(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length) noexcept {
+  if (length == 0) return true;
+  static const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t first = offset / page * page;
+  const std::uint64_t bytes = offset + length - first;
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(first));
+  if (map == MAP_FAILED) return false;
+  bool all = false;
+  try {
+    thread_local std::vector<unsigned char> resident;
+    resident.resize((bytes + page - 1) / page);
+    if (::mincore(map, bytes, resident.data()) == 0) {
+      all = true;
+      for (unsigned char r : resident) all = all && (r & 1);
+    }
+  } catch (...) {
+    all = false;  // no memory for the answer: not known to be cached
+  }
+  ::munmap(map, bytes);
+  return all;
+}
+
+void drop_cached_pages(NativeDescriptor fd) noexcept {
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+}  // namespace ferry::detail
