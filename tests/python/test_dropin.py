@@ -367,7 +367,9 @@ def test_per_key_reads_to_cuda_equal_the_host_path(tmp_path, monkeypatch, small_
     small ones through pinned memory where that path is on."""
     from ferry import _open
 
-    if not small_reads:
+    if small_reads:  # off by default for get_tensor: switched on here so that path stays tested
+        monkeypatch.setattr(_open, "SMALL_TENSOR_BYTES", 1 << 20)
+    else:
         monkeypatch.setattr(_open, "SMALL_READ_BYTES", 0)
         monkeypatch.setattr(_open, "SMALL_TENSOR_BYTES", 0)
     generator = torch.Generator().manual_seed(1)
