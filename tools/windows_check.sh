@@ -43,6 +43,21 @@ kv_root=$(mktemp -d)
 rm -rf "$kv_root"
 echo "windows_check: ferry kv bench runs"
 
+# The Go package (go/) built for Windows without cgo (syscall.LoadDLL): its tests run beside
+# ferry.dll and compare their digests with ferry.exe's `load --hash`, all under Wine.
+if command -v go >/dev/null; then
+  bin_dir=$(cd "$build/bin" && pwd)
+  (cd go && GOOS=windows GOARCH=amd64 CGO_ENABLED=0 go test -c -o "$bin_dir/ferry_go_test.exe" .)
+  ferry_exe=$("$wine" winepath -w "$bin_dir/ferry.exe" 2>/dev/null | tr -d '\r')
+  (cd "$build/bin" && FERRY_BIN="$ferry_exe" "$wine" ./ferry_go_test.exe -test.v 2>&1 | tr -d '\r' \
+    > ../go_test.txt) || { cat "$build/go_test.txt" >&2; exit 1; }
+  grep -q '^PASS$' "$build/go_test.txt" && grep -q -- '--- PASS: TestGGUFTensorsAndDigestsMatchCLI' \
+    "$build/go_test.txt" || { cat "$build/go_test.txt" >&2; exit 1; }
+  echo "windows_check: the Go package's tests pass under Wine (ferry.dll through syscall.LoadDLL)"
+else
+  echo "windows_check: go not found: the Go package's Windows tests did not run"
+fi
+
 # The Windows CLI on a checkpoint whose name is not ASCII and whose data holds CR LF and 0x1A:
 # the digests must equal the Linux build's, byte for byte.
 if [ -n "$linux_ferry" ]; then

@@ -1,0 +1,92 @@
+//go:build !windows
+
+package ferry
+
+// The include path is the repository's; the library is found through CGO_LDFLAGS (-L) and, at
+// run time, the loader's path (LD_LIBRARY_PATH), or the build directory next to go/.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#cgo LDFLAGS: -L${SRCDIR}/../build -lferry
+#include <stdlib.h>
+#include "ferry/ferry.h"
+*/
+import "C"
+
+import "unsafe"
+
+type checkpointRef = *C.ferry_checkpoint
+type loadedRef = *C.ferry_loaded
+
+var nilCheckpoint checkpointRef // nil
+var nilLoaded loadedRef // nil
+
+// available: the loader resolved libferry before main.
+func available() error {
+	return nil
+}
+
+func version() string {
+	return C.GoString(C.ferry_version())
+}
+
+func lastError() string {
+	return C.GoString(C.ferry_last_error())
+}
+
+func openCheckpoint(path string) (checkpointRef, Status) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var out *C.ferry_checkpoint
+	s := C.ferry_checkpoint_open(cpath, &out)
+	return out, Status(s)
+}
+
+func freeCheckpoint(ref checkpointRef) {
+	C.ferry_checkpoint_free(ref)
+}
+
+func tensorCount(ref checkpointRef) int {
+	return int(C.ferry_checkpoint_tensor_count(ref))
+}
+
+func tensorInfo(ref checkpointRef, index int) (TensorInfo, Status) {
+	var info C.ferry_tensor_info
+	if s := Status(C.ferry_checkpoint_tensor_info(ref, C.size_t(index), &info)); s != statusOK {
+		return TensorInfo{}, s
+	}
+	shape := make([]uint64, int(info.rank))
+	if info.rank > 0 {
+		dims := unsafe.Slice((*uint64)(unsafe.Pointer(info.shape)), int(info.rank))
+		copy(shape, dims)
+	}
+	return TensorInfo{
+		Name:  C.GoString(info.name),
+		DType: C.GoString(info.dtype),
+		Shape: shape,
+		Bytes: uint64(info.bytes),
+	}, statusOK
+}
+
+func loadCheckpoint(ref checkpointRef, device string) (loadedRef, Status) {
+	cdevice := C.CString(device)
+	defer C.free(unsafe.Pointer(cdevice))
+	var options C.ferry_load_options
+	C.ferry_load_options_init(&options)
+	options.device = cdevice
+	var out *C.ferry_loaded
+	s := C.ferry_checkpoint_load(ref, &options, &out)
+	return out, Status(s)
+}
+
+func freeLoaded(ref loadedRef) {
+	C.ferry_loaded_free(ref)
+}
+
+func tensorDigest(ref loadedRef, name string) (uint64, Status) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var digest C.uint64_t
+	s := C.ferry_loaded_tensor_digest(ref, cname, &digest)
+	return uint64(digest), Status(s)
+}

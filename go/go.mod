@@ -1,0 +1,3 @@
+module github.com/ferry/ferry/go
+
+go 1.19
