@@ -2,8 +2,8 @@
 
 package ferry
 
-// The include path is the repository's; the library is found through CGO_LDFLAGS (-L) and, at
-// run time, the loader's path (LD_LIBRARY_PATH), or the build directory next to go/.
+// The header comes from the repository's include/; libferry from CGO_LDFLAGS's -L or the
+// repository's build/ at link time, and from the loader's path (LD_LIBRARY_PATH) at run time.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../include
@@ -18,8 +18,11 @@ import "unsafe"
 type checkpointRef = *C.ferry_checkpoint
 type loadedRef = *C.ferry_loaded
 
-var nilCheckpoint checkpointRef // nil
-var nilLoaded loadedRef // nil
+// The zero handles: no checkpoint, no loaded result.
+var (
+	nilCheckpoint checkpointRef
+	nilLoaded     loadedRef
+)
 
 // available: the loader resolved libferry before main.
 func available() error {

@@ -16,8 +16,11 @@ import (
 type checkpointRef = uintptr
 type loadedRef = uintptr
 
-const nilCheckpoint checkpointRef = 0
-const nilLoaded loadedRef = 0
+// The zero handles: no checkpoint, no loaded result.
+const (
+	nilCheckpoint checkpointRef = 0
+	nilLoaded     loadedRef     = 0
+)
 
 var (
 	dllOnce sync.Once
