@@ -37,21 +37,26 @@ struct BlockHasher::DeviceState {
   unsigned next = 0;
 };
 
-void StreamingHash::Free::operator()(XXH3_state_s* state) const noexcept {
-  XXH3_freeState(state);
+struct StreamingHash::State {
+  XXH3_state_t* xxh;
+};
+
+void StreamingHash::Free::operator()(State* state) const noexcept {
+  XXH3_freeState(state->xxh);
+  delete state;
 }
 
-StreamingHash::StreamingHash() : _state(XXH3_createState()) {
-  if (!_state) throw std::bad_alloc();
-  XXH3_64bits_reset(_state.get());
+StreamingHash::StreamingHash() : _state(new State{XXH3_createState()}) {
+  if (!_state->xxh) throw std::bad_alloc();
+  XXH3_64bits_reset(_state->xxh);
 }
 
 void StreamingHash::update(const void* data, std::uint64_t size) {
-  if (size) XXH3_64bits_update(_state.get(), data, size);
+  if (size) XXH3_64bits_update(_state->xxh, data, size);
   _bytes += size;
 }
 
-std::uint64_t StreamingHash::digest() const { return XXH3_64bits_digest(_state.get()); }
+std::uint64_t StreamingHash::digest() const { return XXH3_64bits_digest(_state->xxh); }
 
 BlockHasher::BlockHasher() = default;
 BlockHasher::~BlockHasher() = default;

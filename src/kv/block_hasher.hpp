@@ -13,8 +13,6 @@
 
 #include "kv/block_io.hpp"
 
-struct XXH3_state_s;
-
 namespace ferry::detail::kv {
 
 // XXH3-64 of bytes handed over in order: the digest one call over all of them gives.
@@ -26,10 +24,13 @@ class StreamingHash {
   std::uint64_t digest() const;
 
  private:
+  // xxHash's streaming state, defined beside xxhash.h: under XXH_INLINE_ALL (the Windows build)
+  // its type has another name than the one a forward declaration here could give.
+  struct State;
   struct Free {
-    void operator()(XXH3_state_s* state) const noexcept;
+    void operator()(State* state) const noexcept;
   };
-  std::unique_ptr<XXH3_state_s, Free> _state;
+  std::unique_ptr<State, Free> _state;
   std::uint64_t _bytes = 0;
 };
 
