@@ -132,7 +132,12 @@ TEST(TensorReader, AFileJustWrittenIsReadThroughThePageCache) {
   test::write_random_checkpoint(path, {{"a", DType::F32, {1000}}}, 2);
   const auto checkpoint = Checkpoint::open_shared(path);
   const TensorReader reader(checkpoint);
+#ifdef _WIN32
+  // Windows cannot report residency (platform/windows/file_ranges.cpp): never the small path.
+  EXPECT_FALSE(reader.through_page_cache(*checkpoint->find("a")));
+#else
   EXPECT_TRUE(reader.through_page_cache(*checkpoint->find("a")));
+#endif
 }
 
 TEST(TensorReader, SubmittedReadsEqualThePlainHostPath) {
