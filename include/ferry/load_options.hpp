@@ -52,6 +52,9 @@ struct LoadOptions {
   // Time the copies on the GPU for the statistics (LoadStats::pipeline.copy_busy); costs a
   // little, for diagnosis.
   bool profile = false;
+  // Page-cache DMA (see TransferOptions::page_cache_pin_bytes): the most bytes of files kept
+  // registered for copies straight from the page cache to the GPU; 0: off.
+  std::uint64_t page_cache_pin_bytes = 0;
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
   // Called by the waiting thread about every 50 ms; returning false stops the load (workers stop
@@ -63,9 +66,9 @@ struct LoadOptions {
 // The one mapping from a setting's name and text to LoadOptions, so that the CLI's flags, the C
 // ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
 // backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
-// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false). Throws
-// std::invalid_argument naming the key and the value for an unknown key, a malformed value or one
-// out of range.
+// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false),
+// page_cache_pin (bytes, as chunk_bytes; 0: off). Throws std::invalid_argument naming the key and
+// the value for an unknown key, a malformed value or one out of range.
 void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
 
 // The keys set_load_option takes, in the order above.
@@ -77,5 +80,6 @@ inline constexpr unsigned kMaxReaderThreads = 256;
 inline constexpr unsigned kMaxSlotsPerThread = 64;
 inline constexpr std::uint64_t kMaxChunkBytes = 1ull << 30;
 inline constexpr std::uint64_t kMaxStagingBytes = 1ull << 40;
+inline constexpr std::uint64_t kMaxPageCachePinBytes = 1ull << 50;
 
 }  // namespace ferry
