@@ -2,9 +2,11 @@
 // a host stand-in for the driver's registration that serves host memory, so the staged
 // backend's copies from registered mappings are checked bit-exact against the plain host path,
 // and every refusal is seen in the statistics.
-#include <fcntl.h>
 #include <gtest/gtest.h>
+#ifndef _WIN32
+#include <fcntl.h>
 #include <unistd.h>
+#endif
 
 #include <cstring>
 #include <filesystem>
@@ -58,6 +60,26 @@ void expect_plain_bytes(const Checkpoint& ckpt, const LoadedCheckpoint& loaded) 
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// Everywhere (Windows included, where mapping files for DMA is not supported): the option is
+// accepted, the load is exact, and every file says why it took the staged path.
+TEST(PageCacheDmaOption, IsAcceptedEverywhereAndEveryFileNotCopiedSaysWhy) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "a.safetensors", odd_specs(), 21);
+  auto ckpt = Checkpoint::open_shared(dir / "a.safetensors");
+  LoadOptions options;
+  set_load_option(options, "page_cache_pin", "1GiB");
+  LoadedCheckpoint loaded = load(ckpt, options);  // host memory, the process's registry
+  expect_plain_bytes(*ckpt, loaded);
+  ASSERT_EQ(loaded.stats().files.size(), 1u);
+  const std::string& reason = loaded.stats().files[0].reason;
+  EXPECT_NE(loaded.stats().files[0].io_path, IoPath::PageCacheDma);
+  EXPECT_TRUE(contains(reason, detail::file_mapping_supported()
+                                   ? "page-cache DMA not used: its destination is host memory"
+                                   : "page-cache DMA not used: not supported on this platform"))
+      << reason;
+  EXPECT_EQ(loaded.stats().bytes_from_registered_page_cache, 0u);
 }
 
 class PageCacheDma : public ::testing::Test {
@@ -148,6 +170,7 @@ TEST_F(PageCacheDma, TheBudgetKeepsTheMostRecentFilesAndALargerFileTakesTheStage
   EXPECT_EQ(small.stats().bytes_from_registered_page_cache, 0u);
 }
 
+#ifndef _WIN32
 TEST_F(PageCacheDma, AFileNotInThePageCacheTakesTheStagedPathAndSaysSo) {
   TempDir dir;
   const auto file = dir / "cold.safetensors";
@@ -174,6 +197,7 @@ TEST_F(PageCacheDma, AFileNotInThePageCacheTakesTheStagedPathAndSaysSo) {
   EXPECT_EQ(loaded.stats().bytes_from_registered_page_cache, 0u);
   EXPECT_EQ(driver.registered, 0);
 }
+#endif
 
 TEST_F(PageCacheDma, HostMemoryIsNotRegisteredWithTheGpuDriverAndSaysSo) {
   TempDir dir;

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "platform/file_mapping.hpp"
+
 namespace ferry::detail {
 
 std::unique_ptr<PageCacheFile[]> lease_page_cache(const TicketState& t) {
@@ -19,6 +21,10 @@ std::unique_ptr<PageCacheFile[]> lease_page_cache(const TicketState& t) {
   for (std::uint32_t f = 0; f < n; ++f) {
     PageCacheFile& pc = files[f];
     if (!named[f]) continue;
+    if (!file_mapping_supported()) {
+      pc.why_not = "not supported on this platform";
+      continue;
+    }
     if (!served[f]) {
       pc.why_not = "its destination is host memory (page-cache DMA serves GPU memory)";
       continue;
