@@ -24,7 +24,7 @@
 #   about 5 minutes: run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
-#   bench/moe_bench.py. The device tool
+#   bench/moe_bench.py; stream-tests: the tests alone (about 4 minutes with `build`). The device tool
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
 #   hashes beside a single-GPU load, bench/multi_gpu_bench.py warm with the machine's facts and
@@ -327,7 +327,7 @@ kv_stage() {
 # Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
 # CUDA graphs, slot safety, expert caches), then the benchmarks (Llama-3-8B shapes with half the
 # layers streamed; a Mixtral-shaped MoE decoding through expert caches).
-stream_checks() {
+stream_tests() {
   log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
   python3 -c "import ferry.torch as t; t.offload, t.offload_experts" 2>&1 || {
     echo "the ferry in /tmp/site has no weight streaming: run the build stage" | tee -a "$OUT/summary.txt"
@@ -343,6 +343,10 @@ stream_checks() {
     >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
   grep -E "^(FAILED|ERROR) " "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt" || true
   tail -1 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
+}
+
+stream_checks() {
+  stream_tests || return
   log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
   (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
     | tee -a "$OUT/summary.txt" || status=1
@@ -399,6 +403,7 @@ want dropin && dropin
 want core && core_checks
 want kv && kv_stage
 want stream && stream_checks
+want stream-tests && stream_tests
 want mgpu && mgpu
 want mgpu-full && mgpu full
 if want mgpu-sweep; then
