@@ -232,6 +232,75 @@ def test_a_pass_after_an_interrupted_one_is_refused_then_right():
             assert torch.equal(model(x), reference(x))
 
 
+class RMSNorm(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class Decoder(torch.nn.Module):
+    """A Llama-style layer without attention: norms, residual adds, a gated MLP."""
+
+    def __init__(self, width=64, hidden=176):
+        super().__init__()
+        self.norm = RMSNorm(width)
+        self.mix = torch.nn.Linear(width, width, bias=False)
+        self.norm2 = RMSNorm(width)
+        self.gate = torch.nn.Linear(width, hidden, bias=False)
+        self.up = torch.nn.Linear(width, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        x = x + self.mix(self.norm(x))
+        h = self.norm2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class TinyLm(torch.nn.Module):
+    def __init__(self, layers=4, width=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, width)
+        self.layers = torch.nn.ModuleList(Decoder(width) for _ in range(layers))
+        self.norm = RMSNorm(width)
+        self.head = torch.nn.Linear(width, 100, bias=False)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+def tiny_lm():
+    torch.manual_seed(0)
+    return TinyLm().to(torch.bfloat16).eval()
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch 2")
+def test_torch_compile_on_the_host_equals_the_resident_compile():
+    # bf16: Inductor fuses each layer's residual add into the next layer's input norm, keeping
+    # the sum in fp32. The stream's ops stand after the down projections and the first layer's
+    # wait at the end of the pass before, so the offloaded compile fuses the same (with the ops
+    # at the layers' edges, tails=False, its logits differ).
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 100, (4, 16), generator=g) for _ in range(2)]
+    with torch.inference_mode():
+        resident = torch.compile(tiny_lm())
+        want = [resident(ids) for ids in batches]
+        for selection in ({"prefetch": 1}, {"group_size": 2, "last": 1, "prefetch": 1}):
+            model = tiny_lm()
+            off = ferry.torch.offload(model, device="cpu", **selection)
+            compiled = torch.compile(model)
+            for _ in range(2):
+                for ids, w in zip(batches, want):
+                    assert torch.equal(compiled(ids), w)
+            assert off.stats()["fills"] > len(off.layers) and off.stats()["demand_fills"] == 0
+
+
 def test_a_dropped_model_frees_its_stream():
     import gc
     from ferry import _offload
