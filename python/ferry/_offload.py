@@ -12,7 +12,8 @@ add and the next block's input norm, which torch.compile fuses (the sum kept in 
 in the resident model, and the compiled offloaded model computes bit for bit what the compiled
 resident one does. Hooks check at every call that no weight-holding module of the block runs
 after its tail (an error, never a slot read after its refill); a block whose tail does not run,
-or that has none (its own forward reads parameters), is ordered at its edges instead.
+or that has none (its own forward reads parameters; the last matrix comes with a bias), is
+ordered at its edges instead.
 
 Under CUDA graph capture, copies issued during the capture are part of the graph and the last
 streamed block joins them before returning; capture whole forward passes, after at least one
@@ -268,13 +269,20 @@ def _weight_modules(block: torch.nn.Module) -> List[tuple]:
 def _tail_of(block: torch.nn.Module) -> Optional[tuple]:
     """(name, module) of the block's last weight use: the last registered module holding a
     parameter of 2 or more dimensions (a decoder layer's MLP down projection). None where the
-    block's own forward reads parameters (they may be read after any submodule)."""
+    block's own forward reads parameters (they may be read after any submodule), or where that
+    module also holds a smaller one (a bias: compiled, its add leaves the matmul to fuse with
+    what follows, as an op right after the module would not let it)."""
     owners = _weight_modules(block)
     if any(m is block for _, m in owners):
         return None
     matrices = [(n, m) for n, m in owners
                 if any(p is not None and p.dim() >= 2 for p in m._parameters.values())]
-    return matrices[-1] if matrices else None
+    if not matrices:
+        return None
+    name, tail = matrices[-1]
+    if any(p is not None and p.dim() < 2 for p in tail._parameters.values()):
+        return None
+    return name, tail
 
 
 class _BlockOrder:

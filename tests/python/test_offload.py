@@ -160,6 +160,16 @@ def swap_blocks(model, cls):
     return model
 
 
+def test_a_blocks_tail_is_its_last_matrix_without_a_bias():
+    from ferry._offload import _tail_of
+    assert _tail_of(Block(32, 96))[0] == "down"  # registered after the norm and up
+    biased = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4))
+    assert _tail_of(biased) is None  # ordered at its edges
+    own = Block(32, 96)
+    own.scale = torch.nn.Parameter(torch.ones(32))  # read by its own forward, at any time
+    assert _tail_of(own) is None
+
+
 def test_copies_are_ordered_after_each_blocks_tail():
     reference = make()
     model = make()
