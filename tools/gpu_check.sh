@@ -24,8 +24,7 @@
 #   about 5 minutes: run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
-#   bench/moe_bench.py; stream-tests: the tests alone (about 4 minutes with `build`). The device tool
-#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
+#   bench/moe_bench.py; stream-tests: the tests alone (about 4 minutes with `build`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
 #   hashes beside a single-GPU load, bench/multi_gpu_bench.py warm with the machine's facts and
 #   bound, ferry only: about 3 minutes with `build`, which then skips the Python package);

@@ -432,7 +432,8 @@ def _disk_groups(checkpoint, names: List[List[str]], params: List[List[torch.nn.
 def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequence[torch.nn.Module]] = None,
             group_size: Optional[int] = None, last: int = 1, budget_bytes: Optional[int] = None,
             layers: Optional[Sequence[int]] = None, prefetch: int = 1, source: str = "cpu",
-            checkpoint: Any = None, prefix: str = "", io: str = "auto", tails: bool = True) -> Offload:
+            checkpoint: Any = None, prefix: str = "", io: str = "auto",
+            tails: bool = True) -> Offload:
     """Streams some of `model`'s blocks into static slots on `device` (default: where the
     model's first parameter is, else cuda:0). Which: `layers` (indices into the blocks), or
     `group_size`/`last`, or `budget_bytes` (see choose_layers); default every block. `source`:

@@ -137,7 +137,7 @@ def test_undo_restores_resident_parameters():
 
 
 class NormLast(Block):
-    """Reads its norm after its down projection, the module offload takes for its last weight use."""
+    """Reads its norm after its down projection, which offload takes for its last weight use."""
 
     def forward(self, x, scale=1.0):
         return self.norm(x + self.down(torch.relu(self.up(x))) * scale)
