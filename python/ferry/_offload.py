@@ -95,6 +95,12 @@ else:
     _wait_call, _release_call = _wait, _release
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and
+                compiler.is_compiling())
+
+
 def find_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The model's repeated blocks: the ModuleList holding the most parameter bytes
     (model.model.layers for transformers' decoders)."""
@@ -356,7 +362,8 @@ class _BlockOrder:
         return check
 
     def _collect(self, module, args, out) -> None:
-        self.used.extend(_tensors(out))
+        if _compiling():  # eager calls run in program order: nothing to hold on to
+            self.used.extend(_tensors(out))
 
     def _after_tail(self, module, args, out) -> None:
         self.order(_first_tensor(out), self.tail[0])
