@@ -64,6 +64,15 @@ def offloaded(**kw):
     return model, ferry.torch.offload(model, **kw)
 
 
+def from_disk(reference, checkpoint, **kw):
+    """A model whose streamed layers' own weights differ: only the checkpoint's are used."""
+    model = llama(seed=5)
+    model.model.embed_tokens.load_state_dict(reference[0].model.embed_tokens.state_dict())
+    model.model.norm.load_state_dict(reference[0].model.norm.state_dict())
+    model.lm_head.load_state_dict(reference[0].lm_head.state_dict())
+    return model, ferry.torch.offload(model, source="disk", checkpoint=checkpoint, **kw)
+
+
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
 @pytest.mark.parametrize("selection", [{}, {"group_size": 2, "last": 1}])
 def test_eager_from_pinned_memory(reference, prefetch, selection):
@@ -77,11 +86,7 @@ def test_eager_from_pinned_memory(reference, prefetch, selection):
 
 @pytest.mark.parametrize("io", ["direct", "buffered"])
 def test_eager_from_disk(reference, checkpoint, io):
-    model = llama(seed=5)  # the streamed layers' own weights differ: only the file's are used
-    model.model.embed_tokens.load_state_dict(reference[0].model.embed_tokens.state_dict())
-    model.model.norm.load_state_dict(reference[0].model.norm.state_dict())
-    model.lm_head.load_state_dict(reference[0].lm_head.state_dict())
-    ferry.torch.offload(model, source="disk", checkpoint=checkpoint, prefetch=2, io=io)
+    model, _ = from_disk(reference, checkpoint, prefetch=2, io=io)
     for _ in range(2):
         for ids, want in zip(batches(), reference[1]):
             assert torch.equal(logits(model, ids), want)
@@ -97,12 +102,16 @@ def compiled_reference(reference):
     return [logits(compiled, ids) for ids in batches()]
 
 
-@pytest.mark.parametrize("prefetch, selection", [(2, {}), (1, {"group_size": 2, "last": 1})])
-def test_torch_compile(reference, compiled_reference, prefetch, selection):
+@pytest.mark.parametrize("prefetch, selection", [(2, {}), (1, {"group_size": 2, "last": 1}),
+                                                 (2, {"source": "disk"})])
+def test_torch_compile(reference, compiled_reference, checkpoint, prefetch, selection):
     # The stream's ops stand right after each block's down projection, where the resident graph
     # fuses nothing across them: compiled, the offloaded model runs the resident model's kernels.
     # With every 2nd layer streamed, the resident layer before each streamed one makes its wait.
-    model, off = offloaded(prefetch=prefetch, **selection)
+    if selection.get("source") == "disk":
+        model, off = from_disk(reference, checkpoint, prefetch=prefetch)
+    else:
+        model, off = offloaded(prefetch=prefetch, **selection)
     compiled = torch.compile(model)
     for _ in range(2):
         for ids, want in zip(batches(), compiled_reference):
