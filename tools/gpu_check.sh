@@ -342,6 +342,14 @@ stream_tests() {
     >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
   grep -E "^(FAILED|ERROR) " "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt" || true
   tail -1 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
+  if grep -q "^FAILED.*test_torch_compile\[" "$OUT/offload-tests.log"; then
+    # Inductor's code for the resident and the offloaded compile, to see where they part.
+    log "torch.compile's output code of the first failing case ($OUT/compile-code.txt)"
+    TORCH_LOGS=output_code TORCH_LOGS_OUT="$OUT/compile-code.txt" python3 -m pytest -q -x \
+      -p no:cacheprovider -p no:logging tests/python/test_offload_gpu.py::test_torch_compile \
+      >"$OUT/compile-rerun.log" 2>&1 || true
+    tail -1 "$OUT/compile-rerun.log" | tee -a "$OUT/summary.txt"
+  fi
 }
 
 stream_checks() {
