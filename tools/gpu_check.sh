@@ -24,7 +24,8 @@
 #   about 5 minutes: run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
-#   bench/moe_bench.py; stream-tests: the tests alone (about 4 minutes with `build`).
+#   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
+#   stream-bench: the benchmarks alone (about 6 minutes with `build`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
 #   hashes beside a single-GPU load, bench/multi_gpu_bench.py warm with the machine's facts and
 #   bound, ferry only: about 3 minutes with `build`, which then skips the Python package);
@@ -352,8 +353,7 @@ stream_tests() {
   fi
 }
 
-stream_checks() {
-  stream_tests || return
+stream_bench() {
   log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
   (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
     | tee -a "$OUT/summary.txt" || status=1
@@ -409,8 +409,9 @@ want engine && engine_benches
 want dropin && dropin
 want core && core_checks
 want kv && kv_stage
-want stream && stream_checks
+want stream && { stream_tests; stream_bench; }
 want stream-tests && stream_tests
+want stream-bench && stream_bench
 want mgpu && mgpu
 want mgpu-full && mgpu full
 if want mgpu-sweep; then
