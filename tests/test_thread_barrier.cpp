@@ -1,8 +1,7 @@
 // detail::ThreadBarrier (platform/thread_barrier.hpp), which `ferry kv bench` meets at between
 // batches. The first test's loop over std::barrier instead hung under Wine in 3 of 7 runs
-// (mingw-w64's libstdc++ 12 loses wake-ups without a futex); ctest's TIMEOUT makes a hang a failure.
-#include "platform/thread_barrier.hpp"
-
+// (mingw-w64's libstdc++ 12 loses wake-ups without a futex); ctest's TIMEOUT makes a hang a
+// failure.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,6 +9,8 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "platform/thread_barrier.hpp"
 
 namespace ferry {
 namespace {
