@@ -79,6 +79,10 @@ Json cufile_section(const std::string& path) {
 Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
   Json out = {{"path", path.string()}, {"filesystem", filesystem_name(path)}};
   auto files = files_under(path);
+  // BypassIO is asked of a file (the first one read below) where there is one.
+  const StorageFacts storage = storage_facts(files.empty() ? path : files.front());
+  out["storage"] = {{"nvme", storage.nvme}};
+  if (!storage.bypass_io.empty()) out["storage"]["bypass_io"] = storage.bypass_io;
   if (files.empty()) {
     out["note"] = "no files to read under this path";
     return out;
@@ -94,7 +98,7 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
   out["bytes"] = bytes;
   out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
   const auto direct = probe_direct(files.front());
-  out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}};
+  out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}, {"flag", direct.flag}};
   // O_DIRECT first: it leaves the page cache as it was, so the buffered figure that follows
   // reads whatever was cached before plus what buffered reading itself brings in.
   Json reads = {{"threads", threads}, {"limit_bytes", read_limit}};
@@ -193,6 +197,10 @@ void print_text(const Json& r) {
   const Json& p = r["path"];
   std::printf("path: %s\n  file system: %s\n", printable(p["path"].get<std::string>()).c_str(),
               p["filesystem"].get<std::string>().c_str());
+  const Json& s = p["storage"];
+  std::printf("  NVMe: %s\n", printable(s["nvme"].get<std::string>()).c_str());
+  if (s.contains("bypass_io"))
+    std::printf("  BypassIO: %s\n", printable(s["bypass_io"].get<std::string>()).c_str());
   if (p.contains("note")) {
     std::printf("  %s\n", p["note"].get<std::string>().c_str());
     return;
@@ -200,20 +208,23 @@ void print_text(const Json& r) {
   std::printf("  %zu file(s), %s, %.0f%% in page cache before measuring\n",
               p["files"].get<std::size_t>(), human_bytes(p["bytes"].get<std::uint64_t>()).c_str(),
               p["page_cache_fraction"].get<double>() * 100);
-  std::printf("  O_DIRECT: %s (%s)\n", p["odirect"]["works"].get<bool>() ? "yes" : "no",
-              p["odirect"]["detail"].get<std::string>().c_str());
+  const std::string flag = p["odirect"]["flag"].get<std::string>();
+  std::printf("  %s: %s (%s)\n", flag.c_str(), p["odirect"]["works"].get<bool>() ? "yes" : "no",
+              printable(p["odirect"]["detail"].get<std::string>()).c_str());
   const Json& rd = p["read"];
   if (rd.contains("odirect_gbps"))
-    std::printf("  read, O_DIRECT: %.2f GB/s\n", rd["odirect_gbps"].get<double>());
+    std::printf("  read, %s: %.2f GB/s\n", flag.c_str(), rd["odirect_gbps"].get<double>());
   std::printf("  read, buffered: %.2f GB/s\n", rd["buffered_gbps"].get<double>());
 }
 
 }  // namespace
 
 void add_doctor(CLI::App& app) {
-  auto* cmd = app.add_subcommand("doctor",
-                                 "Show and measure what this machine offers: GPUs, "
-                                 "driver, copy bandwidth, file system, O_DIRECT, reads");
+  auto* cmd = app.add_subcommand(
+      "doctor",
+      "Show and measure what this machine offers: GPUs, "
+      "driver, copy bandwidth, file system, NVMe, BypassIO (Windows), unbuffered "
+      "reads");
   static std::string path;
   static bool json = false;
   static double read_limit_gib = 4;
@@ -237,8 +248,10 @@ void add_doctor(CLI::App& app) {
     if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
     if (!ds.cuda0_bridge.empty()) report["directstorage"]["cuda0_bridge"] = ds.cuda0_bridge;
     const NcclFacts nccl = nccl_facts();
-    report["nccl"] = {{"loaded", nccl.loaded}, {"path", nccl.path},
-                      {"why_not_loaded", nccl.why_not_loaded}, {"version", nccl.version}};
+    report["nccl"] = {{"loaded", nccl.loaded},
+                      {"path", nccl.path},
+                      {"why_not_loaded", nccl.why_not_loaded},
+                      {"version", nccl.version}};
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},

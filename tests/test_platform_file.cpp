@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <regex>
 #include <string>
 
 #include "ferry/error.hpp"
 #include "ferry/file_set.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "platform/file.hpp"
 #include "platform/system.hpp"
@@ -171,6 +173,37 @@ TEST(FileDescriptor, WritesAndReadsAtOffsetsInBinary) {
   detail::read_exact(fd, back.data(), back.size(), 0, path);
   EXPECT_EQ(back, bytes);
   EXPECT_THROW(detail::read_exact(fd, back.data(), 10, bytes.size() - 5, path), FormatError);
+}
+
+// The storage facts doctor prints: each one of its allowed values and a reason, whatever the
+// machine (under Wine most are "unknown", with the call that failed).
+TEST(PlatformStorage, FactsAreAnAllowedValueAndAReason) {
+  TempDir dir;
+  const auto file = utf8_name(dir, "donn\xc3\xa9" "es.bin");
+  test::write_file(file, "x");
+  const std::regex nvme("^(yes|no|unknown): .+"), bypass("^(on|off|unknown): .+");
+  for (const std::string& path : {utf8_of(dir.path()), utf8_of(file)}) {
+    SCOPED_TRACE(path);
+    const std::string n = detail::nvme_verdict(path), b = detail::bypass_io_verdict(path);
+    EXPECT_TRUE(std::regex_match(n, nvme)) << n;
+#ifdef _WIN32
+    EXPECT_TRUE(std::regex_match(b, bypass)) << b;
+#else
+    EXPECT_EQ(b, "") << "BypassIO is Windows' alone";
+#endif
+  }
+}
+
+TEST(PlatformStorage, AFileThatCannotBeOpenedIsUnknownAndSaysWhy) {
+  TempDir dir;
+  const std::string missing = utf8_of(dir / "missing.bin");
+#ifdef _WIN32
+  const std::string b = detail::bypass_io_verdict(missing);
+  EXPECT_EQ(b.rfind("unknown: CreateFileW on " + missing + " failed: ", 0), 0u) << b;
+#else
+  const std::string n = detail::nvme_verdict(missing);
+  EXPECT_EQ(n.rfind("unknown: stat(" + missing + ") failed: ", 0), 0u) << n;
+#endif
 }
 
 }  // namespace

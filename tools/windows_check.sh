@@ -35,6 +35,23 @@ if ! grep -q "DirectStorage into cuda:0: .*step 1 of 11 .*nvcuda.dll" "$build/do
   exit 1
 fi
 echo "windows_check: ferry doctor names the DirectStorage bridge's missing step (nvcuda.dll)"
+# Its storage facts for a path: each an allowed value and a reason (Wine answers few of the
+# questions: "unknown: " and the call that failed is the honest answer there).
+"$wine" "$build/bin/ferry.exe" doctor tests/data --json --read-limit-gib 0.001 2>/dev/null \
+  | tr -d '\r' > "$build/doctor.json"
+/usr/bin/python3 - "$build/doctor.json" <<'PY'
+import json, re, sys
+path = json.load(open(sys.argv[1]))["path"]
+storage, unbuffered = path["storage"], path["odirect"]
+checks = [(re.fullmatch(r"(yes|no|unknown): .+", storage["nvme"]), "nvme", storage["nvme"]),
+          (re.fullmatch(r"(on|off|unknown): .+", storage["bypass_io"]), "bypass_io",
+           storage["bypass_io"]),
+          (unbuffered["flag"] == "FILE_FLAG_NO_BUFFERING", "odirect.flag", unbuffered["flag"])]
+for ok, name, value in checks:
+    if not ok:
+        sys.exit(f"windows_check: ferry doctor's {name} is not an allowed value and a reason: {value}")
+    print(f"windows_check: ferry doctor: {name} = {value}")
+PY
 
 # `ferry kv bench` at tiny sizes: the KV store and its raw baselines through the Win32 seam (its
 # figures under Wine mean nothing; it must run and finish). It used to stall in some runs (its

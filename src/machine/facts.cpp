@@ -106,6 +106,11 @@ std::string filesystem_name(const std::filesystem::path& path) {
   return detail::filesystem_name(utf8_of(path));
 }
 
+StorageFacts storage_facts(const std::filesystem::path& path) {
+  const std::string utf8 = utf8_of(path);
+  return {detail::nvme_verdict(utf8), detail::bypass_io_verdict(utf8)};
+}
+
 double page_cache_fraction(const std::filesystem::path& file) {
   const auto fd = detail::open_for_reading(file);
   return detail::page_cache_fraction(fd, detail::file_size(fd, file));
