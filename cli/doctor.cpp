@@ -89,14 +89,18 @@ Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threa
   }
   std::uint64_t bytes = 0;
   double cached = 0;
+  const bool residency = page_cache_residency_measured();
   for (const auto& f : files) {
     const auto size = fs::file_size(f);
-    cached += page_cache_fraction(f) * static_cast<double>(size);
+    if (residency) cached += page_cache_fraction(f) * static_cast<double>(size);
     bytes += size;
   }
   out["files"] = files.size();
   out["bytes"] = bytes;
-  out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
+  if (residency)
+    out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
+  else
+    out["page_cache_fraction"] = nullptr;  // unknown, not 0
   const auto direct = probe_direct(files.front());
   out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}, {"flag", direct.flag}};
   // O_DIRECT first: it leaves the page cache as it was, so the buffered figure that follows
@@ -186,13 +190,13 @@ void print_text(const Json& r) {
   const Json& e = r["engine"];
   std::printf(
       "engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
-      "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
-      "page-cache residency\n",
+      "  settings: %s\n  %s\n",
       e["reader_threads"].get<unsigned>(),
       human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
       e["slots_per_thread"].get<unsigned>(),
       human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
-      printable(e["settings_source"].get<std::string>()).c_str());
+      printable(e["settings_source"].get<std::string>()).c_str(),
+      e["io_auto"].get<std::string>().c_str());
   if (!r.contains("path")) return;
   const Json& p = r["path"];
   std::printf("path: %s\n  file system: %s\n", printable(p["path"].get<std::string>()).c_str(),
@@ -205,9 +209,13 @@ void print_text(const Json& r) {
     std::printf("  %s\n", p["note"].get<std::string>().c_str());
     return;
   }
-  std::printf("  %zu file(s), %s, %.0f%% in page cache before measuring\n",
-              p["files"].get<std::size_t>(), human_bytes(p["bytes"].get<std::uint64_t>()).c_str(),
-              p["page_cache_fraction"].get<double>() * 100);
+  std::printf("  %zu file(s), %s, ", p["files"].get<std::size_t>(),
+              human_bytes(p["bytes"].get<std::uint64_t>()).c_str());
+  if (p["page_cache_fraction"].is_null())
+    std::printf("page-cache residency unknown (this system cannot report it)\n");
+  else
+    std::printf("%.0f%% in page cache before measuring\n",
+                p["page_cache_fraction"].get<double>() * 100);
   const std::string flag = p["odirect"]["flag"].get<std::string>();
   std::printf("  %s: %s (%s)\n", flag.c_str(), p["odirect"]["works"].get<bool>() ? "yes" : "no",
               printable(p["odirect"]["detail"].get<std::string>()).c_str());
@@ -258,7 +266,13 @@ void add_doctor(CLI::App& app) {
                         {"chunk_bytes", engine.chunk_bytes},
                         {"slots_per_thread", engine.slots_per_thread},
                         {"settings_source", engine.source},
-                        {"staging_bytes", kDefaultStagingBytes}};
+                        {"staging_bytes", kDefaultStagingBytes},
+                        {"io_auto", page_cache_residency_measured()
+                                        ? "O_DIRECT or buffered: chosen per file at each load "
+                                          "from its page-cache residency"
+                                        : "unbuffered or buffered: --io auto reads unbuffered "
+                                          "wherever the file system allows (this system cannot "
+                                          "report page-cache residency)"}};
     if (!path.empty())
       report["path"] = path_section(path_from_utf8(path),
                                     static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),

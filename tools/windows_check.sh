@@ -46,7 +46,9 @@ storage, unbuffered = path["storage"], path["odirect"]
 checks = [(re.fullmatch(r"(yes|no|unknown): .+", storage["nvme"]), "nvme", storage["nvme"]),
           (re.fullmatch(r"(on|off|unknown): .+", storage["bypass_io"]), "bypass_io",
            storage["bypass_io"]),
-          (unbuffered["flag"] == "FILE_FLAG_NO_BUFFERING", "odirect.flag", unbuffered["flag"])]
+          (unbuffered["flag"] == "FILE_FLAG_NO_BUFFERING", "odirect.flag", unbuffered["flag"]),
+          # Windows cannot report page-cache residency: unknown (null), never a made-up 0.
+          (path["page_cache_fraction"] is None, "page_cache_fraction", path["page_cache_fraction"])]
 for ok, name, value in checks:
     if not ok:
         sys.exit(f"windows_check: ferry doctor's {name} is not an allowed value and a reason: {value}")

@@ -83,6 +83,9 @@ StorageFacts storage_facts(const std::filesystem::path& path);
 
 // Fraction of `file`'s pages in the page cache (sampled on large files, as loads do).
 double page_cache_fraction(const std::filesystem::path& file);
+// Whether page_cache_fraction measures residency here; Windows cannot report it (it answers 0,
+// and `--io auto` reads unbuffered there).
+bool page_cache_residency_measured();
 
 // Median GB/s of `repeats` host-to-device copies of `bytes` from pinned and from pageable memory.
 struct CopyBandwidth {

@@ -89,6 +89,7 @@ def test_doctor_storage_facts_are_a_value_and_a_reason(run_ferry, good):
     assert re.fullmatch(r"(yes|no|unknown): .+", path["storage"]["nvme"]), path["storage"]
     assert "bypass_io" not in path["storage"]  # Windows alone has BypassIO
     assert path["odirect"]["flag"] == "O_DIRECT"
+    assert 0 <= path["page_cache_fraction"] <= 1  # Linux measures it (mincore)
     text = run_ferry("doctor", good, "--read-limit-gib", "0.001").stdout
     assert "  NVMe: " + path["storage"]["nvme"] + "\n" in text, text
 
