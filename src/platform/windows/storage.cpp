@@ -2,105 +2,24 @@
 // volume (IOCTL_VOLUME_GET_VOLUME_DISK_EXTENTS, then IOCTL_STORAGE_QUERY_PROPERTY on each disk)
 // and whether BypassIO is allowed for a file (FSCTL_MANAGE_BYPASS_IO, FS_BPIO_OP_QUERY). A fact
 // the system does not give is "unknown: " and the call that failed, with the system's words.
-// clang-format off
-#include "platform/windows/win32.hpp"  // windows.h, which winioctl.h needs first
-#include <winioctl.h>
-// clang-format on
-
-#include <algorithm>
 #include <cstddef>
-#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "platform/system.hpp"
+#include "platform/windows/storage_verdicts.hpp"  // windows.h, winioctl.h
 
 namespace ferry::detail {
 namespace {
 
-// BypassIO's control code and structures, which mingw-w64 (10.0) does not declare. They follow
-// Microsoft's documentation of FSCTL_MANAGE_BYPASS_IO, FS_BPIO_INPUT, FS_BPIO_OUTPUT,
-// FS_BPIO_OPERATIONS, FS_BPIO_OUTFLAGS and FS_BPIO_RESULTS (learn.microsoft.com, ntifs.h, Windows
-// 11; winioctl.h of the Windows 11 SDK, 10.0.22000, declares them for user mode too). The code
-// is 590920, the value the Win32 metadata of that SDK gives.
-constexpr DWORD kFsctlManageBypassIo =
-    CTL_CODE(FILE_DEVICE_FILE_SYSTEM, 274, METHOD_BUFFERED, FILE_ANY_ACCESS);
-static_assert(kFsctlManageBypassIo == 590920);
-constexpr LONG kFsBpioOpQuery = 3;                       // FS_BPIO_OP_QUERY
-constexpr LONG kFsBpioOutflCompatibleStorageDriver = 8;  // FSBPIO_OUTFL_COMPATIBLE_STORAGE_DRIVER
-
-struct FsBpioInput {  // FS_BPIO_INPUT
-  LONG operation;     // FS_BPIO_OPERATIONS
-  LONG in_flags;      // FS_BPIO_INFLAGS: FSBPIO_INFL_None
-  ULONGLONG reserved1;
-  ULONGLONG reserved2;
-};
-
-struct FsBpioResults {                // FS_BPIO_RESULTS
-  LONG op_status;                     // NTSTATUS
-  USHORT failing_driver_name_length;  // in characters; the name need not end in a null
-  WCHAR failing_driver_name[32];
-  USHORT failure_reason_length;
-  WCHAR failure_reason[128];
-};
-
-struct FsBpioOutput {  // FS_BPIO_OUTPUT, its union's FS_BPIO_RESULTS member (the largest) only
-  LONG operation;
-  LONG out_flags;  // FS_BPIO_OUTFLAGS
-  ULONGLONG reserved1;
-  ULONGLONG reserved2;
-  FsBpioResults query;
-};
+using win32::DiskBus;
+using win32::FsBpioInput;
+using win32::FsBpioOutput;
 
 std::string failed(const char* call, const std::string& on, DWORD error) {
   return "unknown: " + std::string(call) + " on " + on + " failed: " + win32::message_of(error) +
          " (Windows error " + std::to_string(error) + ")";
-}
-
-const char* bus_name(int bus) {
-  switch (bus) {
-    case BusTypeScsi:
-      return "SCSI";
-    case BusTypeAtapi:
-      return "ATAPI";
-    case BusTypeAta:
-      return "ATA";
-    case BusType1394:
-      return "IEEE 1394";
-    case BusTypeSsa:
-      return "SSA";
-    case BusTypeFibre:
-      return "Fibre Channel";
-    case BusTypeUsb:
-      return "USB";
-    case BusTypeRAID:
-      return "RAID";
-    case BusTypeiScsi:
-      return "iSCSI";
-    case BusTypeSas:
-      return "SAS";
-    case BusTypeSata:
-      return "SATA";
-    case BusTypeSd:
-      return "SD";
-    case BusTypeMmc:
-      return "MMC";
-    case BusTypeVirtual:
-      return "virtual";
-    case BusTypeFileBackedVirtual:
-      return "file-backed virtual";
-    case BusTypeSpaces:
-      return "Storage Spaces";
-    case BusTypeNvme:
-      return "NVMe";
-    case BusTypeSCM:
-      return "storage-class memory";
-    case BusTypeUfs:
-      return "UFS";
-    default:
-      return "unknown";
-  }
 }
 
 // The volume holding `path`, as a device name CreateFileW opens ("\\?\Volume{...}", no trailing
@@ -182,26 +101,22 @@ std::string nvme_verdict(const std::string& path) {
   std::set<DWORD> disks;
   if (!volume_of(win32::widen(path), volume, root, why) || !disks_of(volume, root, disks, why))
     return why;
-  std::string nvme, other;
+  std::vector<DiskBus> buses;
   for (DWORD n : disks) {
     const std::string name = "PhysicalDrive" + std::to_string(n);
     const win32::Handle disk(::CreateFileW(win32::widen("\\\\.\\" + name).c_str(), 0,
                                            FILE_SHARE_READ | FILE_SHARE_WRITE, nullptr,
                                            OPEN_EXISTING, 0, nullptr));
     if (!disk) return failed("CreateFileW", name, ::GetLastError());
-    // The device's bus, else its adapter's: either says NVMe for a disk behind stornvme.
-    int device_bus = BusTypeUnknown, adapter_bus = BusTypeUnknown;
-    if (!bus_of<STORAGE_DEVICE_DESCRIPTOR>(disk.get(), name, StorageDeviceProperty, device_bus,
+    DiskBus bus{name, BusTypeUnknown, BusTypeUnknown};
+    if (!bus_of<STORAGE_DEVICE_DESCRIPTOR>(disk.get(), name, StorageDeviceProperty, bus.device,
                                            why) ||
-        !bus_of<STORAGE_ADAPTER_DESCRIPTOR>(disk.get(), name, StorageAdapterProperty, adapter_bus,
+        !bus_of<STORAGE_ADAPTER_DESCRIPTOR>(disk.get(), name, StorageAdapterProperty, bus.adapter,
                                             why))
       return why;
-    std::string& list = device_bus == BusTypeNvme || adapter_bus == BusTypeNvme ? nvme : other;
-    list += (list.empty() ? "" : ", ") + name + " (bus " + bus_name(device_bus) + ", adapter " +
-            bus_name(adapter_bus) + ")";
+    buses.push_back(bus);
   }
-  if (!other.empty()) return "no: " + root + " is on " + other;
-  return "yes: " + root + " is on " + nvme;
+  return win32::nvme_from(root, buses);
 }
 
 std::string bypass_io_verdict(const std::string& path) {
@@ -210,11 +125,11 @@ std::string bypass_io_verdict(const std::string& path) {
                                       FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
                                       nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr));
   if (!h) return failed("CreateFileW", path, ::GetLastError());
-  FsBpioInput in{kFsBpioOpQuery, 0, 0, 0};
+  FsBpioInput in{win32::kFsBpioOpQuery, 0, 0, 0};
   FsBpioOutput out{};
   DWORD got = 0;
-  if (!::DeviceIoControl(h.get(), kFsctlManageBypassIo, &in, sizeof in, &out, sizeof out, &got,
-                         nullptr)) {
+  if (!::DeviceIoControl(h.get(), win32::kFsctlManageBypassIo, &in, sizeof in, &out, sizeof out,
+                         &got, nullptr)) {
     const DWORD error = ::GetLastError();
     std::string why =
         failed("DeviceIoControl(FSCTL_MANAGE_BYPASS_IO, FS_BPIO_OP_QUERY)", path, error);
@@ -222,24 +137,7 @@ std::string bypass_io_verdict(const std::string& path) {
       why += "; Windows before 11, and file systems without BypassIO, refuse it";
     return why;
   }
-  if (got < offsetof(FsBpioOutput, query) + offsetof(FsBpioResults, failing_driver_name))
-    return "unknown: FSCTL_MANAGE_BYPASS_IO on " + path + " answered with " + std::to_string(got) +
-           " bytes, too few to hold its result";
-  if (out.query.op_status != 0) {
-    const auto text = [](const WCHAR* s, USHORT length, std::size_t capacity) {
-      return win32::narrow(std::wstring_view(s, std::min<std::size_t>(length, capacity)));
-    };
-    char status[16];
-    std::snprintf(status, sizeof status, "0x%08lX",
-                  static_cast<unsigned long>(out.query.op_status));
-    return "off: " + text(out.query.failing_driver_name, out.query.failing_driver_name_length, 32) +
-           " vetoes it: " + text(out.query.failure_reason, out.query.failure_reason_length, 128) +
-           " (NTSTATUS " + status + ")";
-  }
-  if (!(out.out_flags & kFsBpioOutflCompatibleStorageDriver))
-    return "off: the filters and the file system allow it, but the storage driver does not say "
-           "it is compatible (FSBPIO_OUTFL_COMPATIBLE_STORAGE_DRIVER unset)";
-  return "on: the filters, the file system and the storage driver allow it";
+  return win32::bypass_io_from(out, got, path);
 }
 
 }  // namespace ferry::detail
