@@ -25,9 +25,9 @@ std::vector<fs::path> files_under(const fs::path& path) {
   std::vector<fs::path> files;
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
+  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, utf8_of(path));
   if (fs::is_regular_file(status)) return {path};
-  FERRY_EXPECT(fs::is_directory(status), std::invalid_argument, path.string(),
+  FERRY_EXPECT(fs::is_directory(status), std::invalid_argument, utf8_of(path),
                ": not a regular file or a directory (doctor measures reads of files)");
   for (const auto& e : fs::directory_iterator(path))
     if (e.is_regular_file() && e.file_size() > 0) files.push_back(e.path());
@@ -77,7 +77,7 @@ Json cufile_section(const std::string& path) {
 }
 
 Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
-  Json out = {{"path", path.string()}, {"filesystem", filesystem_name(path)}};
+  Json out = {{"path", utf8_of(path)}, {"filesystem", filesystem_name(path)}};
   auto files = files_under(path);
   // BypassIO is asked of a file (the first one read below) where there is one.
   const StorageFacts storage = storage_facts(files.empty() ? path : files.front());
@@ -228,11 +228,10 @@ void print_text(const Json& r) {
 }  // namespace
 
 void add_doctor(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "doctor",
-      "Show and measure what this machine offers: GPUs, "
-      "driver, copy bandwidth, file system, NVMe, BypassIO (Windows), unbuffered "
-      "reads");
+  auto* cmd = app.add_subcommand("doctor",
+                                 "Show and measure what this machine offers: GPUs, driver, copy "
+                                 "bandwidth, file system, NVMe, BypassIO (Windows), unbuffered "
+                                 "reads");
   static std::string path;
   static bool json = false;
   static double read_limit_gib = 4;

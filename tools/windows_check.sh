@@ -112,6 +112,17 @@ PY
     diff "$scratch/linux.txt" "$scratch/windows-$io.txt"
   done
   echo "windows_check: ferry.exe --hash (buffered, direct, auto) equals the Linux build's"
+  # doctor on that file: its name comes back intact, its storage facts well formed.
+  "$wine" "$build/bin/ferry.exe" doctor "$model" --json --read-limit-gib 0.001 2>/dev/null \
+    | tr -d '\r' > "$scratch/doctor.json"
+  /usr/bin/python3 - "$scratch/doctor.json" <<'PY'
+import json, re, sys
+path = json.load(open(sys.argv[1], encoding="utf-8"))["path"]
+assert path["path"].endswith("modèle-模型.safetensors"), path["path"]
+assert re.fullmatch(r"(yes|no|unknown): .+", path["storage"]["nvme"]), path["storage"]
+assert re.fullmatch(r"(on|off|unknown): .+", path["storage"]["bypass_io"]), path["storage"]
+PY
+  echo "windows_check: ferry.exe doctor on the non-ASCII file names it and reports its storage"
   # The DirectStorage backend's host path, through the stand-in runtime (tests/fake_dstorage):
   # ferry.exe looks for dstorage.dll beside itself, so a copy goes beside the fake.
   cp "$build/bin/ferry.exe" "$build/bin/fake-dstorage/ferry.exe"
