@@ -136,6 +136,25 @@ Settings configure(const TransferOptions& o, Direction direction, Settings s,
   return s;
 }
 
+// For a submission of fewer than kSpreadPieces chunks per wanted worker: the chunk that gives
+// each worker that many pieces, so its first copies start after a fraction of its share and its
+// reads overlap them; never below kMinEdgeChunk for page-cache reads, 1 MiB for the device (a
+// disk wants larger requests).
+constexpr std::uint64_t kSpreadPieces = 4;
+std::uint64_t smallest_spread_piece(const TicketState& t) {
+  const bool cached = t.direction == Direction::FileToMemory && t.options.io == IoMode::Buffered;
+  return cached ? kMinEdgeChunk : 1ull << 20;
+}
+std::uint64_t spread_chunk(const TicketState& t, const Settings& wanted) {
+  std::uint64_t total = 0;
+  for (const Extent& x : t.extents)
+    for (const MemorySpan& s : x.spans) total += s.size;
+  const std::uint64_t share = total / (std::uint64_t{wanted.threads} * kSpreadPieces);
+  const std::uint64_t aligned =
+      (share + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  return std::clamp(aligned, std::min(smallest_spread_piece(t), wanted.chunk), wanted.chunk);
+}
+
 struct Times {
   double setup = 0, read = 0, wait = 0, queue = 0;
 };
@@ -521,6 +540,8 @@ void finish(Run& run) {
   stats.backend = "staged";
   stats.note = t.stats.note;
   stats.pipeline.done = since(run.started);
+  stats.observe_thread_seconds = double(t.observing_ns.load()) / 1e9;
+  stats.observe_wait_thread_seconds = double(t.observe_waiting_ns.load()) / 1e9;
   t.stats = std::move(stats);
 }
 
@@ -536,12 +557,15 @@ class StagedBackend final : public TransferBackend {
     auto run = std::make_shared<Run>();
     run->ticket = ticket;
     TicketState& t = *ticket;
-    const Settings wanted = wanted_settings(t.options);
-    // A wave of the workers' first reads at each end of the submission in quarter chunks.
-    const std::uint64_t edge_chunk = std::max<std::uint64_t>(
+    Settings wanted = wanted_settings(t.options);
+    if (t.options.interleave) wanted.chunk = spread_chunk(t, wanted);
+    // A wave of the workers' first reads at each end of the submission in quarter chunks (an
+    // interleaved one's pieces no smaller than its spread allows).
+    std::uint64_t edge_chunk = std::max<std::uint64_t>(
         wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
+    if (t.options.interleave) edge_chunk = std::max(edge_chunk, smallest_spread_piece(t));
     run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
-                            edge_chunk);
+                            edge_chunk, t.options.interleave);
     for (std::size_t e = 0; e < t.extents.size(); ++e)
       t.records[e].pieces_left = run->plan.pieces_per_extent[e];
     run->settings = configure(t.options, t.direction, wanted, run->plan);
