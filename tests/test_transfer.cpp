@@ -246,9 +246,12 @@ TEST(Transfer, TheObserverSeesEachExtentsBytesInOrderOnceBothWays) {
   TransferOptions options;
   options.chunk_bytes = 64 << 10;
   options.threads = 8;
-  // Extent by extent, and in rounds across them (interleave, as the KV store asks).
-  for (const bool interleave : {false, true}) {
+  // Extent by extent, and in rounds across them (interleave, as the KV store asks); 1 MiB chunks
+  // read from the page cache go in slices, each observed as it lands.
+  for (const auto& [interleave, chunk] :
+       {std::pair{false, 64 << 10}, std::pair{true, 64 << 10}, std::pair{true, 1 << 20}}) {
     options.interleave = interleave;
+    options.chunk_bytes = chunk;
     for (const Direction direction : {Direction::MemoryToFile, Direction::FileToMemory}) {
       for (auto& b : back) std::fill(b.begin(), b.end(), std::byte{0});
       Observed seen(std::size(sizes));
