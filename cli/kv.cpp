@@ -131,8 +131,9 @@ void add_bench(CLI::App& kv) {
         if (t.io > 0)
           std::printf(
               " (staged workers: I/O %.0f, copy wait %.0f, queue %.0f, hash %.0f (in I/O "
-              "for puts, queue for gets), hash wait %.0f)",
-              t.io * 1e3, t.copy_wait * 1e3, t.queue * 1e3, t.hash * 1e3, t.hash_wait * 1e3);
+              "for puts, queue for gets), hash wait %.0f, setup %.0f)",
+              t.io * 1e3, t.copy_wait * 1e3, t.queue * 1e3, t.hash * 1e3, t.hash_wait * 1e3,
+              t.setup * 1e3);
       };
       std::printf("    ms per pass:");
       times(" put", r.put_times);
@@ -143,7 +144,7 @@ void add_bench(CLI::App& kv) {
       const auto times_json = [](const KVBenchTimes& t) {
         return nlohmann::json{{"pass", t.pass},       {"move", t.move}, {"sync", t.sync},
                               {"journal", t.journal}, {"io", t.io},     {"copy_wait", t.copy_wait},
-                              {"queue", t.queue},     {"hash", t.hash}, {"hash_wait", t.hash_wait}};
+                              {"queue", t.queue}, {"setup", t.setup},     {"hash", t.hash}, {"hash_wait", t.hash_wait}};
       };
       rows.push_back({{"block_bytes", r.block_bytes},
                       {"blocks", r.blocks},

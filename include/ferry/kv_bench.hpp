@@ -38,6 +38,7 @@ struct KVBenchTimes {
   double pass = 0;                         // the pass, as the caller saw it
   double move = 0, sync = 0, journal = 0;  // KVStats put_*/get_move_seconds
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // staged workers' thread-s
+  double setup = 0;                                                  // (KVStats staged_*)
 };
 
 struct KVBenchRow {

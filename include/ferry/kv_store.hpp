@@ -164,6 +164,7 @@ struct KVStats {
   // staging, and waiting to checksum a block's bytes in order.
   double staged_io_seconds = 0, staged_copy_wait_seconds = 0, staged_queue_seconds = 0,
          staged_hash_seconds = 0, staged_hash_wait_seconds = 0;
+  double staged_setup_seconds = 0;  // the workers' staging leases and copy streams, per job
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
   KVPath gpu_path = KVPath::Auto;         // as opened
   bool read_only = false;

@@ -37,6 +37,7 @@ struct BlockRequest {
 // Thread-seconds of the staged path's workers, summed over its transfers (TransferStats).
 struct StagedTimes {
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // queue includes hash
+  double setup = 0;  // staging leases and copy streams taken per job
 };
 
 class BlockIo {

@@ -154,6 +154,7 @@ KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
   t.io = b.staged_io_seconds - a.staged_io_seconds;
   t.copy_wait = b.staged_copy_wait_seconds - a.staged_copy_wait_seconds;
   t.queue = b.staged_queue_seconds - a.staged_queue_seconds;
+  t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
   t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
   t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
   return t;
@@ -167,6 +168,7 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.io += t.io * weight;
   into.copy_wait += t.copy_wait * weight;
   into.queue += t.queue * weight;
+  into.setup += t.setup * weight;
   into.hash += t.hash * weight;
   into.hash_wait += t.hash_wait * weight;
 }

@@ -462,6 +462,7 @@ KVStats KVStore::stats() {
   out.staged_io_seconds = staged.io;
   out.staged_copy_wait_seconds = staged.copy_wait;
   out.staged_queue_seconds = staged.queue;
+  out.staged_setup_seconds = staged.setup;
   out.staged_hash_seconds = staged.hash;
   out.staged_hash_wait_seconds = staged.hash_wait;
   out.gpu_path = s.options.gpu_path;

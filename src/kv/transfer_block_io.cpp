@@ -319,6 +319,7 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     _times.io += stats.read_thread_seconds;
     _times.copy_wait += stats.wait_thread_seconds;
     _times.queue += stats.queue_thread_seconds;
+    _times.setup += stats.setup_thread_seconds;
     _times.hash += stats.observe_thread_seconds;
     _times.hash_wait += stats.observe_wait_thread_seconds;
   }
