@@ -60,7 +60,8 @@ std::uint64_t parse_size(const std::string& text) {
 }
 
 void add_bench(CLI::App& kv) {
-  static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json;
+  static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json,
+                           batch_bytes;
   static std::vector<std::string> paths;
   static std::uint64_t batch = 16;
   static unsigned pieces = 1, rounds = 3;
@@ -72,6 +73,9 @@ void add_bench(CLI::App& kv) {
   bench->add_option("--bytes", bytes, "bytes moved per size and path (default 1G)");
   bench->add_option("--batch", batch, "blocks per put/get call (default 16)")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{65536}));
+  bench->add_option("--batch-bytes", batch_bytes,
+                    "bytes per put/get call instead (blocks per call = this / block size, e.g. "
+                    "256M: a prefix of many blocks)");
   bench->add_option("--pieces", pieces, "pieces per block, as vLLM's per-layer K/V (default 1)")
       ->check(CLI::Range(1u, 4096u));
   bench->add_option("--path", paths,
@@ -93,33 +97,62 @@ void add_bench(CLI::App& kv) {
     }
     o.bytes = parse_size(bytes);
     o.batch = batch;
+    if (!batch_bytes.empty()) o.batch_bytes = parse_size(batch_bytes);
     o.pieces = pieces;
     o.rounds = rounds;
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
     std::printf(
-        "KV bench on %s, %s memory, batches of %llu, %u piece%s per block (GB/s, medians of %u "
+        "KV bench on %s, %s memory, batches of %s, %u piece%s per block (GB/s, medians of %u "
         "rounds alternating with the raw I/O; put is durable; raw = the same bytes, a batch's "
         "blocks on 16 threads, O_DIRECT and fdatasync per batch; cold = page cache dropped; "
         "warm = slabs in the page cache, raw warm = buffered reads of them)\n",
-        root.c_str(), device.c_str(), static_cast<unsigned long long>(batch), pieces,
-        pieces == 1 ? "" : "s", rounds);
+        root.c_str(), device.c_str(),
+        batch_bytes.empty() ? (std::to_string(batch) + " blocks").c_str()
+                            : (batch_bytes + " bytes").c_str(),
+        pieces, pieces == 1 ? "" : "s", rounds);
     nlohmann::json rows = nlohmann::json::array();
     run_kv_bench(o, [&](const KVBenchRow& r) {
       std::printf(
-          "%8llu KiB x %6llu %-13s put %6.2f (raw %6.2f, x%.2f)  get cold %6.2f (raw %6.2f, "
-          "x%.2f)  warm %6.2f (raw %6.2f)  put/get %.0f/%.0f blocks/s",
+          "%8llu KiB x %6llu (%4llu/call) %-13s put %6.2f (raw %6.2f, x%.2f)  get cold %6.2f (raw "
+          "%6.2f, x%.2f)  warm %6.2f (raw %6.2f)  put/get %.0f/%.0f blocks/s",
           static_cast<unsigned long long>(r.block_bytes >> 10),
-          static_cast<unsigned long long>(r.blocks), r.path.c_str(), r.put_gbps, r.raw_write_gbps,
-          r.put_gbps / r.raw_write_gbps, r.get_cold_gbps, r.raw_read_gbps,
-          r.get_cold_gbps / r.raw_read_gbps, r.get_warm_gbps, r.raw_warm_read_gbps, r.put_iops,
-          r.get_iops);
+          static_cast<unsigned long long>(r.blocks), static_cast<unsigned long long>(r.batch),
+          r.path.c_str(), r.put_gbps, r.raw_write_gbps, r.put_gbps / r.raw_write_gbps,
+          r.get_cold_gbps, r.raw_read_gbps, r.get_cold_gbps / r.raw_read_gbps, r.get_warm_gbps,
+          r.raw_warm_read_gbps, r.put_iops, r.get_iops);
       if (r.pinned_h2d_gbps > 0)
         std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps, r.pinned_h2d_gbps,
                     r.get_warm_gbps / r.pinned_h2d_gbps);
       std::printf("\n");
+      // Where each pass's time went (ms per pass, the mean of the rounds).
+      const auto times = [](const char* what, const KVBenchTimes& t) {
+        std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,
+                    t.move * 1e3, t.sync * 1e3, t.journal * 1e3);
+        if (t.io > 0)
+          std::printf(
+              " (staged workers: I/O %.0f, copy wait %.0f, queue %.0f, hash %.0f (in I/O "
+              "for puts, queue for gets), hash wait %.0f, setup %.0f)",
+              t.io * 1e3, t.copy_wait * 1e3, t.queue * 1e3, t.hash * 1e3, t.hash_wait * 1e3,
+              t.setup * 1e3);
+      };
+      std::printf("    ms per pass:");
+      times(" put", r.put_times);
+      times(";  get cold", r.cold_times);
+      times(";  get warm", r.warm_times);
+      std::printf(";  warm slabs %.0f%% in the page cache\n", r.warm_resident * 100);
       std::fflush(stdout);
+      const auto times_json = [](const KVBenchTimes& t) {
+        return nlohmann::json{{"pass", t.pass},       {"move", t.move}, {"sync", t.sync},
+                              {"journal", t.journal}, {"io", t.io},     {"copy_wait", t.copy_wait},
+                              {"queue", t.queue}, {"setup", t.setup},     {"hash", t.hash}, {"hash_wait", t.hash_wait}};
+      };
       rows.push_back({{"block_bytes", r.block_bytes},
                       {"blocks", r.blocks},
+                      {"batch", r.batch},
+                      {"warm_resident", r.warm_resident},
+                      {"put_seconds", times_json(r.put_times)},
+                      {"get_cold_seconds", times_json(r.cold_times)},
+                      {"get_warm_seconds", times_json(r.warm_times)},
                       {"path", r.path},
                       {"put_gbps", r.put_gbps},
                       {"get_cold_gbps", r.get_cold_gbps},

@@ -65,12 +65,19 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   auto [status, out] = run_cli("kv bench " + (dir / "scratch").string() +
                                " --sizes 4K,64K --bytes 256K --batch 4 --pieces 3 --json " + json);
   EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("4 KiB x     64 host"), std::string::npos) << out;
-  EXPECT_NE(out.find("64 KiB x      4 host"), std::string::npos) << out;
+  EXPECT_NE(out.find("4 KiB x     64 (   4/call) host"), std::string::npos) << out;
+  EXPECT_NE(out.find("64 KiB x      4 (   4/call) host"), std::string::npos) << out;
   EXPECT_NE(out.find("raw"), std::string::npos) << out;
+  EXPECT_NE(out.find("ms per pass: put"), std::string::npos) << out;
   std::ifstream rows(json);
   const std::string text((std::istreambuf_iterator<char>(rows)), {});
   EXPECT_NE(text.find("\"raw_write_gbps\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"get_warm_seconds\""), std::string::npos) << text;
+  // Blocks per call from bytes per call: 64 KiB of 4 KiB blocks is 16 a call.
+  std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() +
+                                  " --sizes 4K --bytes 256K --batch-bytes 64K --rounds 1");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("4 KiB x     64 (  16/call) host"), std::string::npos) << out;
   std::size_t left = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir / "scratch")) {
     (void)entry;

@@ -149,6 +149,56 @@ TEST(StagedPlan, PiecesTileExtentsAndGroupsStayWithinTheirLimits) {
   EXPECT_EQ(small.groups.size(), 1u);
 }
 
+// Round robin: each extent's pieces tile it in order, and the k-th piece of every extent comes
+// before the (k+1)-th of any; groups still join pieces back to back in one file.
+TEST(StagedPlan, RoundRobinTakesEachExtentsNextPieceInTurn) {
+  std::vector<Extent> extents;
+  std::uint64_t file_at = 0;
+  const std::uint64_t sizes[] = {9 << 20, 64 << 10, 64 << 10, 3 << 20, 0, 4097, 17 << 20, 1 << 20};
+  for (const std::uint64_t size : sizes) {
+    extents.push_back({0, file_at, {{Device::cpu(), nullptr, size}}});
+    file_at += (size + 4095) / 4096 * 4096;
+  }
+  const std::uint64_t chunk = 4 << 20;
+  for (const std::uint64_t edge : {std::uint64_t{0}, std::uint64_t{4} << 20}) {
+    const detail::StagedPlan plan = detail::plan_staged(extents, chunk, edge, 1 << 20, true);
+    std::vector<std::uint64_t> covered(extents.size(), 0);
+    std::vector<std::uint32_t> round(extents.size(), 0);
+    std::uint32_t current = 0;  // the round of the last piece seen
+    for (const auto& p : plan.pieces) {
+      ASSERT_EQ(p.extent_offset, covered[p.extent]);
+      covered[p.extent] += p.size;
+      ASSERT_GE(round[p.extent], current) << "a piece came before its round";
+      current = round[p.extent]++;
+    }
+    for (std::size_t e = 0; e < extents.size(); ++e) {
+      EXPECT_EQ(covered[e], sizes[e]);
+      EXPECT_EQ(round[e], plan.pieces_per_extent[e]);
+    }
+    EXPECT_EQ(plan.pieces_per_extent[4], 0u);  // an empty extent has no piece
+    // The first round's pieces come first, one per non-empty extent, in extent order.
+    for (std::uint32_t i = 0; i < 7; ++i) EXPECT_EQ(plan.pieces[i].extent, i < 4 ? i : i + 1);
+    std::uint32_t next = 0;
+    for (const auto& g : plan.groups) {
+      ASSERT_EQ(g.first, next);
+      std::uint64_t at = g.file_offset;
+      for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+        EXPECT_EQ(extents[plan.pieces[i].extent].file_offset + plan.pieces[i].extent_offset, at);
+        at += plan.pieces[i].size;
+      }
+      EXPECT_EQ(at - g.file_offset, g.size);
+      EXPECT_LE(g.size, chunk);
+      next = g.first + g.count;
+    }
+    EXPECT_EQ(next, plan.pieces.size());
+  }
+  // Small extents back to back still share groups.
+  std::vector<Extent> small;
+  for (std::uint64_t i = 0; i < 16; ++i)
+    small.push_back({0, i * (256 << 10), {{Device::cpu(), nullptr, 256 << 10}}});
+  EXPECT_EQ(detail::plan_staged(small, chunk, 0, 0, true).groups.size(), 1u);
+}
+
 // A submission's workers are posted as one batch: every copy runs, on the pool's threads, or on
 // the caller's where the system gives no thread at all.
 TEST(WorkerPool, ABatchRunsEveryCopyOnThreadsOrOnTheCaller) {

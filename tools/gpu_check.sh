@@ -25,7 +25,8 @@
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (KV_CRASH_SECONDS, 60 by default; the stage
-#   about 5 minutes: run
+#   about 5 minutes; kvperf: the same without the index, torch.save and CPU rows, 30 s of crash
+#   trials, and with rows of 256 MiB prefixes per call: `tools/gpu_check.sh build kvperf`): run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
@@ -294,8 +295,9 @@ core_checks() {
     tee -a "$OUT/summary.txt" || status=1
 }
 
-# The KV block store on the GPU (issue 13).
-kv_stage() {
+# The KV block store on the GPU (issue 13). `kv`: everything below; `kvperf`: the tests, the
+# bench rows and the crash trials (no index, torch.save or CPU rows: about 4 minutes after build).
+kv_tests() {
   log "KV store tests (ctest -R 'Kv|kv_|c_header|c_abi')"
   (cd /tmp/build && ctest --output-on-failure -R 'Kv|kv_|c_header|c_abi' >"$OUT/kv-ctest.log" 2>&1) ||
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/kv-ctest.log" | head -80; }
@@ -305,12 +307,26 @@ kv_stage() {
   grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/kv-gpu-tests.log" | tee -a "$OUT/summary.txt" || true
   log "KV Python tests (cuda:0 and cpu)"
   python3 -m pytest -q -rs tests/python/test_kv.py 2>&1 | tail -8 | tee -a "$OUT/summary.txt" || status=1
-  log "ferry kv bench (cuda:0, staged and direct; cpu; medians of 3 rounds alternating with raw I/O)"
+}
+
+kv_bench_rows() {
+  log "ferry kv bench (cuda:0, staged and direct; medians of 3 rounds alternating with raw I/O)"
   mkdir -p /tmp/kvbench
+  # Batches of 16 blocks, then prefixes of 256 MiB per call (16 to 256 blocks) on the staged
+  # path (the default one), where the per-call cost is not what is measured.
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 64K,256K,1M,4M,16M --bytes 512M --rounds 3 \
     --json "$OUT/kv-bench.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M,16M --batch-bytes 256M --bytes 1G \
+    --path staged --rounds 3 --json "$OUT/kv-bench-prefix.json" 2>&1 | tee -a "$OUT/summary.txt" ||
+    status=1
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 2M --bytes 512M --pieces 64 --path staged \
     --rounds 3 --json "$OUT/kv-bench-pieces.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+kv_extras() {
+  mkdir -p /tmp/kvbench
+  log "ferry kv bench (cpu memory, the host path)"
   "$ferry" kv bench /tmp/kvbench --device cpu --sizes 64K,1M,16M --bytes 512M --rounds 3 \
     --json "$OUT/kv-bench-cpu.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   log "KV index: lookup and reopen at 10 million blocks (kv_bench)"
@@ -320,6 +336,9 @@ kv_stage() {
   python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
+}
+
+kv_crash() {
   # KV_CRASH_SECONDS=180 for the full 1,000 (tools/kv_crash_trials.sh runs them too).
   local crash_seconds=${KV_CRASH_SECONDS:-60}
   log "KV crash trials (up to 1,000 in runs of 100, stopping after $crash_seconds s)"
@@ -333,6 +352,13 @@ kv_stage() {
     done_trials=$((done_trials + 100))
   done
   echo "$done_trials crash trials passed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+}
+
+kv_stage() {
+  kv_tests
+  kv_bench_rows
+  [ "${1:-}" = perf ] || kv_extras
+  kv_crash
 }
 
 # Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
@@ -421,6 +447,7 @@ want dropin && dropin
 want core && core_checks
 want core-full && core_checks full
 want kv && kv_stage
+want kvperf && KV_CRASH_SECONDS=${KV_CRASH_SECONDS:-30} kv_stage perf
 want stream && { stream_tests; stream_bench; }
 want stream-tests && stream_tests
 want stream-bench && stream_bench

@@ -21,6 +21,9 @@ struct KVBenchOptions {
   std::vector<std::uint64_t> block_sizes = {256ull << 10, 1ull << 20, 4ull << 20, 16ull << 20};
   std::uint64_t bytes = 1ull << 30;  // moved per block size and path (at least one batch)
   std::uint64_t batch = 16;          // blocks per put/get call
+  // Where not 0: blocks per call = batch_bytes / block size (at least 1), instead of `batch`:
+  // a prefix of tens to hundreds of blocks, so that per-call costs are not what is measured.
+  std::uint64_t batch_bytes = 0;
   unsigned pieces = 1;               // pieces per block (vLLM: 2 x layers)
   // The GPU paths to measure; empty: staged, and direct where cuFile can run. Host memory always
   // takes the host path.
@@ -30,8 +33,17 @@ struct KVBenchOptions {
   unsigned rounds = 3;
 };
 
+// Where one pass's time went (seconds, the mean of the rounds), from KVStats.
+struct KVBenchTimes {
+  double pass = 0;                         // the pass, as the caller saw it
+  double move = 0, sync = 0, journal = 0;  // KVStats put_*/get_move_seconds
+  double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // staged workers' thread-s
+  double setup = 0;                                                  // (KVStats staged_*)
+};
+
 struct KVBenchRow {
   std::uint64_t block_bytes = 0, blocks = 0;
+  std::uint64_t batch = 0;            // blocks per put/get call
   std::string path;                   // the route the blocks took: host, staged, cufile-*
   double put_gbps = 0;                // durable
   double get_cold_gbps = 0;           // slabs not in the page cache
@@ -40,8 +52,16 @@ struct KVBenchRow {
   double raw_write_gbps = 0, raw_read_gbps = 0;     // O_DIRECT, the same bytes and batches
   double raw_warm_read_gbps = 0;                    // the same reads from the page cache
   unsigned rounds = 0;                              // the figures are medians of this many
-  double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;  // one batch's bytes; 0 for host memory
+  // Pinned copies of max(256 MiB, a batch's bytes) in this row's run; 0 for host memory.
+  double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;
+  // The lowest share of the slabs' bytes found in the page cache after a warm pass (1: the
+  // warm gets were all served from it); 0 also where that cannot be told (Windows).
+  double warm_resident = 0;
+  KVBenchTimes put_times, cold_times, warm_times;
 };
+
+// Blocks per put/get call for `block`-byte blocks.
+std::uint64_t kv_bench_batch(const KVBenchOptions& options, std::uint64_t block);
 
 // Runs every size and path, calling `on_row` as each finishes. Every block got back is compared
 // with what was put (a wrong byte throws). Throws where a put or get fails.

@@ -155,6 +155,16 @@ struct KVStats {
   std::uint64_t journal_tail_dropped = 0; // bytes of torn journal tail ignored at open
   std::uint64_t index_bytes = 0;          // memory of the in-memory index
   std::uint64_t last_sequence = 0;
+  // Where the time of puts and gets went (seconds summed over calls, for `kv bench`): moving
+  // block bytes (copies, I/O, checksums), making the slabs durable, appending the journal.
+  double put_move_seconds = 0, put_sync_seconds = 0, put_journal_seconds = 0;
+  double get_move_seconds = 0;
+  // The staged path's workers, thread-seconds summed: reading or writing the slabs, waiting for
+  // copies, queueing copies (host memory: the memcpy; checksums included), checksumming bytes in
+  // staging, and waiting to checksum a block's bytes in order.
+  double staged_io_seconds = 0, staged_copy_wait_seconds = 0, staged_queue_seconds = 0,
+         staged_hash_seconds = 0, staged_hash_wait_seconds = 0;
+  double staged_setup_seconds = 0;  // the workers' staging leases and copy streams, per job
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
   KVPath gpu_path = KVPath::Auto;         // as opened
   bool read_only = false;

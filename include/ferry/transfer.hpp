@@ -51,6 +51,12 @@ struct TransferOptions {
   // waited on the copy streams (no host sync). A memory -> file write of what a kernel still
   // writes stays correct.
   void* after_event = nullptr;
+  // The staged path, for batches of many extents (the KV store's blocks): each extent's pieces
+  // taken in rounds across the extents (the first of each, then the second...), so workers that
+  // observe different extents in order never wait on one another, and a submission smaller than
+  // four chunks per worker cut finer (down to 256 KiB for page-cache reads, 1 MiB otherwise), so
+  // every worker has pieces from the start and its reads overlap its copies.
+  bool interleave = false;
   bool durable = false;              // memory -> file: fdatasync each file before completing
   bool stop_at_first_error = false;  // cancel what is left once one extent fails
   // Time each read's copies on the GPU (staged path, file -> GPU memory) for the statistics'
@@ -95,6 +101,8 @@ struct TransferStats {
   double staging_seconds = 0;
   double setup_thread_seconds = 0, read_thread_seconds = 0, wait_thread_seconds = 0,
          queue_thread_seconds = 0;
+  // In options.observer, and waiting there for an extent's earlier bytes (staged path).
+  double observe_thread_seconds = 0, observe_wait_thread_seconds = 0;
   std::uint64_t bytes_moved = 0;     // file bytes read or written (alignment included)
   std::vector<FileLoadStats> files;  // the files touched
   PipelineTimes pipeline;            // the staged path's timeline

@@ -34,6 +34,12 @@ struct BlockRequest {
   KVRoute route = KVRoute::none;  // the path the bytes took (set by write/read)
 };
 
+// Thread-seconds of the staged path's workers, summed over its transfers (TransferStats).
+struct StagedTimes {
+  double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // queue includes hash
+  double setup = 0;  // staging leases and copy streams taken per job
+};
+
 class BlockIo {
  public:
   virtual ~BlockIo() = default;
@@ -50,6 +56,8 @@ class BlockIo {
   virtual void sync(int slab) = 0;
   // Whether slab I/O goes around the page cache (O_DIRECT) or, where refused, through it.
   virtual bool direct() const = 0;
+  // What the staged path's workers did so far; zeros where no transfer used it.
+  virtual StagedTimes staged_times() const { return {}; }
 };
 
 }  // namespace ferry::detail::kv

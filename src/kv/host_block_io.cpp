@@ -270,13 +270,14 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
     request.outcome = BlockOutcome::ok;
 }
 
-void HostBlockIo::read_one(BlockRequest& request, const std::function<std::byte*()>& bounce) {
+void HostBlockIo::read_one(BlockRequest& request, bool cached,
+                           const std::function<std::byte*()>& bounce) {
   const std::uint64_t length = total(request.pieces);
   FERRY_ASSERT(length <= _slot_bytes);
   for (const BlockSpan& piece : request.pieces) FERRY_ASSERT(!piece.device.is_cuda());
   request.route = KVRoute::host;
   const BlockSpan* piece = direct_piece(request);
-  if (!_slabs.direct(request.slab) || _slabs.cached(request.slab, request.offset, length)) {
+  if (!_slabs.direct(request.slab) || cached) {
     // From the page cache (or a slab that refuses O_DIRECT): straight into the pieces.
     if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
                                                  request.offset))
@@ -325,8 +326,13 @@ void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
 void HostBlockIo::read(std::span<BlockRequest> batch) {
   bool bounces = false;
   for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
+  // Which blocks the page cache holds, probed for the batch at once.
+  std::vector<SlabFiles::Range> ranges(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    ranges[i] = {batch[i].slab, batch[i].offset, total(batch[i].pieces)};
+  const std::vector<bool> cached = _slabs.cached(ranges);
   for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
-    read_one(request, bounce);
+    read_one(request, cached[static_cast<std::size_t>(&request - batch.data())], bounce);
   });
 }
 

@@ -45,7 +45,8 @@ class HostBlockIo final : public BlockIo {
   template <class One>
   void for_each_block(std::span<BlockRequest> batch, bool bounces, One&& one);
   void write_one(BlockRequest& request, const std::function<std::byte*()>& bounce);
-  void read_one(BlockRequest& request, const std::function<std::byte*()>& bounce);
+  // `cached`: the block's slot is in the page cache.
+  void read_one(BlockRequest& request, bool cached, const std::function<std::byte*()>& bounce);
 
   SlabFiles& _slabs;
   std::uint64_t _slot_bytes;

@@ -79,6 +79,7 @@ class BatchMemory {
 
 // Median GB/s of copying `bytes` between pinned host memory and the device, each way.
 std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
+  bytes = std::max<std::uint64_t>(bytes, 256ull << 20);  // large enough to show the link
   auto context = std::make_shared<detail::PrimaryContext>(ordinal);
   auto device = detail::allocate_device_memory(context, bytes);
   detail::HostBuffer pinned(bytes, context.get());
@@ -123,6 +124,53 @@ std::vector<fs::path> slabs_of(const fs::path& directory) {
   for (const auto& entry : fs::directory_iterator(directory))
     if (entry.path().filename().string().rfind("slab-", 0) == 0) out.push_back(entry.path());
   return out;
+}
+
+// The share of the files' bytes in the page cache, probed in 64 MiB windows (a window counts
+// when wholly resident).
+double resident_share(const std::vector<fs::path>& files) {
+  constexpr std::uint64_t kWindow = 64ull << 20;
+  std::uint64_t total = 0, resident = 0;
+  for (const auto& file : files) {
+    const detail::FileDescriptor fd = detail::open_existing(file, false);
+    if (!fd) continue;
+    const std::uint64_t size = fs::file_size(file);
+    for (std::uint64_t at = 0; at < size; at += kWindow) {
+      const std::uint64_t n = std::min(kWindow, size - at);
+      total += n;
+      if (detail::range_resident(fd.get(), at, n)) resident += n;
+    }
+  }
+  return total ? double(resident) / double(total) : 0;
+}
+
+// Where one pass's time went: the difference of the store's statistics around it.
+KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
+  KVBenchTimes t;
+  t.pass = pass;
+  t.move = (b.put_move_seconds - a.put_move_seconds) + (b.get_move_seconds - a.get_move_seconds);
+  t.sync = b.put_sync_seconds - a.put_sync_seconds;
+  t.journal = b.put_journal_seconds - a.put_journal_seconds;
+  t.io = b.staged_io_seconds - a.staged_io_seconds;
+  t.copy_wait = b.staged_copy_wait_seconds - a.staged_copy_wait_seconds;
+  t.queue = b.staged_queue_seconds - a.staged_queue_seconds;
+  t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
+  t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
+  t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
+  return t;
+}
+
+void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
+  into.pass += t.pass * weight;
+  into.move += t.move * weight;
+  into.sync += t.sync * weight;
+  into.journal += t.journal * weight;
+  into.io += t.io * weight;
+  into.copy_wait += t.copy_wait * weight;
+  into.queue += t.queue * weight;
+  into.setup += t.setup * weight;
+  into.hash += t.hash * weight;
+  into.hash_wait += t.hash_wait * weight;
 }
 
 // Reads a file through the page cache.
@@ -222,7 +270,8 @@ class RawFile {
 // Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw
 // I/O of the same bytes (alternating which goes first); returns the row of medians.
 KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
-  const std::uint64_t count = std::max(o.batch, o.bytes / block);
+  const std::uint64_t batch = kv_bench_batch(o, block);
+  const std::uint64_t count = std::max(batch, o.bytes / block);
   const KVNamespace ns{"kv-bench", "bytes",
                        "block=" + std::to_string(block) + ",pieces=" + std::to_string(o.pieces), 0,
                        1};
@@ -230,13 +279,12 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   options.gpu_path = path;
   options.allow_compat = true;
   options.checkpoint_on_close = false;
-  BatchMemory source(o.device, block, o.batch, o.pieces),
-      target(o.device, block, o.batch, o.pieces);
-  std::vector<std::byte> pattern(block * o.batch);
+  BatchMemory source(o.device, block, batch, o.pieces), target(o.device, block, batch, o.pieces);
+  std::vector<std::byte> pattern(block * batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
   source.fill(pattern);
-  std::vector<std::vector<KVPiece>> in(o.batch), out(o.batch);
-  for (std::uint64_t b = 0; b < o.batch; ++b) {
+  std::vector<std::vector<KVPiece>> in(batch), out(batch);
+  for (std::uint64_t b = 0; b < batch; ++b) {
     in[b] = source.block(b);
     out[b] = target.block(b);
   }
@@ -244,6 +292,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   KVBenchRow row;
   row.block_bytes = block;
   row.blocks = count;
+  row.batch = batch;
+  row.warm_resident = 1;
   row.rounds = std::max(1u, o.rounds);
   const fs::path dir = o.root / KVStore::directory_name(ns);
   fs::remove_all(dir);
@@ -251,14 +301,15 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   {
     // Room for one round's blocks: each round's puts evict the round before's.
     auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
-    RawFile raw(o.root / "kv-bench-raw.bin", block, count, o.batch);
+    RawFile raw(o.root / "kv-bench-raw.bin", block, count, batch);
     const std::vector<fs::path> slabs = slabs_of(dir);
-    std::vector<KVKey> keys(o.batch);
-    // One pass over the round's `count` keys.
-    const auto run = [&](bool put, std::uint64_t round) {
+    std::vector<KVKey> keys(batch);
+    // One pass over the round's `count` keys, its times added to `times`.
+    const auto run = [&](bool put, std::uint64_t round, KVBenchTimes& times) {
+      const KVStats before = store.stats();
       const auto start = Clock::now();
-      for (std::uint64_t i = 0; i < count; i += o.batch) {
-        const std::uint64_t n = std::min(o.batch, count - i);
+      for (std::uint64_t i = 0; i < count; i += batch) {
+        const std::uint64_t n = std::min(batch, count - i);
         for (std::uint64_t k = 0; k < n; ++k) keys[k] = round * count + i + k + 1;
         const auto results = put ? store.put(std::span(keys).first(n), std::span(sources).first(n))
                                  : store.get(std::span(keys).first(n), std::span(targets).first(n));
@@ -269,9 +320,11 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
           row.path = to_string(r.route);
         }
       }
-      return seconds_since(start);
+      const double pass = seconds_since(start);
+      accumulate(times, times_between(before, store.stats(), pass), 1.0 / row.rounds);
+      return pass;
     };
-    const std::uint64_t last = count - (count - 1) / o.batch * o.batch;  // blocks in the last batch
+    const std::uint64_t last = count - (count - 1) / batch * batch;  // blocks in the last batch
     const auto check = [&] {
       const std::vector<std::byte> got = target.read();
       FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
@@ -289,13 +342,14 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
       }
     };
     for (std::uint64_t r = 0; r < row.rounds; ++r) {
-      pair(r, [&] { put_s.push_back(run(true, r)); },
-           [&] { raw_write_s.push_back(raw.write()); });
+      pair(
+          r, [&] { put_s.push_back(run(true, r, row.put_times)); },
+          [&] { raw_write_s.push_back(raw.write()); });
       pair(
           r,
           [&] {
             for (const auto& slab : slabs) drop_cache(slab);
-            cold_s.push_back(run(false, r));
+            cold_s.push_back(run(false, r, row.cold_times));
           },
           [&] { raw_cold_s.push_back(raw.read_cold()); });
       check();
@@ -304,7 +358,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
           r,
           [&] {
             for (const auto& slab : slabs) warm(slab);
-            warm_s.push_back(run(false, r));
+            warm_s.push_back(run(false, r, row.warm_times));
+            row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
           },
           [&] { raw_warm_s.push_back(raw.read_warm()); });
       check();
@@ -322,11 +377,15 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   row.raw_warm_read_gbps = gb / median(raw_warm_s);
   if (o.device.is_cuda())
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
-        pinned_copies(o.device.index, block * o.batch);
+        pinned_copies(o.device.index, block * batch);
   return row;
 }
 
 }  // namespace
+
+std::uint64_t kv_bench_batch(const KVBenchOptions& o, std::uint64_t block) {
+  return o.batch_bytes ? std::max<std::uint64_t>(1, o.batch_bytes / block) : o.batch;
+}
 
 std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& o,
                                      const std::function<void(const KVBenchRow&)>& on_row) {

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
@@ -27,6 +30,11 @@ namespace ferry {
 namespace {
 
 KVResult result(KVStatus status, std::string message = {}) { return {status, std::move(message)}; }
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
 
 std::uint64_t total_size(KVBlock block) {
   std::uint64_t sum = 0;
@@ -189,21 +197,42 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     requests[w].offset = s.offset_of(work[w].slot);
     requests[w].pieces = spans[w];
   }
+  const auto start = Clock::now();
   s.io->write(requests, options.after_event);
+  const auto written = Clock::now();
   std::set<int> touched;
   for (const BlockRequest& r : requests)
     if (r.outcome == BlockOutcome::ok) touched.insert(r.slab);
-  for (int slab : touched) {
+  // The slabs' syncs at once (each a flush of the device's cache; together they can share one).
+  const std::vector<int> to_sync(touched.begin(), touched.end());
+  std::vector<std::string> sync_errors(to_sync.size());
+  const auto sync_one = [&](std::size_t k) {
     try {
-      s.io->sync(slab);
+      s.io->sync(to_sync[k]);
     } catch (const std::exception& e) {
-      for (BlockRequest& r : requests)
-        if (r.slab == slab && r.outcome == BlockOutcome::ok) {
-          r.outcome = BlockOutcome::io_error;
-          r.message = e.what();
-        }
+      sync_errors[k] = e.what();
+    }
+  };
+  std::vector<std::thread> syncing;
+  for (std::size_t k = 1; k < to_sync.size(); ++k) {
+    try {
+      syncing.emplace_back(sync_one, k);
+    } catch (const std::system_error&) {
+      sync_one(k);  // no thread: this one syncs it
     }
   }
+  if (!to_sync.empty()) sync_one(0);
+  for (auto& t : syncing) t.join();
+  for (std::size_t k = 0; k < to_sync.size(); ++k) {
+    if (sync_errors[k].empty()) continue;
+    for (BlockRequest& r : requests)
+      if (r.slab == to_sync[k] && r.outcome == BlockOutcome::ok) {
+        r.outcome = BlockOutcome::io_error;
+        r.message = sync_errors[k];
+      }
+  }
+
+  const auto synced = Clock::now();
 
   // Then the records that make them visible, durable before the index shows them.
   std::lock_guard commit_lock(s.commit);
@@ -222,8 +251,12 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
       journal_error = e.what();
     }
   }
+  const auto journaled = Clock::now();
   {
     std::lock_guard lock(s.mutex);
+    s.counters.put_move_seconds += seconds(start, written);
+    s.counters.put_sync_seconds += seconds(written, synced);
+    s.counters.put_journal_seconds += seconds(synced, journaled);
     for (std::size_t w = 0; w < work.size(); ++w) {
       const std::size_t i = work[w].index;
       s.pending.erase(keys[i]);
@@ -304,8 +337,11 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
       spans[w].push_back({p.data, p.size, p.device});
     requests[w].pieces = spans[w];
   }
+  const auto start = Clock::now();
   if (!requests.empty()) s.io->read(requests);
+  const auto read = Clock::now();
   std::lock_guard lock(s.mutex);
+  s.counters.get_move_seconds += seconds(start, read);
   for (std::size_t w = 0; w < work.size(); ++w) {
     const std::size_t i = work[w].index;
     const std::uint32_t slot = work[w].slot;
@@ -422,6 +458,13 @@ KVStats KVStore::stats() {
   out.index_bytes = s.index->memory_bytes();
   out.last_sequence = s.last_sequence;
   out.direct_io = s.io->direct();
+  const StagedTimes staged = s.io->staged_times();
+  out.staged_io_seconds = staged.io;
+  out.staged_copy_wait_seconds = staged.copy_wait;
+  out.staged_queue_seconds = staged.queue;
+  out.staged_setup_seconds = staged.setup;
+  out.staged_hash_seconds = staged.hash;
+  out.staged_hash_wait_seconds = staged.hash_wait;
   out.gpu_path = s.options.gpu_path;
   out.read_only = s.options.read_only;
   return out;

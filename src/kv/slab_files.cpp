@@ -1,6 +1,8 @@
 #include "kv/slab_files.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <map>
 
 #include "ferry/error.hpp"
 #include "platform/file_ops.hpp"
@@ -41,6 +43,51 @@ NativeDescriptor SlabFiles::fd(int slab) const {
 
 bool SlabFiles::cached(int slab, std::uint64_t offset, std::uint64_t length) const {
   return range_resident(_files[slab]->buffered.get(), offset, length);
+}
+
+namespace {
+
+// The span each slab's ranges cover.
+struct Span {
+  std::uint64_t first = UINT64_MAX, end = 0, bytes = 0;
+};
+
+std::map<int, Span> spans_of(std::span<const SlabFiles::Range> ranges) {
+  std::map<int, Span> spans;
+  for (const SlabFiles::Range& r : ranges) {
+    Span& s = spans[r.slab];
+    s.first = std::min(s.first, r.offset);
+    s.end = std::max(s.end, r.offset + r.length);
+    s.bytes += r.length;
+  }
+  return spans;
+}
+
+// A span much larger than its blocks (slots scattered over the slab) is not worth one probe.
+bool worth_one_probe(const Span& s) { return s.end - s.first <= 4 * s.bytes; }
+
+}  // namespace
+
+std::vector<bool> SlabFiles::cached(std::span<const Range> ranges) const {
+  std::map<int, bool> whole;  // slabs whose span is resident
+  for (const auto& [slab, s] : spans_of(ranges))
+    whole[slab] = worth_one_probe(s) && cached(slab, s.first, s.end - s.first);
+  std::vector<bool> out(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    out[i] = whole[ranges[i].slab] || cached(ranges[i].slab, ranges[i].offset, ranges[i].length);
+  return out;
+}
+
+bool SlabFiles::all_cached(std::span<const Range> ranges) const {
+  std::map<int, bool> whole;
+  for (const auto& [slab, s] : spans_of(ranges)) {
+    if (!worth_one_probe(s)) continue;
+    if (!cached(slab, s.first, s.end - s.first)) return false;
+    whole[slab] = true;
+  }
+  for (const Range& r : ranges)
+    if (!whole[r.slab] && !cached(r.slab, r.offset, r.length)) return false;
+  return true;
 }
 
 }  // namespace ferry::detail::kv

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,15 @@ class SlabFiles {
   // Whether every page of [offset, offset + length) is in the page cache now; false where that
   // cannot be told (Windows).
   bool cached(int slab, std::uint64_t offset, std::uint64_t length) const;
+  struct Range {
+    int slab = 0;
+    std::uint64_t offset = 0, length = 0;
+  };
+  // cached() of each range, in one probe per slab where the span its ranges cover is resident
+  // (a warm batch: no probe per block), else one per range.
+  std::vector<bool> cached(std::span<const Range> ranges) const;
+  // Whether every range is cached, probed the same way, stopping at the first that is not.
+  bool all_cached(std::span<const Range> ranges) const;
 
  private:
   struct File {

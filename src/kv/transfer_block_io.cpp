@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
@@ -76,12 +77,15 @@ const Stream& bounce_stream(int ordinal) {
 }  // namespace
 
 TransferBlockIo::TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable,
-                                 KVPath path, bool allow_compat)
+                                 KVPath path, bool allow_compat, bool host_through_core,
+                                 unsigned threads)
     : _host(slabs, slot_bytes),
       _slabs(slabs),
       _writable(writable),
       _path(path),
-      _allow_compat(allow_compat) {}
+      _allow_compat(allow_compat),
+      _host_through_core(host_through_core),
+      _threads(threads) {}
 
 template <class HostMove, class GpuMove>
 void TransferBlockIo::split(std::span<BlockRequest> batch, HostMove&& host, GpuMove&& gpu) {
@@ -89,7 +93,7 @@ void TransferBlockIo::split(std::span<BlockRequest> batch, HostMove&& host, GpuM
   std::vector<std::size_t> host_index;
   std::vector<BlockRequest*> gpu_blocks;
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (gpu_of(batch[i]) >= 0) {
+    if (gpu_of(batch[i]) >= 0 || _host_through_core) {
       gpu_blocks.push_back(&batch[i]);
     } else {
       host_blocks.push_back(batch[i]);
@@ -136,6 +140,9 @@ TransferOptions TransferBlockIo::options(void* after_event) const {
   o.backend = backend_of(_path);
   o.allow_compat = _allow_compat;
   o.after_event = after_event;
+  o.threads = _threads;
+  // A batch's blocks are hashed in order each: workers take them round-robin, all busy at once.
+  o.interleave = true;
   return o;
 }
 
@@ -151,7 +158,9 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
                    _writable ? FileAccess::ReadWrite : FileAccess::Read);
       _files = std::move(files);
     }
-    const Route route = choose_route(*_files, Device::cuda(gpu_of(*blocks[0])), options(nullptr));
+    const int gpu = gpu_of(*blocks[0]);
+    const Route route =
+        choose_route(*_files, gpu >= 0 ? Device::cuda(gpu) : Device::cpu(), options(nullptr));
     direct = route.backend == &cufile_backend();
   } catch (const std::exception& e) {
     for (BlockRequest* b : blocks)
@@ -254,10 +263,12 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   if (!writing) {
     // Gets of blocks all in the page cache read through it (far faster than the device);
     // else around it, whatever the residency of the rest of the slabs.
-    bool cached = true;
-    for (std::size_t i = 0; i < blocks.size() && cached; ++i)
-      cached = _slabs.cached(blocks[i]->slab, blocks[i]->offset, total(*blocks[i]));
-    o.io = cached ? IoMode::Buffered : _host.direct() ? IoMode::Direct : IoMode::Auto;
+    std::vector<SlabFiles::Range> ranges(blocks.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      ranges[i] = {blocks[i]->slab, blocks[i]->offset, total(*blocks[i])};
+    o.io = _slabs.all_cached(ranges) ? IoMode::Buffered
+           : _host.direct()          ? IoMode::Direct
+                                     : IoMode::Auto;
   }
   if (!direct)
     o.observer = [&seen](std::size_t e, std::uint64_t, const std::byte* data, std::uint64_t n) {
@@ -282,6 +293,20 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     const auto sums = hash_blocks(views, std::vector<bool>(blocks.size(), true), waits);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
+  // cuFile gets: each block hashed once its read ended, while later blocks are still read.
+  std::vector<std::uint64_t> direct_sums;
+  if (!writing && direct) {
+    const auto ended = [&](std::size_t i) {
+      for (;;) {
+        const ExtentStatus status = ticket.status(i);
+        if (status.state != ExtentStatus::State::Pending)
+          return status.state == ExtentStatus::State::Done;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    };
+    direct_sums = hash_blocks(views, std::vector<bool>(blocks.size(), true),
+                              std::vector<void*>(blocks.size(), nullptr), ended);
+  }
   ticket.wait();
   if (writing && !direct) {
     std::vector<void*> waits(blocks.size(), after_event);
@@ -289,6 +314,15 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
   const TransferStats& stats = ticket.stats();
+  if (!direct) {
+    std::lock_guard lock(_times_mutex);
+    _times.io += stats.read_thread_seconds;
+    _times.copy_wait += stats.wait_thread_seconds;
+    _times.queue += stats.queue_thread_seconds;
+    _times.setup += stats.setup_thread_seconds;
+    _times.hash += stats.observe_thread_seconds;
+    _times.hash_wait += stats.observe_wait_thread_seconds;
+  }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     BlockRequest& b = *blocks[i];
     b.route = route_of(stats, b.slab);
@@ -306,9 +340,8 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   std::vector<bool> landed(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     landed[i] = blocks[i]->outcome == BlockOutcome::ok;
-  const auto sums = direct
-                        ? hash_blocks(views, landed, std::vector<void*>(blocks.size(), nullptr))
-                        : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr));
+  const auto sums =
+      direct ? direct_sums : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr));
   for (std::size_t i = 0; i < blocks.size(); ++i)
     if (landed[i] && sums[i] != blocks[i]->checksum)
       fail(*blocks[i], BlockOutcome::checksum_mismatch,
@@ -317,9 +350,14 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   bounce_copies(false);  // verified blocks only
 }
 
+StagedTimes TransferBlockIo::staged_times() const {
+  std::lock_guard lock(_times_mutex);
+  return _times;
+}
+
 std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
     const std::vector<std::vector<BlockSpan>>& views, const std::vector<bool>& wanted,
-    const std::vector<void*>& after_events) {
+    const std::vector<void*>& after_events, const std::function<bool(std::size_t)>& landed) {
   std::vector<std::uint64_t> sums(views.size(), 0);
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
@@ -327,7 +365,7 @@ std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
   const auto work = [&](BlockHasher& hasher) {
     try {
       for (std::size_t i; (i = next.fetch_add(1)) < views.size();)
-        if (wanted[i]) sums[i] = hasher.hash(views[i], after_events[i]);
+        if (wanted[i] && (!landed || landed(i))) sums[i] = hasher.hash(views[i], after_events[i]);
     } catch (...) {
       std::lock_guard lock(error_mutex);
       if (!error) error = std::current_exception();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,12 +28,16 @@ namespace ferry::detail::kv {
 
 class TransferBlockIo final : public BlockIo {
  public:
+  // For tests and CPU profiling of the staged path on machines without a GPU:
+  // `host_through_core`: host blocks too go through the transfer core, as GPU blocks do;
+  // `threads`: the core's workers per batch (0: its default, one per core up to 16).
   TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable, KVPath path,
-                  bool allow_compat);
+                  bool allow_compat, bool host_through_core = false, unsigned threads = 0);
   void write(std::span<BlockRequest> batch, void* after_event) override;
   void read(std::span<BlockRequest> batch) override;
   void sync(int slab) override { _host.sync(slab); }
   bool direct() const override { return _host.direct(); }
+  StagedTimes staged_times() const override;
 
  private:
   // Runs `move` over the blocks with GPU pieces, HostBlockIo over the others.
@@ -45,9 +50,12 @@ class TransferBlockIo final : public BlockIo {
   TransferOptions options(void* after_event) const;
   // XXH3 of each wanted block's device-side bytes, on up to kHashers threads (a hasher each, its
   // own pinned buffers and stream): the copies down and the hashing of several blocks overlap.
+  // `landed` (if given) waits until block i's transfer ended and says whether it landed (else it
+  // is not hashed): a get's blocks are hashed while later ones are still being read.
   std::vector<std::uint64_t> hash_blocks(const std::vector<std::vector<BlockSpan>>& views,
                                          const std::vector<bool>& wanted,
-                                         const std::vector<void*>& after_events);
+                                         const std::vector<void*>& after_events,
+                                         const std::function<bool(std::size_t)>& landed = {});
   // A device bounce buffer of at least `bytes` on `ordinal`, kept for later batches.
   std::uintptr_t gather_buffer(int ordinal, std::uint64_t bytes);
 
@@ -56,6 +64,8 @@ class TransferBlockIo final : public BlockIo {
   bool _writable;
   KVPath _path;
   bool _allow_compat;
+  bool _host_through_core;
+  unsigned _threads;
   std::shared_ptr<FileSet>
       _files;         // the slabs for the transfer core, opened at the first GPU batch
   std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared
@@ -66,6 +76,8 @@ class TransferBlockIo final : public BlockIo {
     std::uint64_t bytes = 0;
   };
   std::map<int, Gather> _gather;
+  mutable std::mutex _times_mutex;
+  StagedTimes _times;
 };
 
 }  // namespace ferry::detail::kv

@@ -37,6 +37,9 @@ constexpr std::uint64_t kMappedChunk = 64ull << 20;
 constexpr unsigned kMappedThreads = 4;
 // Edge pieces (staged_plan.hpp) no smaller than this: below it copies and reads cost per call.
 constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
+// Observed reads from the page cache go in slices of this size (a multiple of the page size, well
+// inside a core's L2), each observed while still in cache (read_in_slices).
+constexpr std::uint64_t kObserveSlice = 256ull << 10;
 // A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
 // distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
 std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
@@ -106,6 +109,25 @@ StagedSettings configure(const TransferOptions& o, Direction direction, StagedSe
   s.slots = static_cast<unsigned>(std::clamp<std::uint64_t>(per_thread, 1, s.slots));
   s.chunk = std::min(s.chunk, std::max<std::uint64_t>(plan.largest_group, 1));
   return s;
+}
+
+// For a submission of fewer than kSpreadPieces chunks per wanted worker: the chunk that gives
+// each worker that many pieces, so its first copies start after a fraction of its share and its
+// reads overlap them; never below kMinEdgeChunk for page-cache reads, 1 MiB for the device (a
+// disk wants larger requests).
+constexpr std::uint64_t kSpreadPieces = 4;
+std::uint64_t smallest_spread_piece(const TicketState& t) {
+  const bool cached = t.direction == Direction::FileToMemory && t.options.io == IoMode::Buffered;
+  return cached ? kMinEdgeChunk : 1ull << 20;
+}
+std::uint64_t spread_chunk(const TicketState& t, const StagedSettings& wanted) {
+  std::uint64_t total = 0;
+  for (const Extent& x : t.extents)
+    for (const MemorySpan& s : x.spans) total += s.size;
+  const std::uint64_t share = total / (std::uint64_t{wanted.threads} * kSpreadPieces);
+  const std::uint64_t aligned =
+      (share + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  return std::clamp(aligned, std::min(smallest_spread_piece(t), wanted.chunk), wanted.chunk);
 }
 
 struct Times {
@@ -285,17 +307,21 @@ class Job {
       std::uint32_t next_piece = g.first;  // the pieces before it have landed
       try {
         SourceFile& f = file(g);
-        const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
-        times.read += clock.lap();
-        _timeline.read_done(since(_run->started));
-        // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
-        // extent even inside a group.
-        for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
-          const Piece& p = _run->plan.pieces[next_piece];
-          const std::byte* bytes = data + (file_offset(p) - g.file_offset);
-          put(p, bytes);
-          _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
-          _t.landed(p.extent, p.size);
+        if (_t.options.observer && !f.direct() && g.size > kObserveSlice) {
+          read_in_slices(g, s, f, next_piece, times, clock);
+        } else {
+          const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
+          times.read += clock.lap();
+          _timeline.read_done(since(_run->started));
+          // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
+          // extent even inside a group.
+          for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
+            const Piece& p = _run->plan.pieces[next_piece];
+            const std::byte* bytes = data + (file_offset(p) - g.file_offset);
+            put(p, bytes);
+            _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
+            _t.landed(p.extent, p.size);
+          }
         }
         fence_slot(s);
         _timeline.copy_queued(since(_run->started));
@@ -350,6 +376,41 @@ class Job {
     fence_slot(0);  // closes a profiled run of copies; no slot waits on it
     _run->page_cache[g.file].bytes.fetch_add(copied, std::memory_order_relaxed);
     return true;
+  }
+
+  // A group read from the page cache for an observer, in slices of kObserveSlice bytes (cut at
+  // file offsets that are multiples of it): each slice's copies are queued and its bytes observed
+  // right after it lands, while they are still in the CPU's cache, rather than after the whole
+  // group went through it (the observer's pass would then read them from memory again). The
+  // bytes sit in the slot where one read of the group would put them. `next_piece` follows the
+  // pieces landed, for read_singly() after a failure (whose observer calls then skip the bytes
+  // seen already: the observer sees such an extent only in part).
+  void read_in_slices(const Group& g, unsigned s, SourceFile& f, std::uint32_t& next_piece,
+                      Times& times, Stopwatch& clock) {
+    const std::uint64_t base = g.file_offset / kDirectAlignment * kDirectAlignment;
+    const std::uint64_t end = g.file_offset + g.size;
+    for (std::uint64_t at = g.file_offset; at < end && !cancelled();) {
+      const std::uint64_t to = std::min(end, (at / kObserveSlice + 1) * kObserveSlice);
+      const std::uint64_t page = at / kDirectAlignment * kDirectAlignment;
+      const std::byte* data = f.read(*_open, at, to - at, slot(s) + (page - base));
+      times.read += clock.lap();
+      _timeline.read_done(since(_run->started));
+      for (; next_piece < g.first + g.count; ++next_piece) {
+        const Piece& p = _run->plan.pieces[next_piece];
+        const std::uint64_t from = std::max(file_offset(p), at);
+        const std::uint64_t until = std::min(file_offset(p) + p.size, to);
+        if (from < until) {
+          const Piece part{p.extent, p.extent_offset + (from - file_offset(p)), until - from};
+          const std::byte* bytes = data + (from - at);
+          put(part, bytes);
+          _t.observe(part.extent, part.extent_offset, bytes, part.size);
+        }
+        if (file_offset(p) + p.size > to) break;  // its rest is in the next slice
+        _t.landed(p.extent, p.size);
+      }
+      times.queue += clock.lap();
+      at = to;
+    }
   }
 
   // A group of one piece that lands in one span of host memory is read straight into it (no
@@ -513,11 +574,14 @@ class StagedBackend final : public TransferBackend {
       wanted.chunk = std::max(wanted.chunk, kMappedChunk);
       wanted.threads = std::min(wanted.threads, kMappedThreads);
     }
-    // A wave of the workers' first reads at each end of the submission in quarter chunks.
-    const std::uint64_t edge_chunk = std::max<std::uint64_t>(
+    if (t.options.interleave && !mapped_only) wanted.chunk = spread_chunk(t, wanted);
+    // A wave of the workers' first reads at each end of the submission in quarter chunks (an
+    // interleaved one's pieces no smaller than its spread allows).
+    std::uint64_t edge_chunk = std::max<std::uint64_t>(
         wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
+    if (t.options.interleave) edge_chunk = std::max(edge_chunk, smallest_spread_piece(t));
     run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
-                            edge_chunk);
+                            edge_chunk, t.options.interleave);
     for (std::size_t e = 0; e < t.extents.size(); ++e)
       t.records[e].pieces_left = run->plan.pieces_per_extent[e];
     if (mapped_only) {

@@ -40,8 +40,12 @@ struct StagedPlan {
 // the group stays within `chunk`. The first and last `edge_bytes` of the submission are cut in
 // `edge_chunk` pieces instead: the copies start sooner after the first reads (the workers'
 // first wave), and the workers run out of work closer together at the end.
+// `round_robin`: the extents' pieces are cut and ordered in rounds (the first piece of every
+// extent, then the second of those with bytes left, ...) instead of extent by extent; each
+// extent's pieces stay in order, so observing an extent in order never waits on a later group.
 StagedPlan plan_staged(const std::vector<Extent>& extents, std::uint64_t chunk,
-                       std::uint64_t edge_bytes = 0, std::uint64_t edge_chunk = 0);
+                       std::uint64_t edge_bytes = 0, std::uint64_t edge_chunk = 0,
+                       bool round_robin = false);
 
 // The bytes of extent `x` under piece `p`: fn(span, offset in span, offset in piece, bytes).
 template <class Fn>

@@ -77,6 +77,8 @@ void finish_run(StagedRun& run) {
   stats.backend = "staged";
   stats.note = t.stats.note;
   stats.pipeline.done = since(run.started);
+  stats.observe_thread_seconds = double(t.observing_ns.load()) / 1e9;
+  stats.observe_wait_thread_seconds = double(t.observe_waiting_ns.load()) / 1e9;
   t.stats = std::move(stats);
 }
 

@@ -49,6 +49,8 @@ struct TicketState {
   unsigned jobs_queuing = 0;  // have not queued their last copy yet
   std::exception_ptr first_error;
   bool job_lost = false;  // a job stopped early: observers stop waiting for its bytes
+  // Nanoseconds workers spent in options.observer, and waiting for an extent's earlier bytes.
+  std::atomic<std::uint64_t> observing_ns{0}, observe_waiting_ns{0};
   std::vector<PooledEvent> queued;  // recorded behind each job's last copies (GPU jobs)
   TransferStats stats;
 

@@ -42,17 +42,29 @@ void TicketState::fail(std::size_t e, std::exception_ptr error) {
 void TicketState::observe(std::size_t e, std::uint64_t offset, const std::byte* data,
                           std::uint64_t size) {
   if (!options.observer) return;
+  using Clock = std::chrono::steady_clock;
+  const auto nanoseconds = [](Clock::time_point from, Clock::time_point to) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
+  };
   ExtentRecord& r = records[e];
+  auto start = Clock::now();
   if (r.observed.load(std::memory_order_acquire) < offset) {
     // The earlier bytes are with a worker that took them before these (groups are taken in
     // order, and observed in order within one), so they come, or their extent fails.
-    std::unique_lock lock(mutex);
-    while (!(r.observed.load() >= offset || r.error || cancel.load() || job_lost))
-      changed.wait_for(lock, std::chrono::milliseconds(20));
+    {
+      std::unique_lock lock(mutex);
+      while (!(r.observed.load() >= offset || r.error || cancel.load() || job_lost))
+        changed.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    const auto now = Clock::now();
+    observe_waiting_ns.fetch_add(nanoseconds(start, now), std::memory_order_relaxed);
+    start = now;
   }
   // Past `offset`: seen already (a group redone piece by piece after its write failed).
   if (r.observed.load(std::memory_order_acquire) != offset) return;
   options.observer(e, offset, data, size);
+  observing_ns.fetch_add(nanoseconds(start, Clock::now()), std::memory_order_relaxed);
   r.observed.store(offset + size, std::memory_order_release);
   { std::lock_guard lock(mutex); }  // a waiter between its check and its wait sees the store
   changed.notify_all();
