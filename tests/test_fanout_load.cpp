@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
+#include "fanout/direct_reads.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout_load.hpp"
 #include "shard_reference.hpp"
@@ -97,6 +99,88 @@ TEST(FanoutLoad, TensorParallelOnHostRanks) {
         loaded.ranks().back().find("model.layers.0.self_attn.o_proj.weight");
     ASSERT_NE(o_proj, nullptr);
     EXPECT_EQ(o_proj->piece->shape, (std::vector<std::uint64_t>{24, 24 / n}));
+  }
+}
+
+// Stands in for registered page-cache mappings: the files named in `mapped` held whole in host
+// memory, the others staged with a refusal of their own.
+detail::MapSources host_copies_of(std::vector<bool> mapped, std::uint64_t cut = 0) {
+  return [mapped, cut](const Checkpoint& ckpt, const std::vector<bool>& used,
+                       std::span<const Device>, const LoadOptions&) {
+    std::vector<detail::MappedSource> out(ckpt.files().size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      EXPECT_TRUE(used[i]) << "file " << i << " is read by the plan";
+      if (!mapped[i]) {
+        out[i].reason = "test: refused";
+        continue;
+      }
+      auto bytes = std::make_shared<std::vector<std::byte>>(
+          std::filesystem::file_size(ckpt.files()[i].path) - cut);
+      std::ifstream in(ckpt.files()[i].path, std::ios::binary);
+      in.read(reinterpret_cast<char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+      out[i] = {bytes->data(), bytes->size(), bytes, "test: held in host memory"};
+    }
+    return out;
+  };
+}
+
+TEST(FanoutLoad, DirectCopiesFromMappedFilesMatchTheHostPath) {
+  TempDir dir;
+  auto specs = model_specs();
+  const std::vector<TensorSpec> first(specs.begin(), specs.begin() + 4);
+  const std::vector<TensorSpec> second(specs.begin() + 4, specs.end());
+  auto written = test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", first, 30);
+  written.merge(
+      test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors", second, 31));
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  ASSERT_EQ(ckpt->files().size(), 2u);
+  std::uint64_t first_bytes = 0;
+  for (const TensorInfo& t : ckpt->tensors())
+    if (t.file_index == 0) first_bytes += t.size;
+  for (const std::vector<bool>& mapped : {std::vector<bool>{true, true}, {true, false}})
+    for (unsigned n : {1u, 2u, 3u})
+      for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)}) {
+        FanoutOptions o;
+        o.devices.assign(n, Device::cpu());
+        o.rule = rule;
+        o.round_bytes = 700;  // many rounds: scratch banks reused
+        o.load.chunk_bytes = 1000;
+        o.load.io = IoMode::Buffered;
+        const detail::MapSources map = host_copies_of(mapped);
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          const FanoutLoad loaded = detail::load_fanout(ckpt, o, map);
+          expect_ranks_match_host(loaded, written);
+          const FanoutStats& s = loaded.stats();
+          EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+          EXPECT_EQ(s.direct_bytes, mapped[1] ? s.checkpoint_bytes : first_bytes);
+          bool saw_direct = false, saw_staged = false;
+          for (const FileLoadStats& f : s.files) {
+            if (f.io_path == IoPath::PageCacheDma) {
+              saw_direct = true;
+              EXPECT_EQ(f.reason, "test: held in host memory");
+            } else {
+              saw_staged = true;
+              EXPECT_NE(f.reason.find("test: refused"), std::string::npos) << f.reason;
+            }
+          }
+          EXPECT_TRUE(saw_direct);
+          EXPECT_EQ(saw_staged, !mapped[1]);
+        }
+      }
+}
+
+TEST(FanoutLoad, AReadOutsideItsMappingIsAClearError) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, model_specs(), 32);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  try {
+    detail::load_fanout(ckpt, o, host_copies_of({true}, 100));
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside its mapping"), std::string::npos) << e.what();
   }
 }
 

@@ -94,6 +94,10 @@ struct FanoutStats {
   double collective_seconds = 0;  // device time in all-gathers and scatters (overlapping reads)
   double allocate_seconds = 0;    // of `seconds`: the ranks' allocations
   std::uint64_t bytes_read = 0;   // from storage, counted by the engine
+  // Of bytes_read: copied by the devices straight from registered page-cache mappings (no
+  // staging); each file's path is in `files`.
+  std::uint64_t direct_bytes = 0;
+  double map_seconds = 0;  // of `seconds`: finding (the first time: registering) those mappings
   std::uint64_t checkpoint_bytes = 0;  // the selected tensors, once
   std::uint64_t tensor_bytes = 0;      // landed, summed over ranks
   std::size_t rounds = 0;

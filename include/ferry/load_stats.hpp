@@ -16,6 +16,7 @@ enum class IoPath {
   CufileGds,      // cuFile with true GPUDirect Storage DMA into GPU memory ("cufile-gds")
   CufileCompat,   // cuFile in compatibility mode: POSIX reads inside cuFile ("cufile-compat")
   DirectStorage,  // Windows DirectStorage requests into host staging ("directstorage")
+  PageCacheDma,   // DMA straight from a registered mapping of the page cache ("page-cache-dma")
 };
 
 std::string_view io_path_name(IoPath path);

@@ -29,6 +29,8 @@ std::string to_json(const FanoutStats& s) {
                             {"collective_seconds", s.collective_seconds},
                             {"allocate_seconds", s.allocate_seconds},
                             {"bytes_read", s.bytes_read},
+                            {"direct_bytes", s.direct_bytes},
+                            {"map_seconds", s.map_seconds},
                             {"checkpoint_bytes", s.checkpoint_bytes},
                             {"tensor_bytes", s.tensor_bytes},
                             {"rounds", s.rounds},

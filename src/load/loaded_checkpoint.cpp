@@ -142,6 +142,8 @@ std::string_view io_path_name(IoPath path) {
       return "cufile-compat";
     case IoPath::DirectStorage:
       return "directstorage";
+    case IoPath::PageCacheDma:
+      return "page-cache-dma";
   }
   return "unknown";
 }

@@ -1,0 +1,73 @@
+#include "fanout/direct_reads.hpp"
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+MapSources staged_sources_only() {
+  return [](const Checkpoint& checkpoint, const std::vector<bool>&, std::span<const Device>,
+            const LoadOptions&) { return std::vector<MappedSource>(checkpoint.files().size()); };
+}
+
+RoundReads split_round(const FanoutRound& round, std::span<const MappedSource> sources,
+                       std::span<const std::uintptr_t> bases,
+                       std::span<const std::uintptr_t> scratch, unsigned ranks,
+                       std::vector<std::uint64_t>& file_bytes) {
+  RoundReads out;
+  out.direct.resize(ranks);
+  out.direct_to_scratch.assign(ranks, false);
+  for (const FanoutRead& read : round.reads) {
+    const MappedSource* source =
+        read.file_index < sources.size() ? &sources[read.file_index] : nullptr;
+    if (!source || !source->data) {
+      out.staged.push_back(read);
+      for (const FanoutCopy& c : read.copies) out.staged_to_scratch |= c.to_scratch;
+      continue;
+    }
+    FERRY_EXPECT(read.file_offset <= source->size && read.size <= source->size - read.file_offset,
+                 std::invalid_argument, "multi-device load: bytes ", read.file_offset, "..",
+                 read.file_offset + read.size, " of file ", read.file_index,
+                 " lie outside its mapping of ", source->size, " bytes");
+    for (const FanoutCopy& c : read.copies) {
+      const std::uintptr_t dst = (c.to_scratch ? scratch : bases)[c.rank] + c.dest_offset;
+      const std::byte* src = source->data + read.file_offset + c.chunk_offset;
+      std::vector<DirectCopy>& queue = out.direct[c.rank];
+      if (!queue.empty() && queue.back().dst + queue.back().size == dst &&
+          queue.back().src + queue.back().size == src) {
+        queue.back().size += c.size;
+      } else {
+        queue.push_back({dst, src, c.size});
+      }
+      out.direct_to_scratch[c.rank] = out.direct_to_scratch[c.rank] || c.to_scratch;
+      out.direct_bytes += c.size;
+      file_bytes[read.file_index] += c.size;
+    }
+  }
+  return out;
+}
+
+DirectCopies::DirectCopies(std::span<const Device> devices) {
+  for (const Device& d : devices) _copiers.push_back(make_copier(d, 1));
+}
+
+DirectCopies::~DirectCopies() { drain(); }
+
+void* DirectCopies::queue(unsigned rank, std::span<const DirectCopy> copies) {
+  Copier& copier = *_copiers[rank];
+  for (const DirectCopy& c : copies) copier.put(c.dst, c.src, c.size);
+  PooledEvent end = copier.mark_end();
+  if (!end) return nullptr;
+  _marks.push_back(std::move(end));
+  return _marks.back()->get();
+}
+
+void DirectCopies::after(unsigned rank, void* cu_event) {
+  if (cu_event) _copiers[rank]->after(cu_event);
+}
+
+void DirectCopies::drain() noexcept {
+  for (auto& c : _copiers) c->drain();
+}
+
+}  // namespace ferry::detail
