@@ -25,12 +25,19 @@ struct FileIdentity {
   std::uint64_t inode = 0;
   std::uint64_t size = 0;
   std::int64_t mtime_ns = 0;
+  // The status change time (0 on Windows): a rewrite within the modification time's granularity
+  // that truncates and refills the file still moves it.
+  std::int64_t ctime_ns = 0;
   // The same file: for files opened for writing only device and inode count (they grow).
   bool same_file(const FileIdentity& other) const noexcept {
     return device == other.device && inode == other.inode;
   }
   bool same_contents(const FileIdentity& other) const noexcept {
     return same_file(other) && size == other.size && mtime_ns == other.mtime_ns;
+  }
+  // Every field equal: what a registration of the file's pages (page-cache DMA) is kept for.
+  bool same_version(const FileIdentity& other) const noexcept {
+    return same_contents(other) && ctime_ns == other.ctime_ns;
   }
 };
 

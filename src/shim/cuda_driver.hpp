@@ -21,6 +21,9 @@ using Event = EventState*;
 
 inline constexpr Result kSuccess = 0;
 inline constexpr unsigned kMemHostRegisterPortable = 0x01;
+// The device only reads the range: what lets the driver pin a read-only file mapping (the page
+// cache's pages) for page-cache DMA.
+inline constexpr unsigned kMemHostRegisterReadOnly = 0x08;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr unsigned kEventDefault = 0x0;
 inline constexpr unsigned kEventDisableTiming = 0x2;

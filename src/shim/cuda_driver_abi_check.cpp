@@ -103,6 +103,7 @@ static_assert(std::is_same_v<CUdevice, cu::Device>);
 static_assert(std::is_same_v<CUdeviceptr, cu::DevicePtr>);
 static_assert(CUDA_SUCCESS == cu::kSuccess);
 static_assert(CU_MEMHOSTREGISTER_PORTABLE == cu::kMemHostRegisterPortable);
+static_assert(CU_MEMHOSTREGISTER_READ_ONLY == cu::kMemHostRegisterReadOnly);
 static_assert(CU_STREAM_NON_BLOCKING == cu::kStreamNonBlocking);
 static_assert(CU_EVENT_DISABLE_TIMING == cu::kEventDisableTiming);
 static_assert(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID == cu::kAttributePciBusId);

@@ -21,13 +21,13 @@
 #include "transfer/copier.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
+#include "transfer/staged_run.hpp"
 #include "transfer/ticket_state.hpp"
 #include "transfer/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {
 
-constexpr std::uint64_t kDefaultChunk = 4ull << 20;
 constexpr unsigned kDefaultThreads = 16;
 constexpr unsigned kMaxSlots = 64;
 // Edge pieces (staged_plan.hpp) no smaller than this: below it copies and reads cost per call.
@@ -37,13 +37,6 @@ constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
 std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
   const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
   return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-}
-
-using Clock = std::chrono::steady_clock;
-
-// Seconds from `start` to now.
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Seconds since the last lap (or construction).
@@ -58,32 +51,6 @@ class Stopwatch {
 
  private:
   std::chrono::steady_clock::time_point _last = std::chrono::steady_clock::now();
-};
-
-struct Settings {
-  unsigned threads = 1;
-  unsigned slots = 2;
-  std::uint64_t chunk = kDefaultChunk;
-};
-
-// What the jobs of one submission share.
-struct Run {
-  std::shared_ptr<TicketState> ticket;
-  Settings settings;
-  StagedPlan plan;
-  std::vector<std::unique_ptr<SourceFile>> files;  // null for a file no extent names
-  std::vector<Device> gpus;                        // the GPUs the spans name
-  std::atomic<std::size_t> next{0};                // the next group to take
-  std::atomic<unsigned> workers{0};                // jobs started, each one's index
-  std::unique_ptr<CopyStreams> shared_streams;     // options.copy_streams > 0
-  Clock::time_point started = Clock::now();
-  // Profiling: a timed event recorded before any copy, on the first job's stream of gpus[0].
-  std::once_flag reference_once;
-  std::unique_ptr<Event> reference;
-  std::mutex mutex;  // guards what follows
-  unsigned jobs_left = 0;
-  TransferStats stats;
-  std::vector<std::pair<double, double>> copy_times;  // profiled copies, seconds after reference
 };
 
 // A job's part of the timeline (PipelineTimes), merged into the run's when it ends.
@@ -102,8 +69,8 @@ struct Timeline {
 // The earliest of two times where 0 means "not reached".
 double earliest(double a, double b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); }
 
-Settings wanted_settings(const TransferOptions& o) {
-  Settings s;
+StagedSettings wanted_settings(const TransferOptions& o) {
+  StagedSettings s;
   // hardware_concurrency() reads /sys on each call: once per process is enough.
   static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   s.threads = std::min(o.threads ? o.threads : std::min(cores, kDefaultThreads), kMaxWorkerThreads);
@@ -117,8 +84,8 @@ Settings wanted_settings(const TransferOptions& o) {
 // Fits the wanted settings into the submission's staging (fewer threads first, then fewer
 // slots), then shrinks them to the work: no thread or slot without a group to move, no slot
 // larger than the largest group.
-Settings configure(const TransferOptions& o, Direction direction, Settings s,
-                   const StagedPlan& plan) {
+StagedSettings configure(const TransferOptions& o, Direction direction, StagedSettings s,
+                         const StagedPlan& plan) {
   const auto fits = [&] {
     return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
   };
@@ -142,7 +109,7 @@ struct Times {
 
 class Job {
  public:
-  explicit Job(std::shared_ptr<Run> run)
+  explicit Job(std::shared_ptr<StagedRun> run)
       : _run(std::move(run)), _t(*_run->ticket), _worker(_run->workers.fetch_add(1)) {}
 
   void operator()() {
@@ -224,7 +191,8 @@ class Job {
   Copier& copier(const Device& device) {
     for (auto& [d, c] : _copiers)
       if (d == device) return *c;
-    const bool timed = _t.options.profile_copies && device.is_cuda() && device == _run->gpus.front();
+    const bool timed =
+        _t.options.profile_copies && device.is_cuda() && device == _run->gpus.front();
     auto c = make_copier(device, _slots, timed, _run->shared_streams.get(), _worker);
     c->after(_t.options.after_event);
     // The reference is recorded before any job's first copy: every job makes its copiers
@@ -455,7 +423,7 @@ class Job {
     }
   }
 
-  std::shared_ptr<Run> _run;
+  std::shared_ptr<StagedRun> _run;
   TicketState& _t;
   unsigned _worker;
   const PinnedPool::Lease* _lease = nullptr;
@@ -467,63 +435,6 @@ class Job {
   std::vector<std::pair<double, double>> _copy_times;
 };
 
-// The GPU's copy timeline from the profiled intervals: their span and the time at least one
-// was queued or running.
-void merge_copy_times(std::vector<std::pair<double, double>> times, PipelineTimes& p) {
-  if (times.empty()) return;
-  std::sort(times.begin(), times.end());
-  double busy = 0, start = times.front().first, end = times.front().second, last = end;
-  for (const auto& [b, e] : times) {
-    if (b > end) {
-      busy += end - start;
-      start = b;
-      end = e;
-    } else {
-      end = std::max(end, e);
-    }
-    last = std::max(last, e);
-  }
-  busy += end - start;
-  p.copy_span = last - times.front().first;
-  p.copy_busy = busy;
-  p.copy_groups = times.size();
-}
-
-// The last job of a run: durability, statistics, completion.
-void finish(Run& run) {
-  TicketState& t = *run.ticket;
-  TransferStats stats;
-  {
-    std::lock_guard lock(run.mutex);
-    stats = std::move(run.stats);
-    merge_copy_times(std::move(run.copy_times), stats.pipeline);
-  }
-  stats.files.reserve(run.files.size());
-  for (std::uint32_t f = 0; f < run.files.size(); ++f) {
-    SourceFile* file = run.files[f].get();
-    if (file && file->touched() && t.options.durable && t.direction == Direction::MemoryToFile) {
-      try {
-        file->open()->sync();
-      } catch (...) {
-        for (std::size_t e = 0; e < t.extents.size(); ++e)
-          if (t.extents[e].file == f) t.fail(e, std::current_exception());
-      }
-    }
-    if (file && file->touched()) {
-      stats.files.push_back(file->stats());
-    } else {
-      stats.files.push_back(
-          {t.files->path(f), IoPath::Buffered, "not touched by this transfer", 0});
-    }
-    stats.bytes_moved += stats.files.back().bytes_read;
-  }
-  std::lock_guard lock(t.mutex);
-  stats.backend = "staged";
-  stats.note = t.stats.note;
-  stats.pipeline.done = since(run.started);
-  t.stats = std::move(stats);
-}
-
 class StagedBackend final : public TransferBackend {
  public:
   std::string_view name() const override { return "staged"; }
@@ -533,10 +444,10 @@ class StagedBackend final : public TransferBackend {
   }
 
   void start(const std::shared_ptr<TicketState>& ticket) const override {
-    auto run = std::make_shared<Run>();
+    auto run = std::make_shared<StagedRun>();
     run->ticket = ticket;
     TicketState& t = *ticket;
-    const Settings wanted = wanted_settings(t.options);
+    const StagedSettings wanted = wanted_settings(t.options);
     // A wave of the workers' first reads at each end of the submission in quarter chunks.
     const std::uint64_t edge_chunk = std::max<std::uint64_t>(
         wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
@@ -585,7 +496,7 @@ class StagedBackend final : public TransferBackend {
             std::lock_guard lock(run->mutex);
             last = --run->jobs_left == 0;
           }
-          if (last) finish(*run);
+          if (last) finish_run(*run);
           run->ticket->job_finished();
         },
         jobs);

@@ -1,0 +1,216 @@
+// The page-cache registry's cache logic (transfer/page_cache_registry.hpp) with a host stand-in
+// for the driver's registration: reuse while a file is unchanged, a changed file registered
+// afresh, the budget's LRU eviction, and each refusal said in words.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "platform/file_mapping.hpp"
+#include "test_support.hpp"
+#include "transfer/page_cache_registry.hpp"
+
+namespace ferry {
+namespace {
+
+using detail::PageCacheRegistrar;
+using detail::PageCacheRegistry;
+using detail::PlatformFile;
+using test::TempDir;
+
+// Counts registrations and checks what the driver would: the range is readable when registered
+// and still mapped when unregistered (unregister before munmap).
+struct StandIn {
+  int registered = 0;
+  int unregistered = 0;
+  int unregistered_unmapped = 0;
+  bool refuse = false;
+
+  PageCacheRegistrar registrar() {
+    PageCacheRegistrar r;
+    r.name = "host stand-in";
+    r.serves = [](const Device& d) { return !d.is_cuda(); };
+    r.register_range = [this](const std::byte* data, std::uint64_t size) {
+      if (refuse) throw std::runtime_error("stand-in refuses");
+      volatile std::byte sink = data[size - 1];  // every page is readable
+      (void)sink;
+      ++registered;
+    };
+    r.unregister_range = [this](const std::byte* data) {
+      unsigned char resident = 0;
+      if (::mincore(const_cast<std::byte*>(data), 1, &resident) != 0) ++unregistered_unmapped;
+      ++unregistered;
+    };
+    return r;
+  }
+};
+
+PlatformFile open_file(const std::filesystem::path& path) {
+  return PlatformFile::open(path, FileAccess::Read, false);
+}
+
+std::string bytes_of(const PageCacheRegistry::Lease& lease) {
+  return std::string(reinterpret_cast<const char*>(lease.data()), lease.size());
+}
+
+TEST(PageCacheRegistry, RegistersOnceAndReusesWhileTheFileIsUnchanged) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  const std::string bytes = std::string(100000, 'a') + "tail";
+  test::write_file(dir / "f.bin", bytes);
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  {
+    PlatformFile f = open_file(dir / "f.bin");
+    auto first = registry.acquire(f, 1 << 20);
+    ASSERT_TRUE(first.lease) << first.why_not;
+    EXPECT_TRUE(first.registered_now);
+    EXPECT_EQ(bytes_of(first.lease), bytes);
+    auto second = registry.acquire(f, 1 << 20);
+    ASSERT_TRUE(second.lease);
+    EXPECT_FALSE(second.registered_now);
+    EXPECT_EQ(second.lease.data(), first.lease.data());
+    // Another open of the same file finds the same registration.
+    PlatformFile again = open_file(dir / "f.bin");
+    EXPECT_EQ(registry.acquire(again, 1 << 20).lease.data(), first.lease.data());
+  }
+  EXPECT_EQ(driver.registered, 1);
+  EXPECT_EQ(registry.registrations(), 1u);
+  EXPECT_EQ(registry.registered_bytes(), bytes.size());
+  registry.release_idle();
+  EXPECT_EQ(driver.unregistered, 1);
+  EXPECT_EQ(driver.unregistered_unmapped, 0);
+  EXPECT_EQ(registry.registered_bytes(), 0u);
+}
+
+TEST(PageCacheRegistry, AChangedFileIsRegisteredAfreshAndOldLeasesKeepTheirBytes) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  const auto path = dir / "f.bin";
+  test::write_file(path, std::string(50000, 'o'));
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  PlatformFile f = open_file(path);
+  auto old = registry.acquire(f, 1 << 20);
+  ASSERT_TRUE(old.lease) << old.why_not;
+  // Rewritten in place with a new size: the open file's identity moves.
+  test::write_file(path, std::string(60000, 'n'));
+  auto grown = registry.acquire(f, 1 << 20);
+  ASSERT_TRUE(grown.lease) << grown.why_not;
+  EXPECT_TRUE(grown.registered_now);
+  EXPECT_EQ(bytes_of(grown.lease), std::string(60000, 'n'));
+  old.lease = {};  // its pages were truncated away: never read again
+  // Replaced by a rename (a new inode, as writers that save atomically do).
+  test::write_file(dir / "next.bin", std::string(60000, 'r'));
+  std::filesystem::rename(dir / "next.bin", path);
+  PlatformFile renamed = open_file(path);
+  auto fresh = registry.acquire(renamed, 1 << 20);
+  ASSERT_TRUE(fresh.lease) << fresh.why_not;
+  EXPECT_TRUE(fresh.registered_now);
+  EXPECT_EQ(bytes_of(fresh.lease), std::string(60000, 'r'));
+  // The lease on the file the rename unlinked still reads that file's bytes.
+  EXPECT_EQ(bytes_of(grown.lease), std::string(60000, 'n'));
+  EXPECT_EQ(driver.registered, 3);
+  grown.lease = {};
+  fresh.lease = {};
+  registry.release_idle();
+  EXPECT_EQ(driver.unregistered, 3);
+  EXPECT_EQ(driver.unregistered_unmapped, 0);
+}
+
+TEST(PageCacheRegistry, TheBudgetEvictsTheLeastRecentlyUsedIdleRegistration) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  constexpr std::uint64_t kSize = 64 << 10;
+  for (const char* name : {"a", "b", "c"}) test::write_file(dir / name, std::string(kSize, *name));
+  PlatformFile a = open_file(dir / "a"), b = open_file(dir / "b"), c = open_file(dir / "c");
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  const std::uint64_t budget = 2 * kSize;
+  ASSERT_TRUE(registry.acquire(a, budget).lease);
+  ASSERT_TRUE(registry.acquire(b, budget).lease);
+  ASSERT_FALSE(registry.acquire(a, budget).registered_now);  // a is now the most recent
+  auto got_c = registry.acquire(c, budget);
+  ASSERT_TRUE(got_c.lease) << got_c.why_not;
+  EXPECT_EQ(driver.unregistered, 1);  // b went
+  EXPECT_EQ(registry.registered_bytes(), budget);
+  EXPECT_FALSE(registry.acquire(a, budget).registered_now);
+  EXPECT_TRUE(registry.acquire(b, budget).registered_now);  // b again, so c's lease keeps c...
+  EXPECT_EQ(driver.unregistered, 2);                        // ...and a went instead
+
+  // Registrations that leases hold are never evicted: no room, and the verdict says so.
+  auto held_b = registry.acquire(b, budget);
+  auto refused = registry.acquire(a, budget);
+  EXPECT_FALSE(refused.lease);
+  EXPECT_NE(refused.why_not.find("held by registrations in use"), std::string::npos)
+      << refused.why_not;
+  EXPECT_EQ(driver.unregistered_unmapped, 0);
+}
+
+TEST(PageCacheRegistry, AFileLargerThanTheBudgetIsRefusedAndSaysSo) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  test::write_file(dir / "big", std::string(10000, 'x'));
+  PlatformFile f = open_file(dir / "big");
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  auto got = registry.acquire(f, 9999);
+  EXPECT_FALSE(got.lease);
+  EXPECT_NE(got.why_not.find("larger than the budget"), std::string::npos) << got.why_not;
+  EXPECT_EQ(driver.registered, 0);
+}
+
+TEST(PageCacheRegistry, AFileNotInThePageCacheIsRefusedAndSaysSo) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  const auto path = dir / "cold";
+  test::write_file(path, std::string(1 << 20, 'c'));
+  PlatformFile f = open_file(path);
+  const int fd = static_cast<int>(f.native(false));
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  if (detail::page_cache_fraction(f.native(false), 1 << 20) > 0.05)
+    GTEST_SKIP() << "this file system keeps pages in memory after POSIX_FADV_DONTNEED";
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  auto got = registry.acquire(f, 1 << 30);
+  EXPECT_FALSE(got.lease);
+  EXPECT_NE(got.why_not.find("not fully in the page cache"), std::string::npos) << got.why_not;
+  EXPECT_EQ(driver.registered, 0);
+  EXPECT_EQ(registry.registered_bytes(), 0u);
+}
+
+TEST(PageCacheRegistry, ADriverRefusalIsReportedAndHoldsNothing) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  test::write_file(dir / "f", std::string(5000, 'f'));
+  PlatformFile f = open_file(dir / "f");
+  StandIn driver;
+  driver.refuse = true;
+  PageCacheRegistry registry(driver.registrar());
+  auto got = registry.acquire(f, 1 << 20);
+  EXPECT_FALSE(got.lease);
+  EXPECT_NE(got.why_not.find("stand-in refuses"), std::string::npos) << got.why_not;
+  EXPECT_EQ(registry.registered_bytes(), 0u);
+  EXPECT_EQ(registry.registrations(), 0u);
+  EXPECT_EQ(driver.unregistered, 0);  // never registered, never unregistered
+}
+
+TEST(PageCacheRegistry, AnEmptyFileIsRefused) {
+  TempDir dir;
+  test::write_file(dir / "empty", "");
+  PlatformFile f = open_file(dir / "empty");
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  auto got = registry.acquire(f, 1 << 20);
+  EXPECT_FALSE(got.lease);
+  EXPECT_FALSE(got.why_not.empty());
+}
+
+}  // namespace
+}  // namespace ferry
