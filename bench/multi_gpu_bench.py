@@ -364,7 +364,7 @@ def best_of(runs, key="seconds"):
     return min(runs, key=lambda r: r[key])
 
 
-def measure(binary, path, n, runs, cold):
+def measure(binary, path, n, runs, cold, dma_args=()):
     def load(devices, extra=()):
         if not cold:
             return best_of(ferry_json(binary, path, devices, runs, extra))
@@ -379,10 +379,63 @@ def measure(binary, path, n, runs, cold):
     replicas = load(gpus)
     tp = load(gpus, ["--tensor-parallel"])
     indep = [independent(binary, path, n, cold) for _ in range(1 if cold else runs)]
-    return {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
-                       "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
-            "independent": min(indep, key=lambda r: r["seconds"]),
-            "replicas": replicas, "tensor_parallel": tp}
+    out = {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
+                      "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
+           "independent": min(indep, key=lambda r: r["seconds"]),
+           "replicas": replicas, "tensor_parallel": tp}
+    if dma_args and not cold:
+        out["dma"] = page_cache_dma(binary, path, n, runs, dma_args)
+    return out
+
+
+def page_cache_dma(binary, path, n, runs, dma_args):
+    """Single GPU, replicas and tensor parallel with page-cache DMA on: in one process each, a
+    first load that registers the files, then `runs` loads that copy straight from the kept
+    registrations (the best of those is the figure; the first is reported beside it)."""
+    gpus = ",".join(f"cuda:{i}" for i in range(n))
+    out = {}
+    for key, devices, extra in (("single", "cuda:0", []), ("replicas", gpus, []),
+                                ("tensor_parallel", gpus, ["--tensor-parallel"])):
+        got = ferry_json(binary, path, devices, runs + 1, [*dma_args, *extra])
+        out[key] = best_of(got[1:])
+        out[key]["first_load_seconds"] = got[0]["seconds"]
+    return out
+
+
+def dma_report(n, m):
+    """Default (staged) beside page-cache DMA, each as seconds and x one single-GPU load: of
+    the same kind (like with like) and of the default single-GPU load."""
+    d = m["dma"]
+    single, single_dma = m["single"]["seconds"], d["single"]["seconds"]
+    print(f"\nwarm, default beside page-cache DMA (second load in one process, after a first that "
+          f"registered the files)")
+    print(f"{'load':24} {'default':>8} {'x single':>9} {'DMA':>8} {'x single DMA':>13} "
+          f"{'x single default':>17} {'DMA GB/s':>9} {'first DMA load':>15}")
+    rows = (("single GPU", m["single"], d["single"]), (f"replicas on {n}", m["replicas"],
+            d["replicas"]), (f"tensor parallel on {n}", m["tensor_parallel"], d["tensor_parallel"]))
+    for name, default, dma in rows:
+        print(f"{name:24} {default['seconds']:8.3f} {default['seconds'] / single:9.2f} "
+              f"{dma['seconds']:8.3f} {dma['seconds'] / single_dma:13.2f} "
+              f"{dma['seconds'] / single:17.2f} {dma.get('gigabytes_per_second', 0):9.1f} "
+              f"{dma['first_load_seconds']:14.3f}s")
+    for name, r in (("single", d["single"]), ("replicas", d["replicas"]),
+                    ("tensor parallel", d["tensor_parallel"])):
+        dma_bytes = r.get("bytes_from_registered_page_cache", 0)
+        print(f"  {name}: {dma_bytes / 1e9:.2f} of {r['bytes_read'] / 1e9:.2f} GB read by DMA from "
+              f"registered page-cache mappings; files: " + "; ".join(
+                  f"{os.path.basename(f['path'])} {f['io_path']}" for f in r.get("files", [])))
+    targets = {
+        "issue15_replicas_dma_vs_single_dma": (d["replicas"]["seconds"] / single_dma, 0.6),
+        "issue15_tp_dma_vs_single_dma": (d["tensor_parallel"]["seconds"] / single_dma, 0.55),
+        "issue15_replicas_dma_vs_single_default": (d["replicas"]["seconds"] / single, 0.6),
+        "issue15_tp_dma_vs_single_default": (d["tensor_parallel"]["seconds"] / single, 0.55),
+    }
+    for k, (got, want) in targets.items():
+        print(f"  {k:40} {got:6.3f} (target <= {want}) {'met' if got <= want else 'MISSED'}")
+    print("  where the time went (DMA):")
+    print("    " + phases_line("replicas", d["replicas"]))
+    print("    " + phases_line("tensor parallel", d["tensor_parallel"]))
+    return {k: {"value": v, "target": w} for k, (v, w) in targets.items()}
 
 
 def init_nccl(dist, rank, n):
@@ -602,6 +655,9 @@ def main():
     ap.add_argument("--no-peers", action="store_true",
                     help="leave out torch.distributed and fastsafetensors")
     ap.add_argument("--sweep", action="store_true", help="one row per engine knob changed")
+    ap.add_argument("--page-cache-pin", default="",
+                    help="also load warm with page-cache DMA and this registration budget (e.g. "
+                         "64GiB): single GPU, replicas and tensor parallel, second load")
     args = ap.parse_args()
     import torch
     n = args.gpus or torch.cuda.device_count()
@@ -632,7 +688,8 @@ def main():
         cold = source == "cold"
         if not cold:
             warm_page_cache(path)
-        m = measure(args.ferry, path, n, args.runs, cold)
+        m = measure(args.ferry, path, n, args.runs, cold,
+                    ["--page-cache-pin", args.page_cache_pin] if args.page_cache_pin else [])
         runs = 1 if cold else args.runs
         if not args.no_peers:
             m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
@@ -657,6 +714,8 @@ def main():
                   f"(best probe), {shared_s:.3f} s beside the GPUs' DMA ({under:.1f} GB/s): the "
                   f"host's memory bandwidth; targets: replicas <= {0.6 * single:.3f} s, tensor "
                   f"parallel <= {0.55 * single:.3f} s")
+        if "dma" in m:
+            m["dma_targets"] = dma_report(n, m)
         print("where the time went:")
         print("  " + single_line(m["single"]["stats"]))
         print("  " + phases_line("replicas", m["replicas"]))

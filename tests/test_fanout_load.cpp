@@ -9,8 +9,10 @@
 #include "fanout/direct_reads.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout_load.hpp"
+#include "platform/file_mapping.hpp"
 #include "shard_reference.hpp"
 #include "test_support.hpp"
+#include "transfer/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {
@@ -152,7 +154,8 @@ TEST(FanoutLoad, DirectCopiesFromMappedFilesMatchTheHostPath) {
           expect_ranks_match_host(loaded, written);
           const FanoutStats& s = loaded.stats();
           EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
-          EXPECT_EQ(s.direct_bytes, mapped[1] ? s.checkpoint_bytes : first_bytes);
+          EXPECT_EQ(s.bytes_from_registered_page_cache,
+                    mapped[1] ? s.checkpoint_bytes : first_bytes);
           bool saw_direct = false, saw_staged = false;
           for (const FileLoadStats& f : s.files) {
             if (f.io_path == IoPath::PageCacheDma) {
@@ -167,6 +170,64 @@ TEST(FanoutLoad, DirectCopiesFromMappedFilesMatchTheHostPath) {
           EXPECT_EQ(saw_staged, !mapped[1]);
         }
       }
+}
+
+// The process's page-cache registry over a host stand-in for the driver (it serves cpu ranks):
+// the option registers each shard once, later loads copy from the kept registrations; a budget
+// that holds one shard leaves the other staged, saying why; the option off registers nothing.
+TEST(FanoutLoad, RegisteredPageCacheOnHostRanks) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  int registered = 0;
+  detail::PageCacheRegistrar stand_in;
+  stand_in.name = "host stand-in";
+  stand_in.serves = [](const Device& d) { return !d.is_cuda(); };
+  stand_in.register_range = [&](const std::byte*, std::uint64_t) { ++registered; };
+  stand_in.unregister_range = [](const std::byte*) {};
+  detail::ScopedPageCacheRegistry scoped(stand_in);
+  TempDir dir;
+  auto specs = model_specs();
+  const std::vector<TensorSpec> first(specs.begin(), specs.begin() + 4);
+  const std::vector<TensorSpec> second(specs.begin() + 4, specs.end());
+  auto written = test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", first, 33);
+  written.merge(
+      test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors", second, 34));
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  o.rule = llama_tensor_parallel;
+  o.round_bytes = 700;
+  o.load.chunk_bytes = 1000;
+  o.load.io = IoMode::Buffered;
+  expect_ranks_match_host(load_fanout(ckpt, o), written);
+  EXPECT_EQ(registered, 0) << "the option is off";
+  o.load.page_cache_pin_bytes = 1 << 30;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    const FanoutLoad loaded = load_fanout(ckpt, o);
+    expect_ranks_match_host(loaded, written);
+    const FanoutStats& s = loaded.stats();
+    EXPECT_EQ(registered, 2) << "each shard registered once, by the first load";
+    EXPECT_EQ(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+    EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+    ASSERT_EQ(s.files.size(), 2u);
+    for (const FileLoadStats& f : s.files) {
+      EXPECT_EQ(f.io_path, IoPath::PageCacheDma);
+      EXPECT_NE(f.reason.find(repeat ? "an earlier load" : "this load"), std::string::npos)
+          << f.reason;
+    }
+  }
+  scoped.registry().release_idle();
+  o.load.page_cache_pin_bytes = ckpt->files()[0].size;
+  const FanoutLoad loaded = load_fanout(ckpt, o);
+  expect_ranks_match_host(loaded, written);
+  const FanoutStats& s = loaded.stats();
+  EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+  EXPECT_GT(s.bytes_from_registered_page_cache, 0u);
+  EXPECT_LT(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+  for (const FileLoadStats& f : s.files)
+    if (f.path == ckpt->files()[1].path) {
+      EXPECT_EQ(f.io_path, IoPath::Buffered);
+      EXPECT_NE(f.reason.find("no page-cache DMA"), std::string::npos) << f.reason;
+    }
 }
 
 TEST(FanoutLoad, AReadOutsideItsMappingIsAClearError) {

@@ -52,6 +52,9 @@ struct LoadOptions {
   // Time the copies on the GPU for the statistics (LoadStats::pipeline.copy_busy); costs a
   // little, for diagnosis.
   bool profile = false;
+  // Page-cache DMA (see TransferOptions::page_cache_pin_bytes): the most bytes of files kept
+  // registered for copies straight from the page cache to the GPU; 0: off.
+  std::uint64_t page_cache_pin_bytes = 0;
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
   // Called by the waiting thread about every 50 ms; returning false stops the load (workers stop

@@ -2,12 +2,45 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
+#include "transfer/page_cache_registry.hpp"
 
 namespace ferry::detail {
 
 MapSources staged_sources_only() {
   return [](const Checkpoint& checkpoint, const std::vector<bool>&, std::span<const Device>,
             const LoadOptions&) { return std::vector<MappedSource>(checkpoint.files().size()); };
+}
+
+MapSources page_cache_sources() {
+  return [](const Checkpoint& checkpoint, const std::vector<bool>& used,
+            std::span<const Device> devices, const LoadOptions& options) {
+    std::vector<MappedSource> out(checkpoint.files().size());
+    const std::uint64_t budget = options.page_cache_pin_bytes;
+    if (budget == 0) return out;
+    PageCacheRegistry& registry = page_cache_registry();
+    for (const Device& d : devices)
+      if (!registry.serves(d)) {
+        for (MappedSource& s : out)
+          s.reason = "no page-cache DMA: " + registry.registrar_name() +
+                     " registrations do not serve " + d.to_string();
+        return out;
+      }
+    const FileSet& files = checkpoint.file_set();
+    for (std::uint32_t i = 0; i < out.size(); ++i) {
+      if (!used[i]) continue;
+      PageCacheRegistry::Acquired got = registry.acquire(*files.acquire(i, false), budget);
+      if (!got.lease) {
+        out[i].reason = "no page-cache DMA: " + got.why_not;
+        continue;
+      }
+      auto lease = std::make_shared<PageCacheRegistry::Lease>(std::move(got.lease));
+      out[i] = {lease->data(), lease->size(), lease,
+                got.registered_now ? "straight from the page cache (registered by this load)"
+                                   : "straight from the page cache (registered by an earlier load)",
+                got.registered_now ? got.register_seconds : 0.0};
+    }
+    return out;
+  };
 }
 
 RoundReads split_round(const FanoutRound& round, std::span<const MappedSource> sources,

@@ -27,6 +27,7 @@ struct MappedSource {
   std::uint64_t size = 0;            // bytes at data
   std::shared_ptr<const void> hold;  // keeps the mapping (and its registration) for the load
   std::string reason;                // why this path (reported per file)
+  double register_seconds = 0;       // this load mapped and registered it (0: kept from before)
 };
 
 // The source of each file of `checkpoint` the load reads (`used[i]`: file i is read), for ranks on
@@ -35,8 +36,14 @@ using MapSources = std::function<std::vector<MappedSource>(
     const Checkpoint& checkpoint, const std::vector<bool>& used, std::span<const Device> devices,
     const LoadOptions& options)>;
 
-// Every file staged, each saying why (the option is off, or host ranks).
+// Every file staged (page-cache DMA off).
 MapSources staged_sources_only();
+
+// The process's page-cache registry (transfer/page_cache_registry.hpp): a lease on each read
+// file's registered mapping where options.page_cache_pin_bytes > 0 and the registrations serve
+// every rank's device; else (not fully in the page cache, over the budget, host ranks...) the
+// file is staged and says why.
+MapSources page_cache_sources();
 
 // `size` bytes from `src` to address `dst` of a rank's memory (device or host).
 struct DirectCopy {

@@ -190,7 +190,6 @@ class FanoutLoader {
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
 
     // Files whose page cache the devices DMA from (registered mappings) and the staged rest.
-    const auto mapping = Clock::now();
     std::vector<bool> used(_checkpoint->files().size(), false);
     for (const FanoutRound& round : plan->rounds)
       for (const FanoutRead& read : round.reads) used[read.file_index] = true;
@@ -200,10 +199,12 @@ class FanoutLoader {
     std::vector<detail::RoundReads> split;
     for (const FanoutRound& round : plan->rounds)
       split.push_back(detail::split_round(round, sources, bases, scratch, n, direct_file_bytes));
-    for (const detail::RoundReads& r : split) stats.direct_bytes += r.direct_bytes;
+    for (const detail::RoundReads& r : split)
+      stats.bytes_from_registered_page_cache += r.direct_bytes;
+    for (const detail::MappedSource& s : sources)
+      stats.page_cache_register_seconds += s.register_seconds;
     std::optional<detail::DirectCopies> direct;  // declared after the memory: drained first
-    if (stats.direct_bytes > 0) direct.emplace(devices);
-    stats.map_seconds = since(mapping);
+    if (stats.bytes_from_registered_page_cache > 0) direct.emplace(devices);
 
     // One process reads for every device: all its readers together are the threads N loads
     // would have (per device: given or chosen), split between the rounds that read at once, and,
@@ -427,7 +428,7 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
 }  // namespace detail
 
 FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
-  return detail::load_fanout(std::move(checkpoint), options, detail::staged_sources_only());
+  return detail::load_fanout(std::move(checkpoint), options, detail::page_cache_sources());
 }
 
 FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
