@@ -5,6 +5,7 @@ independent single-GPU loads at once, and the NCCL all-gather rate measured in t
 
 usage: multi_gpu_bench.py --ferry BIN --dir CHECKPOINTS [--model llama3-8b] [--gpus N]
                           [--runs 3] [--sources warm cold] [--json OUT] [--no-peers] [--sweep]
+                          [--page-cache-pin 64GiB]
 
 Before the loads it prints the machine's facts (cores, NUMA nodes and which one each GPU sits on,
 pinned host -> GPU copies one GPU at a time and all at once, page cache -> pinned memory reads and
@@ -13,6 +14,10 @@ wall time, the reader threads' busy time split into reading, waiting for copies 
 each GPU's host link rate, and the collectives' tail). --sweep loads again with each engine knob
 changed (reader threads per GPU, slots, read size, round size, when the next round starts) and
 prints one row per variant. --no-peers leaves out torch.distributed and fastsafetensors.
+--page-cache-pin SIZE also loads warm with page-cache DMA (files registered with the driver once,
+then copied straight from the page cache): single GPU, replicas and tensor parallel, each in a
+process of its own whose first load registers and whose later loads are measured, printed beside
+the default loads as x one single-GPU load of the same kind and of the default kind.
 
 Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 (NVLink multicast can take a host's GPUs out of service). Cold runs drop
