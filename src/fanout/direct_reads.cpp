@@ -84,7 +84,12 @@ DirectCopies::DirectCopies(std::span<const Device> devices) {
   for (const Device& d : devices) _copiers.push_back(make_copier(d, 1));
 }
 
-DirectCopies::~DirectCopies() { drain(); }
+DirectCopies::~DirectCopies() {
+  drain();
+  _marks.clear();
+  // Last made, first gone: each copier restores the capture mode it found on this thread.
+  while (!_copiers.empty()) _copiers.pop_back();
+}
 
 void* DirectCopies::queue(unsigned rank, std::span<const DirectCopy> copies) {
   Copier& copier = *_copiers[rank];
