@@ -360,7 +360,7 @@ mgpu() {
   local gpus
   gpus=$(nvidia-smi -L | wc -l)
   log "multi-GPU tests on $gpus GPUs (ctest -L gpu2; planner and host-rank tests)"
-  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|CApiFanout|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
+  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|CApiFanout|Gpu2|PageCacheRegistry" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-mgpu.log" | head -80; }
   grep -E "tests passed|SKIPPED|Skipped" "$OUT/ctest-mgpu.log" | tee -a "$OUT/summary.txt"
   if [ "${1:-}" = full ]; then
