@@ -14,9 +14,15 @@ reads (threads, read size and slots of the load), whose bytes cross host memory 
 it say how much of the gap to pinned H2D is the host's memory bandwidth; so does pinned H2D
 measured while as many threads copy host memory at the loads' own rate. --sweep adds the later
 loads' median for other thread counts, read sizes, slots and copy streams, one process each.
+--page-cache-pin SIZE adds loads with page-cache DMA (`ferry load --page-cache-pin SIZE`: files
+wholly in the page cache registered with the driver and copied straight from there): the first
+load of the process (which registers) and the later ones (which reuse the registration), with the
+bytes each took from registered page cache; --page-cache-sweep adds them for other thread counts
+and copy streams. The last lines are one table: pinned H2D, later loads on the defaults, first
+and later loads with page-cache DMA, as GB/s and x pinned H2D.
 
 usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 8] [--bound BIN]
-                      [--sweep] [--json OUT]
+                      [--sweep] [--page-cache-pin 4GiB [--page-cache-sweep]] [--json OUT]
 """
 import argparse
 import json
@@ -32,6 +38,9 @@ from run_bench import warm_page_cache
 SWEEP = [(16, 4, 2, 0), (16, 4, 2, 1), (16, 4, 2, 2), (16, 4, 2, 4), (16, 1, 2, 0), (16, 2, 2, 0),
          (16, 8, 2, 0), (16, 2, 4, 0), (16, 4, 4, 0), (16, 2, 4, 1), (12, 4, 2, 0), (8, 4, 2, 0),
          (8, 8, 2, 0), (8, 4, 4, 0), (4, 8, 4, 0), (24, 2, 2, 0)]
+# (threads, copy streams) for page-cache DMA: a worker only queues copies there (no reads), so
+# fewer of them, or fewer streams, may keep the copy engine as busy.
+PAGE_CACHE_SWEEP = [(16, 0), (8, 0), (4, 0), (2, 0), (1, 0), (16, 1), (16, 2)]
 
 
 def ferry_loads(args, extra=()):
@@ -72,6 +81,25 @@ def later_median(loads, key="gigabytes_per_second"):
     return statistics.median(s[key] for s in loads[1:]) if len(loads) > 1 else loads[0][key]
 
 
+def times_pinned(gbps, pinned):
+    return f"{gbps / pinned:.3f}" if pinned else "-"
+
+
+def page_cache_loads(args, pinned, extra=()):
+    """Loads with page-cache DMA in one fresh process: the first registers, the later reuse."""
+    loads = ferry_loads(args, ["--page-cache-pin", args.page_cache_pin, *extra])
+    first = loads[0]
+    later = later_median(loads)
+    paths = sorted({f["io_path"] for s in loads[1:] for f in s["files"]})
+    reasons = sorted({f["reason"] for f in loads[-1]["files"]})
+    return {"loads": loads, "first_gbps": first["gigabytes_per_second"],
+            "first_register_seconds": first.get("page_cache_register_seconds", 0),
+            "later_gbps": later, "later_paths": paths, "reasons": reasons,
+            "later_bytes_from_registered": min(s.get("bytes_from_registered_page_cache", 0)
+                                               for s in loads[1:] or loads),
+            "bytes_read": loads[-1]["bytes_read"]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
@@ -81,6 +109,10 @@ def main():
     ap.add_argument("--bound", help="bench/staged_bound, built (GPU devices only)")
     ap.add_argument("--sweep", action="store_true",
                     help="also other thread counts, read sizes and slots (one process each)")
+    ap.add_argument("--page-cache-pin", metavar="SIZE",
+                    help="also loads with page-cache DMA of this budget (e.g. 4GiB)")
+    ap.add_argument("--page-cache-sweep", action="store_true",
+                    help="with --page-cache-pin: other thread counts and copy streams too")
     ap.add_argument("--json")
     args = ap.parse_args()
     pinned = None
@@ -159,6 +191,39 @@ def main():
                   f"{head * 1e3:7.2f} {tail * 1e3:7.2f}")
             result["sweep"].append({"threads": threads, "chunk_mib": mib, "slots": slots,
                                     "copy_streams": streams, "gbps": gbps, "loads": runs})
+    if args.page_cache_pin:
+        pc = page_cache_loads(args, pinned)
+        result["page_cache"] = pc
+        print(f"page-cache DMA (--page-cache-pin {args.page_cache_pin}), {args.repeat} loads in "
+              f"one process:")
+        breakdown(pc["loads"])
+        register_ms = ms(pc["first_register_seconds"]).strip()
+        print(f"  first load {pc['first_gbps']:.2f} GB/s (registering {register_ms} ms); "
+              f"later loads median {pc['later_gbps']:.2f} GB/s; later loads took "
+              f"{pc['later_bytes_from_registered']} of {pc['bytes_read']} bytes from registered "
+              f"page cache; paths {', '.join(pc['later_paths'])}")
+        for reason in pc["reasons"]:
+            print(f"  file: {reason}")
+        if args.page_cache_sweep:
+            print(f"{'threads':>7} {'streams':>7} {'first GB/s':>10} {'later GB/s':>10} "
+                  f"{'x pinned':>8}  (page-cache DMA, one process each)")
+            result["page_cache_sweep"] = []
+            for threads, streams in PAGE_CACHE_SWEEP:
+                run = page_cache_loads(args, pinned, ["--threads", str(threads),
+                                                      "--copy-streams", str(streams)])
+                print(f"{threads:>7} {streams:>7} {run['first_gbps']:10.2f} "
+                      f"{run['later_gbps']:10.2f} {times_pinned(run['later_gbps'], pinned):>8}")
+                summary = {k: v for k, v in run.items() if k != "loads"}
+                result["page_cache_sweep"].append({"threads": threads, "copy_streams": streams,
+                                                   **summary})
+        print(f"{'':<36} {'GB/s':>7} {'x pinned H2D':>12}")
+        rows = [("pinned H2D (same run)", pinned),
+                ("later loads, defaults", result["later_gbps"]),
+                ("first load, page-cache DMA", pc["first_gbps"]),
+                ("later loads, page-cache DMA", pc["later_gbps"])]
+        for label, gbps in rows:
+            if gbps is not None:
+                print(f"{label:<36} {gbps:7.2f} {times_pinned(gbps, pinned):>12}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -71,6 +71,7 @@ void add_load(CLI::App& app) {
   static std::string threads = "0";
   static std::string slots = "0";
   static std::string copy_streams = "0";
+  static std::string page_cache_pin = "0";
   static unsigned repeat = 1;
   static bool tensor_parallel = false;
   static unsigned round_mib = 0;
@@ -122,6 +123,12 @@ void add_load(CLI::App& app) {
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
   cmd->add_option("--copy-streams", copy_streams,
                   "CUDA streams the reader threads' copies share (default: one per thread)");
+  cmd->add_option("--page-cache-pin", page_cache_pin,
+                  "page-cache DMA (Linux, GPU): keep up to this many bytes of files that are "
+                  "wholly in the page cache registered with the GPU driver, and copy them straight "
+                  "from there (4GiB, 1.5GiB, bytes; default 0: off); the first load registers, "
+                  "later ones in the process reuse (see --repeat)")
+      ->capture_default_str();
   cmd->add_flag("--profile", profile,
                 "time the copies on the GPU for the statistics (copy engine busy time; costs a "
                 "little)");
@@ -141,6 +148,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "slots", slots);
     set_load_option(options, "copy_streams", copy_streams);
     set_load_option(options, "profile", profile ? "true" : "false");
+    set_load_option(options, "page_cache_pin", page_cache_pin);
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)

@@ -96,6 +96,12 @@ void print_stats(std::FILE* out, const LoadStats& s, std::size_t tensor_count) {
                s.slots_per_thread);
   if (!s.settings_source.empty())
     std::fprintf(out, "settings: %s\n", printable(s.settings_source).c_str());
+  if (s.bytes_from_registered_page_cache > 0 || s.page_cache_register_seconds > 0)
+    std::fprintf(out,
+                 "page-cache DMA: %s copied from registered page-cache mappings (registering "
+                 "took %.3f s)\n",
+                 human_bytes(s.bytes_from_registered_page_cache).c_str(),
+                 s.page_cache_register_seconds);
   for (const auto& f : s.files)
     std::fprintf(out, "path: %s %s (%s)\n", printable(f.path.string()).c_str(),
                  std::string(io_path_name(f.io_path)).c_str(), printable(f.reason).c_str());

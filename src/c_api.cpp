@@ -72,6 +72,8 @@ LoadOptions load_options(const ferry_load_options& o) {
   if (FERRY_HAS_FIELD(o, backend) && o.backend) set("backend", o.backend);
   if (FERRY_HAS_FIELD(o, allow_compat)) set("allow_compat", o.allow_compat ? "true" : "false");
   if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
+  if (FERRY_HAS_FIELD(o, page_cache_pin_bytes))
+    set("page_cache_pin", std::to_string(o.page_cache_pin_bytes));
   return cpp;
 }
 
@@ -198,6 +200,8 @@ ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* ou
     all.file_count = s.files.size();
     all.slots_per_thread = s.slots_per_thread;
     all.settings_source = s.settings_source.c_str();
+    all.bytes_from_registered_page_cache = s.bytes_from_registered_page_cache;
+    all.page_cache_register_seconds = s.page_cache_register_seconds;
     std::memcpy(out, &all, out->struct_size);
   });
 }

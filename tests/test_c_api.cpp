@@ -212,6 +212,20 @@ TEST_F(CApi, EngineSettingsGoThroughTheOneMapping) {
       << stats.settings_source;
   ferry_loaded_free(loaded);
 
+  // Page-cache DMA reaches the engine: host memory is not registered with the GPU driver, and
+  // the file's reason says so.
+  options.page_cache_pin_bytes = 1ull << 30;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ASSERT_EQ(ferry_loaded_stats(loaded, &stats), FERRY_STATUS_OK);
+  EXPECT_EQ(stats.bytes_from_registered_page_cache, 0u);
+  ferry_file_stats file{};
+  ASSERT_EQ(ferry_loaded_file_stats(loaded, 0, &file), FERRY_STATUS_OK);
+  EXPECT_NE(std::string(file.reason).find("page-cache DMA not used"), std::string::npos)
+      << file.reason;
+  ferry_loaded_free(loaded);
+  options.page_cache_pin_bytes = 0;
+
   options.reader_threads = 100000;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("at most 256"), std::string::npos);

@@ -7,6 +7,7 @@
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
+#include "ferry/transfer.hpp"
 #include "shim/cuda_driver.hpp"
 #include "test_support.hpp"
 
@@ -105,6 +106,38 @@ TEST_F(Gpu, LoadIntoDeviceMemoryTheCallerOwns) {
   load_into(ckpt, dst, options);
   EXPECT_EQ(test::read_device(a.get(), 70001), written.at("g3"));
   EXPECT_EQ(test::read_device(b.get(), 5 << 20), written.at("g5"));
+}
+
+// Page-cache DMA: a file just written is in the page cache; the first load maps and registers
+// it, the second copies every byte from the kept registration. Both bit-exact with the plain
+// host path.
+TEST_F(Gpu, PageCacheDmaLoadsTwiceBitExactTheSecondFromTheKeptRegistration) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, mixed_specs(), 44);
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  options.page_cache_pin_bytes = 1ull << 30;
+  for (int round = 0; round < 2; ++round) {
+    auto loaded = load(ckpt, options);
+    for (const auto& t : loaded.tensors()) {
+      const auto plain = test::read_plain(*ckpt, *t.info);
+      ASSERT_EQ(test::read_device(t.data, t.info->size), plain) << t.info->name;
+      ASSERT_EQ(tensor_digest(loaded, t), bytes_digest(written.at(t.info->name))) << t.info->name;
+    }
+    const LoadStats& s = loaded.stats();
+    ASSERT_EQ(s.files.size(), 1u);
+    ASSERT_EQ(s.files[0].io_path, IoPath::PageCacheDma) << s.files[0].reason;
+    EXPECT_EQ(s.bytes_from_registered_page_cache, s.bytes_read);
+    EXPECT_GT(s.bytes_from_registered_page_cache, 0u);
+    if (round == 1) {
+      EXPECT_EQ(s.page_cache_register_seconds, 0.0);
+      EXPECT_NE(s.files[0].reason.find("registered by an earlier transfer"), std::string::npos)
+          << s.files[0].reason;
+    }
+  }
+  EXPECT_EQ(release_page_cache_registrations(), 0u);  // nothing in flight holds one
 }
 
 TEST_F(Gpu, MissingDeviceIsAClearError) {

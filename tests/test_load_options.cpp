@@ -30,6 +30,7 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   set_load_option(o, "slots", "3");
   set_load_option(o, "copy_streams", "2");
   set_load_option(o, "profile", "true");
+  set_load_option(o, "page_cache_pin", "4GiB");
   EXPECT_EQ(o.device, Device::cuda(1));
   EXPECT_EQ(o.io, IoMode::Direct);
   EXPECT_EQ(o.backend, Backend::Cufile);
@@ -40,7 +41,10 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   EXPECT_EQ(o.slots_per_thread, 3u);
   EXPECT_EQ(o.copy_streams, 2u);
   EXPECT_TRUE(o.profile);
-  EXPECT_EQ(load_option_keys().size(), 10u);
+  EXPECT_EQ(o.page_cache_pin_bytes, 4ull << 30);
+  EXPECT_EQ(load_option_keys().size(), 11u);
+  set_load_option(o, "page_cache_pin", "0");  // off
+  EXPECT_EQ(o.page_cache_pin_bytes, 0u);
 }
 
 TEST(LoadOptions, SizesTakePlainBytesAndUnits) {
@@ -70,6 +74,9 @@ TEST(LoadOptions, BadValuesNameTheOptionAndTheValue) {
            {"allow_compat", "maybe"},
            {"profile", "yes"},
            {"copy_streams", "1000"},
+           {"page_cache_pin", "lots"},
+           {"page_cache_pin", "-4GiB"},
+           {"page_cache_pin", "2000000TiB"},
        }) {
     const std::string message = error_of(key, value);
     EXPECT_NE(message.find(key), std::string::npos) << key << "=" << value << ": " << message;

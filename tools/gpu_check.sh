@@ -13,11 +13,15 @@
 #   tensor-parallel slices with bytes read) on the generated file and the 8B shape beside
 #   load_file, and time to a ready MoE model beside transformers' from_pretrained (about 6 min
 #   after `build`).
-#   core (not in the default): the transfer core's tests, benchmark, the copy probe (pinned copies
-#   by size, streams and source alignment), loads after the first (where their time goes, GPU
-#   copy busy time, beside bench/staged_bound: the machine's bound for a warm staged load; a sweep
-#   of threads, read sizes, slots and copy streams) and moe-16x64 warm by the commit in .before
-#   beside this one (carry .before);
+#   core (not in the default; about 5 minutes with `build`, which then skips the Python package):
+#   the transfer core's tests with a GPU (page-cache DMA's included) and loads after the first of
+#   the Qwen3-0.6B shape (where their time goes, GPU copy busy time, beside pinned H2D and
+#   bench/staged_bound: the machine's bound for a warm staged load), then with page-cache DMA
+#   (first load, which registers, and later ones; by threads and copy streams), ending in one
+#   table: pinned H2D, later loads default, first and later loads with page-cache DMA;
+#   core-full: the same plus the transfer benchmark, the copy probe (pinned copies by size,
+#   streams and source alignment), a sweep of threads, read sizes, slots and copy streams, and
+#   moe-16x64 warm by the commit in .before beside this one (carry .before);
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
 #   same blocks, and up to 1,000 crash trials (KV_CRASH_SECONDS, 60 by default; the stage
@@ -83,7 +87,10 @@ build() {
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
-  case "$(echo $stages)" in "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep) nopip=1 ;; *) nopip=0 ;; esac
+  case "$(echo $stages)" in
+    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core) nopip=1 ;;
+    *) nopip=0 ;;
+  esac
   if [ "$nopip" = 1 ]; then
     log "doctor"
     "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
@@ -251,16 +258,25 @@ dropin() {
   rm -rf /tmp/fp-bench
 }
 
-# The transfer core (issue 10): its tests with a GPU, the benchmark (pipelined staged writes,
-# submission latency, beside raw O_DIRECT and pinned copies) and loads after the first in one
-# process of the Qwen3-0.6B shape, beside pinned H2D.
+# The transfer core (issue 10): its tests with a GPU and loads after the first in one process of
+# the Qwen3-0.6B shape, beside pinned H2D, with and without page-cache DMA; with `full`, the
+# benchmark (pipelined staged writes, submission latency, beside raw O_DIRECT and pinned copies),
+# the copy probe, a sweep of the engine's knobs and moe-16x64 by the commit in .before.
 core_checks() {
   log "transfer core: tests (GPU and host)"
-  (cd /tmp/build && ctest --output-on-failure -j2 -R 'Gpu|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save|HandleCache|StagedPlan|WorkerPool' \
+  (cd /tmp/build && ctest --output-on-failure -j2 -R 'Gpu|Pipeline|Transfer\.|RoundTrip|PinnedPool|Save|HandleCache|StagedPlan|WorkerPool|PageCache' \
     >"$OUT/ctest-core.log" 2>&1) || { status=1; grep -A30 "FAILED\|Failure" "$OUT/ctest-core.log" | head -80; }
   tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
-  log "transfer core: bench/transfer_bench"
   ninja -C /tmp/build transfer_bench staged_bound >>"$OUT/build.log" 2>&1 || { status=1; return; }
+  local sweep=""
+  [ "${1:-}" = full ] && sweep="--sweep"
+  log "transfer core: loads after the first in one process, page-cache DMA (bench/second_load.py --page-cache-pin 4GiB)"
+  models=qwen3-0.6b checkpoints
+  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
+    --bound /tmp/build/staged_bound --page-cache-pin 4GiB --page-cache-sweep $sweep \
+    --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  [ "${1:-}" = full ] || return 0
+  log "transfer core: bench/transfer_bench"
   mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
     --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   /tmp/build/transfer_bench --dir /tmp/tb --device cpu --scale 0.02 \
@@ -269,11 +285,6 @@ core_checks() {
   log "transfer core: the host (lscpu) and its copies (bench/copy_probe.py: by size, streams and source alignment)"
   lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA|L3)" | tee -a "$OUT/summary.txt" || true
   (cd bench && python3 copy_probe.py --gib 1) 2>&1 | grep -v "^allocate" |
-    tee -a "$OUT/summary.txt" || status=1
-  log "transfer core: loads after the first in one process (bench/second_load.py --sweep)"
-  models=qwen3-0.6b checkpoints
-  (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
-    --bound /tmp/build/staged_bound --sweep --json "$OUT/second_load.json") 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
   log "transfer core: moe-16x64 warm, the commit in .before beside this one (bench/compare_loads.py --runs 5)"
   build_before || return
@@ -408,6 +419,7 @@ want python && python_benches
 want engine && engine_benches
 want dropin && dropin
 want core && core_checks
+want core-full && core_checks full
 want kv && kv_stage
 want stream && stream_checks
 want mgpu && mgpu

@@ -76,6 +76,10 @@ typedef struct ferry_load_options {
   const char* backend;     /* "auto", "cufile" or "posix"; NULL means "auto" */
   int32_t allow_compat;    /* nonzero lets backend "cufile" run in cuFile's compatibility mode */
   unsigned slots_per_thread; /* staging slots each reader cycles through; 0: chosen */
+  /* Page-cache DMA (Linux, GPU destinations): the most bytes of files wholly in the page cache kept
+   * registered with the GPU driver and copied straight from there; 0: off (the default). The
+   * option "page_cache_pin" of the CLI and Python. Each file's stats say which path it took. */
+  uint64_t page_cache_pin_bytes;
 } ferry_load_options;
 
 typedef struct ferry_file_stats {
@@ -98,6 +102,8 @@ typedef struct ferry_load_stats {
   unsigned slots_per_thread;
   const char* settings_source; /* where threads, read size and slots came from; valid while the
                                   loaded result lives */
+  uint64_t bytes_from_registered_page_cache; /* page-cache DMA: bytes copied from registrations */
+  double page_cache_register_seconds;        /* page-cache DMA: this load's registering */
 } ferry_load_stats;
 
 /* The message of the calling thread's last failure; "" if none. Never NULL. */

@@ -66,9 +66,9 @@ struct LoadOptions {
 // The one mapping from a setting's name and text to LoadOptions, so that the CLI's flags, the C
 // ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
 // backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
-// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false). Throws
-// std::invalid_argument naming the key and the value for an unknown key, a malformed value or one
-// out of range.
+// number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false),
+// page_cache_pin (bytes, as chunk_bytes; 0: off). Throws std::invalid_argument naming the key and
+// the value for an unknown key, a malformed value or one out of range.
 void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
 
 // The keys set_load_option takes, in the order above.
@@ -80,5 +80,6 @@ inline constexpr unsigned kMaxReaderThreads = 256;
 inline constexpr unsigned kMaxSlotsPerThread = 64;
 inline constexpr std::uint64_t kMaxChunkBytes = 1ull << 30;
 inline constexpr std::uint64_t kMaxStagingBytes = 1ull << 40;
+inline constexpr std::uint64_t kMaxPageCachePinBytes = 1ull << 50;
 
 }  // namespace ferry

@@ -16,7 +16,7 @@ enum class IoPath {
   CufileGds,      // cuFile with true GPUDirect Storage DMA into GPU memory ("cufile-gds")
   CufileCompat,   // cuFile in compatibility mode: POSIX reads inside cuFile ("cufile-compat")
   DirectStorage,  // Windows DirectStorage requests into host staging ("directstorage")
-  PageCacheDma,   // DMA straight from a registered mapping of the page cache ("page-cache-dma")
+  PageCacheDma,   // copied straight from the page cache's registered pages ("page-cache-dma")
 };
 
 std::string_view io_path_name(IoPath path);
@@ -69,6 +69,11 @@ struct LoadStats {
   double wait_thread_seconds = 0;
   double queue_thread_seconds = 0;
   std::vector<FileLoadStats> files;
+  // Page-cache DMA (LoadOptions::page_cache_pin_bytes): bytes copied to the GPU straight from
+  // registered page-cache mappings, and the time this load spent registering files (0 where
+  // every registration was kept from an earlier load).
+  std::uint64_t bytes_from_registered_page_cache = 0;
+  double page_cache_register_seconds = 0;
   double submit_seconds = 0;  // from the load's start to the submission (plan, allocation, route)
   PipelineTimes pipeline;     // from the submission on
 

@@ -56,6 +56,13 @@ struct TransferOptions {
   // Time each read's copies on the GPU (staged path, file -> GPU memory) for the statistics'
   // copy_busy: a diagnostic, it costs two timed events per read.
   bool profile_copies = false;
+  // Page-cache DMA (staged path, file -> GPU memory, Linux): files wholly in the page cache are
+  // mapped read-only, registered with the driver and copied to the GPU straight from the page
+  // cache (no read, no staging), the registrations kept across submissions in one process-wide
+  // cache of at most this many bytes (least recently used ones unregistered beyond it). 0: off.
+  // A file that cannot (not resident, over the budget, refused) takes the staged path, and its
+  // statistics say why.
+  std::uint64_t page_cache_pin_bytes = 0;
   // Called from workers, one call at a time, as bytes land.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
   // The staged path only (others never call it): sees each extent's bytes while they sit in host
@@ -91,6 +98,10 @@ struct TransferStats {
   std::uint64_t bytes_moved = 0;     // file bytes read or written (alignment included)
   std::vector<FileLoadStats> files;  // the files touched
   PipelineTimes pipeline;            // the staged path's timeline
+  // Page-cache DMA: bytes copied from registered page-cache mappings, and the seconds this
+  // submission spent mapping and registering files.
+  std::uint64_t bytes_from_registered_page_cache = 0;
+  double page_cache_register_seconds = 0;
 };
 
 namespace detail {
@@ -143,5 +154,10 @@ void set_staging_limit(std::uint64_t bytes);
 std::uint64_t staging_limit();
 // The most staging memory ever held at once.
 std::uint64_t staging_high_water();
+
+// Unregisters and unmaps the page-cache registrations (TransferOptions::page_cache_pin_bytes)
+// that no transfer in flight uses; returns the bytes still registered (in use). The process
+// keeps them otherwise until it exits.
+std::uint64_t release_page_cache_registrations();
 
 }  // namespace ferry

@@ -42,7 +42,8 @@ class Loaded:
     def stats(self) -> dict: ...
 
 # Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,
-# staging_bytes: int | str ("256MiB"), chunk_bytes: int | str, threads: int, slots: int.
+# staging_bytes: int | str ("256MiB"), chunk_bytes: int | str, threads: int, slots: int,
+# copy_streams: int, profile: bool, page_cache_pin: int | str ("4GiB"; page-cache DMA, 0 = off).
 def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[str]] = None,
          progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> Loaded: ...
 def load_into(checkpoint: Checkpoint, destinations: Sequence[Tuple[str, int, int]], device: str = "cpu",

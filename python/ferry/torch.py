@@ -42,8 +42,10 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
                     progress: Optional[Callable[[int, int], None]] = None,
                     **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
     """Loads a checkpoint (a file, a shard directory or an index); returns (tensors, statistics).
-    `engine` takes io, backend, allow_compat, staging_bytes, chunk_bytes, threads and slots (as
-    `ferry load` does)."""
+    `engine` takes io, backend, allow_compat, staging_bytes, chunk_bytes, threads, slots,
+    copy_streams, profile and page_cache_pin (as `ferry load` does; page_cache_pin="4GiB" keeps
+    files wholly in the page cache registered with the GPU driver for copies straight from
+    there, reused by later loads in the process)."""
     checkpoint = open_checkpoint(path)
     target = normalize_device(device)
     loaded = _ferry.load(checkpoint, engine_device(target), list(names) if names is not None else None,

@@ -48,6 +48,9 @@ std::string to_json(const LoadStats& s) {
                             {"queue_thread_seconds", s.queue_thread_seconds},
                             {"chunk_bytes", s.chunk_bytes},
                             {"submit_seconds", s.submit_seconds},
+                            {"bytes_from_registered_page_cache",
+                             s.bytes_from_registered_page_cache},
+                            {"page_cache_register_seconds", s.page_cache_register_seconds},
                             {"pipeline_seconds", pipeline},
                             {"files", detail::files_json(s.files)}};
   return detail::dump_json(j);

@@ -70,6 +70,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.progress = options.progress;
   t.profile_copies = options.profile;
   t.copy_streams = options.copy_streams;
+  t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   const detail::Route route = detail::choose_route(checkpoint.file_set(), options.device, t);
   auto state = std::make_shared<detail::TicketState>(
       checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
@@ -99,6 +100,8 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
     stats.queue_thread_seconds = ts.queue_thread_seconds;
     stats.pipeline = ts.pipeline;
   }
+  stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
+  stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   stats.files = ts.files;
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
   if (!route.note.empty())

@@ -14,6 +14,7 @@
 #include "ferry/transfer.hpp"
 #include "io/source_file.hpp"
 #include "transfer/copier.hpp"
+#include "transfer/staged_page_cache.hpp"
 #include "transfer/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
 
@@ -41,9 +42,13 @@ struct StagedRun {
   StagedPlan plan;
   std::vector<std::unique_ptr<SourceFile>> files;  // null for a file no extent names
   std::vector<Device> gpus;                        // the GPUs the spans name
-  std::atomic<std::size_t> next{0};                // the next group to take
-  std::atomic<unsigned> workers{0};                // jobs started, each one's index
-  std::unique_ptr<CopyStreams> shared_streams;     // options.copy_streams > 0
+  // Page-cache DMA: per file, the mapping its groups copy from, or why not (null: option off).
+  // Held until the last job ends, after its copies drained.
+  std::unique_ptr<PageCacheFile[]> page_cache;
+  bool staging_needed = true;        // some group is read into staging (not from a mapping)
+  std::atomic<std::size_t> next{0};  // the next group to take
+  std::atomic<unsigned> workers{0};  // jobs started, each one's index
+  std::unique_ptr<CopyStreams> shared_streams;  // options.copy_streams > 0
   Clock::time_point started = Clock::now();
   // Profiling: a timed event recorded before any copy, on the first job's stream of gpus[0].
   std::once_flag reference_once;

@@ -49,14 +49,30 @@ void finish_run(StagedRun& run) {
           if (t.extents[e].file == f) t.fail(e, std::current_exception());
       }
     }
-    if (file && file->touched()) {
+    const PageCacheFile* mapped = run.page_cache ? &run.page_cache[f] : nullptr;
+    if (mapped && mapped->registered_now)
+      stats.page_cache_register_seconds += mapped->register_seconds;
+    if (mapped && mapped->bytes.load() > 0) {
+      stats.files.push_back(page_cache_file_stats(*mapped, t.files->path(f)));
+      stats.bytes_from_registered_page_cache += mapped->bytes.load();
+      if (file && file->touched()) {  // ranges past the registered size went through staging
+        stats.files.back().bytes_read += file->stats().bytes_read;
+        stats.files.back().reason += "; ranges past its registered size read through staging";
+      }
+    } else if (file && file->touched()) {
       stats.files.push_back(file->stats());
+      if (mapped && !mapped->why_not.empty())
+        stats.files.back().reason =
+            "page-cache DMA not used: " + mapped->why_not + "; " + stats.files.back().reason;
     } else {
       stats.files.push_back(
           {t.files->path(f), IoPath::Buffered, "not touched by this transfer", 0});
     }
     stats.bytes_moved += stats.files.back().bytes_read;
   }
+  // Every job drained its copies: the mappings may go (before the ticket completes, so the
+  // caller's next transfer finds them idle).
+  run.page_cache.reset();
   std::lock_guard lock(t.mutex);
   stats.backend = "staged";
   stats.note = t.stats.note;

@@ -7,6 +7,7 @@
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "transfer/backend.hpp"
+#include "transfer/page_cache_registry.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/ticket_state.hpp"
 
@@ -274,5 +275,11 @@ Ticket submit(std::shared_ptr<const FileSet> files, Direction direction,
 void set_staging_limit(std::uint64_t bytes) { detail::staging_pool().set_bound(bytes); }
 std::uint64_t staging_limit() { return detail::staging_pool().bound(); }
 std::uint64_t staging_high_water() { return detail::staging_pool().stats().high_water; }
+
+std::uint64_t release_page_cache_registrations() {
+  detail::PageCacheRegistry& registry = detail::page_cache_registry();
+  registry.release_idle();
+  return registry.registered_bytes();
+}
 
 }  // namespace ferry

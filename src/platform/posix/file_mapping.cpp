@@ -11,6 +11,11 @@
 
 #include "ferry/error.hpp"
 
+// Linux 5.14's value, for C libraries whose headers predate it (older kernels refuse it: EINVAL).
+#if defined(__linux__) && !defined(MADV_POPULATE_READ)
+#define MADV_POPULATE_READ 22
+#endif
+
 namespace ferry::detail {
 namespace {
 

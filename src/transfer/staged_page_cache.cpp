@@ -1,0 +1,57 @@
+#include "transfer/staged_page_cache.hpp"
+
+#include <cstdio>
+
+#include "platform/file_mapping.hpp"
+
+namespace ferry::detail {
+
+std::unique_ptr<PageCacheFile[]> lease_page_cache(const TicketState& t) {
+  if (t.options.page_cache_pin_bytes == 0 || t.direction != Direction::FileToMemory) return nullptr;
+  PageCacheRegistry& registry = page_cache_registry();
+  const std::size_t n = t.files->size();
+  auto files = std::make_unique<PageCacheFile[]>(n);
+  std::unique_ptr<bool[]> named = std::make_unique<bool[]>(n);
+  std::unique_ptr<bool[]> served = std::make_unique<bool[]>(n);
+  for (const Extent& x : t.extents) {
+    named[x.file] = true;
+    for (const MemorySpan& s : x.spans)
+      if (s.data && registry.serves(s.device)) served[x.file] = true;
+  }
+  for (std::uint32_t f = 0; f < n; ++f) {
+    PageCacheFile& pc = files[f];
+    if (!named[f]) continue;
+    if (!file_mapping_supported()) {
+      pc.why_not = "not supported on this platform";
+      continue;
+    }
+    if (!served[f]) {
+      pc.why_not = "its destination is host memory (page-cache DMA serves GPU memory)";
+      continue;
+    }
+    try {
+      auto got = registry.acquire(*t.files->acquire(f, false), t.options.page_cache_pin_bytes);
+      pc.lease = std::move(got.lease);
+      pc.why_not = std::move(got.why_not);
+      pc.registered_now = got.registered_now;
+      pc.register_seconds = got.register_seconds;
+    } catch (const std::exception& e) {
+      pc.why_not = e.what();  // the file could not be opened again: the staged path says more
+    }
+  }
+  return files;
+}
+
+FileLoadStats page_cache_file_stats(const PageCacheFile& f, const std::filesystem::path& path) {
+  std::string reason = "copied from its read-only page-cache mapping, ";
+  if (f.registered_now) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.1f ms", f.register_seconds * 1e3);
+    reason += std::string("registered by this transfer in ") + ms;
+  } else {
+    reason += "registered by an earlier transfer and kept";
+  }
+  return {path, IoPath::PageCacheDma, std::move(reason), f.bytes.load()};
+}
+
+}  // namespace ferry::detail
