@@ -267,57 +267,88 @@ TEST(FanoutLoad, SelectedNamesOnly) {
 
 // One process per rank, played by one thread: each rank reads its own share of each round
 // (read_fanout_round), then the test moves bytes between ranks as torch.distributed would.
+// Returns what the ranks' reads counted: bytes read, of which from registered page cache.
+std::pair<std::uint64_t, std::uint64_t> load_rank_by_rank(
+    const Checkpoint& ckpt, unsigned n, const LoadOptions& o,
+    const std::map<std::string, std::vector<std::byte>>& written) {
+  FanoutPlanOptions po;
+  po.round_bytes = 700;
+  po.chunk_bytes = 1500;
+  const FanoutPlan plan = plan_fanout(ckpt, n, llama_tensor_parallel, {}, po);
+  std::vector<std::vector<std::byte>> memory(n), scratch(n);
+  for (unsigned r = 0; r < n; ++r) {
+    memory[r].resize(plan.layouts[r].dest_bytes);
+    scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
+  }
+  std::uint64_t read = 0, registered = 0;
+  for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
+    for (unsigned r = 0; r < n; ++r) {
+      const LoadStats s = read_fanout_round(ckpt, plan, k, r, Device::cpu(), memory[r].data(),
+                                            scratch[r].data(), o);
+      read += s.bytes_read;
+      registered += s.bytes_from_registered_page_cache;
+    }
+    const FanoutRound& round = plan.rounds[k];
+    for (const FanoutScatter& sc : round.scatters)
+      for (const ScatterPart& part : sc.parts)
+        for (std::uint64_t row = 0; row < sc.rows; ++row)
+          std::memcpy(
+              memory[part.rank].data() + part.dest_offset + row * part.width,
+              scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
+              part.width);
+    for (unsigned from = 0; from < n; ++from)
+      for (unsigned to = 0; to < n; ++to)
+        if (to != from && round.gather_bytes_per_rank > 0)
+          std::memcpy(
+              memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              round.gather_bytes_per_rank);
+  }
+  EXPECT_EQ(read, plan.read_bytes);
+  for (unsigned r = 0; r < n; ++r)
+    for (const ShardPiece& p : plan.layouts[r].pieces) {
+      const auto want = test::host_slice(written.at(p.info->name), p);
+      EXPECT_TRUE(want.empty() ||
+                  std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
+          << p.info->name << " on rank " << r;
+    }
+  return {read, registered};
+}
+
 TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
   const auto written = test::write_random_checkpoint(file, model_specs(), 12);
   auto ckpt = Checkpoint::open_shared(file);
-  FanoutPlanOptions po;
-  po.round_bytes = 700;
-  po.chunk_bytes = 1500;
-  for (unsigned n : {2u, 3u}) {
-    const FanoutPlan plan = plan_fanout(*ckpt, n, llama_tensor_parallel, {}, po);
-    std::vector<std::vector<std::byte>> memory(n), scratch(n);
-    for (unsigned r = 0; r < n; ++r) {
-      memory[r].resize(plan.layouts[r].dest_bytes);
-      scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
-    }
-    LoadOptions o;
-    o.io = IoMode::Buffered;
-    std::uint64_t read = 0;
-    for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
-      for (unsigned r = 0; r < n; ++r)
-        read += read_fanout_round(*ckpt, plan, k, r, Device::cpu(), memory[r].data(),
-                                  scratch[r].data(), o)
-                    .bytes_read;
-      const FanoutRound& round = plan.rounds[k];
-      for (const FanoutScatter& sc : round.scatters)
-        for (const ScatterPart& part : sc.parts)
-          for (std::uint64_t row = 0; row < sc.rows; ++row)
-            std::memcpy(
-                memory[part.rank].data() + part.dest_offset + row * part.width,
-                scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
-                part.width);
-      for (unsigned from = 0; from < n; ++from)
-        for (unsigned to = 0; to < n; ++to)
-          if (to != from && round.gather_bytes_per_rank > 0)
-            std::memcpy(
-                memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                round.gather_bytes_per_rank);
-    }
-    EXPECT_EQ(read, plan.read_bytes);
-    for (unsigned r = 0; r < n; ++r)
-      for (const ShardPiece& p : plan.layouts[r].pieces) {
-        const auto want = test::host_slice(written.at(p.info->name), p);
-        EXPECT_TRUE(want.empty() ||
-                    std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
-            << p.info->name << " on rank " << r;
-      }
-  }
+  LoadOptions o;
+  o.io = IoMode::Buffered;
+  for (unsigned n : {2u, 3u}) EXPECT_EQ(load_rank_by_rank(*ckpt, n, o, written).second, 0u);
   EXPECT_THROW(read_fanout_round(*ckpt, plan_fanout(*ckpt, 2, replicate_all), 99, 0, Device::cpu(),
                                  nullptr, nullptr, {}),
                std::invalid_argument);
+}
+
+// With page-cache DMA on, each rank's reads come straight from the registered mapping (the
+// staged backend's page-cache path; a host stand-in registrar serves cpu ranks).
+TEST(FanoutLoad, OneProcessPerRankFromTheRegisteredPageCache) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  detail::PageCacheRegistrar stand_in;
+  stand_in.name = "host stand-in";
+  stand_in.serves = [](const Device& d) { return !d.is_cuda(); };
+  stand_in.register_range = [](const std::byte*, std::uint64_t) {};
+  stand_in.unregister_range = [](const std::byte*) {};
+  detail::ScopedPageCacheRegistry scoped(stand_in);
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 14);
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions o;
+  o.io = IoMode::Buffered;
+  o.page_cache_pin_bytes = 1 << 30;
+  for (unsigned n : {2u, 3u}) {
+    const auto [read, registered] = load_rank_by_rank(*ckpt, n, o, written);
+    EXPECT_EQ(registered, read);
+  }
 }
 
 TEST(FanoutLoad, PlanDigestsDifferWhereRanksWouldDisagree) {

@@ -461,6 +461,9 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
   if (!mine.empty()) {
     TransferOptions t = transfer_options(options, settings);
     t.progress = options.progress;
+    // One process per rank: the staged backend copies this rank's reads of files it can lease
+    // straight from their registered page cache (one-process loads split the reads themselves).
+    t.page_cache_pin_bytes = options.page_cache_pin_bytes;
     out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
                          resolve(mine, bases, scratches, devices), t);
     out._started = true;
@@ -480,6 +483,8 @@ LoadStats FanoutRoundRead::wait() {
     _stats.staging_pinned = ts.staging_pinned;
     _stats.files = ts.files;
     for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
+    _stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
+    _stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   }
   _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
   return _stats;
