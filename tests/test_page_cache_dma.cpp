@@ -17,6 +17,7 @@
 #include "platform/file_mapping.hpp"
 #include "test_support.hpp"
 #include "transfer/page_cache_registry.hpp"
+#include "transfer/staged_page_cache.hpp"
 
 namespace ferry {
 namespace {
@@ -247,6 +248,45 @@ TEST_F(PageCacheDma, AnExtentPastTheRegisteredSizeFailsAloneWhileTheOthersLand) 
   ASSERT_EQ(s.files.size(), 1u);
   EXPECT_EQ(s.files[0].io_path, IoPath::PageCacheDma);
   EXPECT_TRUE(contains(s.files[0].reason, "past its registered size")) << s.files[0].reason;
+}
+
+// Copies from a mapping are coalesced where the bytes continue in the file and in memory on one
+// device: a load into one allocation in file order is a few large copies, not one per read.
+TEST(PageCacheDmaCopies, RunsContinueOnlyWhereFileAndMemoryBothContinue) {
+  std::vector<std::byte> memory(1000), other(100);
+  const std::byte* map = reinterpret_cast<const std::byte*>(std::uintptr_t{1} << 20);
+  // Extent 0: file [0, 300) -> memory [0, 300); extent 1: file [300, 500) -> memory [300, 400),
+  // a hole of 50, memory [450, 500); extent 2: file [500, 600) -> `other`.
+  std::vector<Extent> x = {
+      {0, 0, {{Device::cpu(), memory.data(), 300}}},
+      {0, 300,
+       {{Device::cpu(), memory.data() + 300, 100},
+        {Device::cpu(), nullptr, 50},
+        {Device::cpu(), memory.data() + 450, 50}}},
+      {0, 500, {{Device::cpu(), other.data(), 100}}}};
+  std::vector<detail::CopyRun> runs;
+  detail::add_copy_runs(x[0], {0, 0, 300}, 0, map, runs);
+  detail::add_copy_runs(x[1], {1, 0, 200}, 1, map + 300, runs);
+  detail::add_copy_runs(x[2], {2, 0, 100}, 2, map + 500, runs);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0].memory, reinterpret_cast<std::uintptr_t>(memory.data()));
+  EXPECT_EQ(runs[0].source, map);
+  EXPECT_EQ(runs[0].size, 400u);  // extent 0 and the first span of extent 1
+  EXPECT_EQ(runs[0].first_piece, 0u);
+  EXPECT_EQ(runs[0].last_piece, 1u);
+  EXPECT_EQ(runs[1].memory, reinterpret_cast<std::uintptr_t>(memory.data() + 450));
+  EXPECT_EQ(runs[1].source, map + 450);  // after the hole: the source jumped, a new copy
+  EXPECT_EQ(runs[1].size, 50u);
+  EXPECT_EQ(runs[2].memory, reinterpret_cast<std::uintptr_t>(other.data()));
+  EXPECT_EQ(runs[2].size, 100u);
+  EXPECT_EQ(runs[2].first_piece, 2u);
+  // The same bytes on another device never join a run.
+  std::vector<detail::CopyRun> split;
+  std::vector<Extent> two = {{0, 0, {{Device::cpu(), memory.data(), 10}}},
+                             {0, 10, {{Device::cuda(0), memory.data() + 10, 10}}}};
+  detail::add_copy_runs(two[0], {0, 0, 10}, 0, map, split);
+  detail::add_copy_runs(two[1], {1, 0, 10}, 1, map + 10, split);
+  EXPECT_EQ(split.size(), 2u);
 }
 
 }  // namespace

@@ -101,6 +101,9 @@ def parse_header(data: bytes, label: str = "<bytes>") -> Tuple[int, bool, Dict[s
     """(data_start, has_metadata, metadata, [(name, dtype, shape, offset, bytes)] by offset)."""
 def cuda_available() -> bool: ...
 def release_staging_memory() -> None: ...
+# Page-cache DMA (page_cache_pin): unregisters the registrations no load uses; returns the bytes
+# still registered.
+def release_page_cache_registrations() -> int: ...
 # (name, safetensors dtype, shape, address, bytes, device) per tensor; metadata as (key, value) pairs
 def save_file(path: str, tensors: Sequence[Tuple[str, str, Sequence[int], int, int, str]],
               metadata: Optional[Sequence[Tuple[str, str]]], direct: bool = True, staging_bytes: int = ...,

@@ -31,6 +31,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/safetensors.hpp"
 #include "ferry/tensor_reader.hpp"
+#include "ferry/transfer.hpp"
 #include "engine_options.hpp"
 #include "interpreter_exit.hpp"
 
@@ -508,6 +509,8 @@ NB_MODULE(_ferry, m) {
   m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);
   m.def("release_staging_memory", &release_staging_memory);
+  // Page-cache DMA's registrations no load is using (page_cache_pin); returns the bytes still held.
+  m.def("release_page_cache_registrations", &release_page_cache_registrations);
   bind_save(m);
   bind_kv(m);
   bind_stream(m);

@@ -42,6 +42,36 @@ std::unique_ptr<PageCacheFile[]> lease_page_cache(const TicketState& t) {
   return files;
 }
 
+bool all_from_page_cache(const TicketState& t, const PageCacheFile* files) {
+  if (files == nullptr) return false;
+  for (const Extent& x : t.extents) {
+    std::uint64_t size = 0;
+    for (const MemorySpan& s : x.spans) size += s.size;
+    if (!from_page_cache(files, x.file, x.file_offset, size)) return false;
+  }
+  return true;
+}
+
+void add_copy_runs(const Extent& x, const Piece& p, std::uint32_t piece, const std::byte* source,
+                   std::vector<CopyRun>& runs) {
+  for_spans(
+      x, p,
+      [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
+        if (!s.data) return;  // a hole
+        const auto memory = reinterpret_cast<std::uintptr_t>(s.data) + in_span;
+        if (!runs.empty()) {
+          CopyRun& r = runs.back();
+          if (r.device == s.device && r.memory + r.size == memory &&
+              r.source + r.size == source + in_piece) {
+            r.size += n;
+            r.last_piece = piece;
+            return;
+          }
+        }
+        runs.push_back({s.device, memory, source + in_piece, n, piece, piece});
+      });
+}
+
 FileLoadStats page_cache_file_stats(const PageCacheFile& f, const std::filesystem::path& path) {
   std::string reason = "copied from its read-only page-cache mapping, ";
   if (f.registered_now) {

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ferry/load_stats.hpp"
 #include "transfer/page_cache_registry.hpp"
+#include "transfer/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry::detail {
@@ -35,6 +37,24 @@ inline bool from_page_cache(const PageCacheFile* files, std::uint32_t file, std:
   const std::uint64_t mapped = files[file].lease.size();
   return offset <= mapped && size <= mapped - offset;
 }
+
+// Whether every extent of the submission copies from a mapping (then the run needs no staging).
+bool all_from_page_cache(const TicketState& t, const PageCacheFile* files);
+
+// One copy out of a page-cache mapping: bytes contiguous in the file and in memory on one device.
+struct CopyRun {
+  Device device;
+  std::uintptr_t memory = 0;
+  const std::byte* source = nullptr;
+  std::uint64_t size = 0;
+  std::uint32_t first_piece = 0, last_piece = 0;  // the pieces it carries bytes of
+};
+
+// Appends the copies of piece `p` (index `piece` of the plan) of extent `x`, whose first byte
+// sits at `source` in the mapping, to `runs`, extending the last run where the bytes continue it
+// in the file and in memory on the same device (holes are skipped).
+void add_copy_runs(const Extent& x, const Piece& p, std::uint32_t piece, const std::byte* source,
+                   std::vector<CopyRun>& runs);
 
 // The statistics of file `path` that copied from its mapping.
 FileLoadStats page_cache_file_stats(const PageCacheFile& f, const std::filesystem::path& path);
