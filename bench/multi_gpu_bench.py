@@ -404,6 +404,12 @@ def page_cache_dma(binary, path, n, runs, dma_args):
         got = ferry_json(binary, path, devices, runs + 1, [*dma_args, *extra])
         out[key] = best_of(got[1:])
         out[key]["first_load_seconds"] = got[0]["seconds"]
+    for streams in (1, 2):  # the default is 4 copy streams per GPU
+        for key, extra in (("replicas", []), ("tensor_parallel", ["--tensor-parallel"])):
+            got = ferry_json(binary, path, gpus, runs + 1,
+                             [*dma_args, *extra, "--copy-streams", str(streams)])
+            out[f"{key}_{streams}_streams"] = best_of(got[1:])
+            out[f"{key}_{streams}_streams"]["first_load_seconds"] = got[0]["seconds"]
     return out
 
 
@@ -414,12 +420,16 @@ def dma_report(n, m):
     single, single_dma = m["single"]["seconds"], d["single"]["seconds"]
     print(f"\nwarm, default beside page-cache DMA (second load in one process, after a first that "
           f"registered the files)")
-    print(f"{'load':24} {'default':>8} {'x single':>9} {'DMA':>8} {'x single DMA':>13} "
+    print(f"{'load':28} {'default':>8} {'x single':>9} {'DMA':>8} {'x single DMA':>13} "
           f"{'x single default':>17} {'DMA GB/s':>9} {'first DMA load':>15}")
     rows = (("single GPU", m["single"], d["single"]), (f"replicas on {n}", m["replicas"],
             d["replicas"]), (f"tensor parallel on {n}", m["tensor_parallel"], d["tensor_parallel"]))
+    for streams in (1, 2):
+        rows += ((f"replicas, {streams} stream(s)/GPU", m["replicas"], d[f"replicas_{streams}_streams"]),
+                 (f"TP, {streams} stream(s)/GPU", m["tensor_parallel"],
+                  d[f"tensor_parallel_{streams}_streams"]))
     for name, default, dma in rows:
-        print(f"{name:24} {default['seconds']:8.3f} {default['seconds'] / single:9.2f} "
+        print(f"{name:28} {default['seconds']:8.3f} {default['seconds'] / single:9.2f} "
               f"{dma['seconds']:8.3f} {dma['seconds'] / single_dma:13.2f} "
               f"{dma['seconds'] / single:17.2f} {dma.get('gigabytes_per_second', 0):9.1f} "
               f"{dma['first_load_seconds']:14.3f}s")
@@ -608,8 +618,9 @@ def report(source, n, m, gather_gbps):
             (f"replicas on {n}", m["replicas"]["seconds"], m["replicas"]["bytes_read"]),
             (f"tensor parallel on {n}", m["tensor_parallel"]["seconds"],
              m["tensor_parallel"]["bytes_read"])]
-    print(f"\n{source}: {ckpt / 1e9:.2f} GB checkpoint, {n} GPUs, NCCL all-gather "
-          f"{gather_gbps:.0f} GB/s")
+    measured = gather_gbps == gather_gbps  # nan: --no-peers left the probe out
+    gather_text = f"{gather_gbps:.0f} GB/s" if measured else "not measured (--no-peers)"
+    print(f"\n{source}: {ckpt / 1e9:.2f} GB checkpoint, {n} GPUs, NCCL all-gather {gather_text}")
     print(f"{'load':28} {'seconds':>8} {'x single':>9} {'read x ckpt':>12} {'aggregate GB/s':>15}")
     for name, sec, read in rows:
         landed = ckpt * (n if "replicas" in name or "independent" in name else 1)
@@ -637,6 +648,8 @@ def report(source, n, m, gather_gbps):
         "bytes_read_replicas": (r["bytes_read"] / ckpt, 1.0),
         "bytes_read_tp": (t["bytes_read"] / ckpt, 1.0),
     }
+    if not measured:  # its model needs the all-gather rate
+        del targets["issue17_replicas_vs_model"]
     if source == "cold":
         # Storage, not the GPUs' links, sets the pace: reading each byte once is all that helps.
         print(f"  storage-bound: one cold read of the checkpoint at {ckpt / single / 1e9:.1f} GB/s; "

@@ -37,8 +37,9 @@ void print_stats(std::FILE* out, const FanoutStats& s, bool tensor_parallel) {
   if (s.bytes_from_registered_page_cache > 0)
     std::fprintf(out,
                  "page-cache DMA: %s copied by the GPUs straight from registered page-cache "
-                 "mappings (no staging); %.3f s registering files in this load\n",
-                 human_bytes(s.bytes_from_registered_page_cache).c_str(),
+                 "mappings (no staging), %u streams per GPU; %.3f s registering files in this "
+                 "load\n",
+                 human_bytes(s.bytes_from_registered_page_cache).c_str(), s.direct_streams,
                  s.page_cache_register_seconds);
   for (const auto& r : s.ranks)
     std::fprintf(out, "%s: holds %s (%.2f GB/s); host link %s, from other GPUs %s\n",

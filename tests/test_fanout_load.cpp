@@ -230,6 +230,36 @@ TEST(FanoutLoad, RegisteredPageCacheOnHostRanks) {
     }
 }
 
+// A rank's copies of a round are cut into one contiguous part per stream (at least the minimum
+// part each), across copy boundaries; every byte lands once, where it belongs.
+TEST(FanoutLoad, DirectCopiesShareARoundAmongStreams) {
+  const auto source = test::random_bytes(1000, 35);
+  for (unsigned streams : {1u, 2u, 3u, 7u})
+    for (std::uint64_t min_part : {1u, 100u, 400u, 5000u}) {
+      std::vector<std::byte> a(1200, std::byte{0}), b(1200, std::byte{0});
+      const auto at = [](std::vector<std::byte>& v, std::size_t i) {
+        return reinterpret_cast<std::uintptr_t>(v.data() + i);
+      };
+      // Three copies into rank 0 (one of them out of source order), one into rank 1.
+      const std::vector<detail::DirectCopy> to_a = {{at(a, 0), source.data(), 333},
+                                                    {at(a, 700), source.data() + 600, 400},
+                                                    {at(a, 400), source.data() + 333, 267}};
+      const std::vector<detail::DirectCopy> to_b = {{at(b, 5), source.data(), 1000}};
+      const std::vector<Device> devices = {Device::cpu(), Device::cpu()};
+      detail::DirectCopies copies(devices, streams, min_part);
+      EXPECT_TRUE(copies.queue(0, to_a).empty()) << "host copies ran at once";
+      EXPECT_TRUE(copies.queue(1, to_b).empty());
+      copies.drain();
+      EXPECT_EQ(std::memcmp(a.data(), source.data(), 333), 0);
+      EXPECT_EQ(std::memcmp(a.data() + 400, source.data() + 333, 267), 0);
+      EXPECT_EQ(std::memcmp(a.data() + 700, source.data() + 600, 400), 0);
+      EXPECT_EQ(a[333], std::byte{0});
+      EXPECT_EQ(a[1100], std::byte{0});
+      EXPECT_EQ(std::memcmp(b.data() + 5, source.data(), 1000), 0);
+      EXPECT_EQ(b[4], std::byte{0});
+    }
+}
+
 TEST(FanoutLoad, AReadOutsideItsMappingIsAClearError) {
   TempDir dir;
   const auto file = dir / "m.safetensors";

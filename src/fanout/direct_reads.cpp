@@ -1,5 +1,7 @@
 #include "fanout/direct_reads.hpp"
 
+#include <algorithm>
+
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "transfer/page_cache_registry.hpp"
@@ -80,32 +82,59 @@ RoundReads split_round(const FanoutRound& round, std::span<const MappedSource> s
   return out;
 }
 
-DirectCopies::DirectCopies(std::span<const Device> devices) {
-  for (const Device& d : devices) _copiers.push_back(make_copier(d, 1));
+DirectCopies::DirectCopies(std::span<const Device> devices, unsigned streams,
+                           std::uint64_t min_part_bytes)
+    : _min_part(std::max<std::uint64_t>(1, min_part_bytes)) {
+  for (const Device& d : devices) {
+    auto& mine = _copiers.emplace_back();
+    for (unsigned s = 0; s < std::max(1u, streams); ++s) mine.push_back(make_copier(d, 1));
+  }
 }
 
 DirectCopies::~DirectCopies() {
   drain();
   _marks.clear();
   // Last made, first gone: each copier restores the capture mode it found on this thread.
-  while (!_copiers.empty()) _copiers.pop_back();
+  while (!_copiers.empty()) {
+    while (!_copiers.back().empty()) _copiers.back().pop_back();
+    _copiers.pop_back();
+  }
 }
 
-void* DirectCopies::queue(unsigned rank, std::span<const DirectCopy> copies) {
-  Copier& copier = *_copiers[rank];
-  for (const DirectCopy& c : copies) copier.put(c.dst, c.src, c.size);
-  PooledEvent end = copier.mark_end();
-  if (!end) return nullptr;
-  _marks.push_back(std::move(end));
-  return _marks.back()->get();
+std::vector<void*> DirectCopies::queue(unsigned rank, std::span<const DirectCopy> copies) {
+  std::vector<std::unique_ptr<Copier>>& streams = _copiers[rank];
+  std::uint64_t total = 0;
+  for (const DirectCopy& c : copies) total += c.size;
+  const std::uint64_t parts = std::clamp<std::uint64_t>(total / _min_part, 1, streams.size());
+  const std::uint64_t share = (total + parts - 1) / parts;
+  // Stream s takes bytes [s * share, (s + 1) * share) of the round's copies, in order.
+  std::uint64_t at = 0;
+  for (const DirectCopy& c : copies)
+    for (std::uint64_t done = 0; done < c.size;) {
+      const std::uint64_t s = at / share;
+      const std::uint64_t n = std::min(c.size - done, (s + 1) * share - at);
+      streams[s]->put(c.dst + done, c.src + done, n);
+      done += n;
+      at += n;
+    }
+  std::vector<void*> ends;
+  for (std::uint64_t s = 0; s < parts; ++s) {
+    PooledEvent end = streams[s]->mark_end();
+    if (!end) continue;
+    _marks.push_back(std::move(end));
+    ends.push_back(_marks.back()->get());
+  }
+  return ends;
 }
 
 void DirectCopies::after(unsigned rank, void* cu_event) {
-  if (cu_event) _copiers[rank]->after(cu_event);
+  if (!cu_event) return;
+  for (auto& c : _copiers[rank]) c->after(cu_event);
 }
 
 void DirectCopies::drain() noexcept {
-  for (auto& c : _copiers) c->drain();
+  for (auto& rank : _copiers)
+    for (auto& c : rank) c->drain();
 }
 
 }  // namespace ferry::detail

@@ -69,26 +69,32 @@ RoundReads split_round(const FanoutRound& round, std::span<const MappedSource> s
                        std::span<const std::uintptr_t> scratch, unsigned ranks,
                        std::vector<std::uint64_t>& file_bytes);
 
-// The ranks' copy queues: a stream per GPU rank (borrowed from the transfer core's pool), memcpy
-// for host ranks (which run at once).
+// The ranks' copy queues: `streams` per rank (for a GPU, streams borrowed from the transfer
+// core's pool; for host ranks memcpy, which runs at once). A rank's copies of one round are
+// shared among its streams in contiguous parts of at least `min_part_bytes`, so that several copy
+// engines read the mapping at once: copies from a registered page-cache mapping run below pinned
+// H2D on one stream.
 class DirectCopies {
  public:
-  explicit DirectCopies(std::span<const Device> devices);
+  static constexpr std::uint64_t kMinPartBytes = 64ull << 20;
+  DirectCopies(std::span<const Device> devices, unsigned streams,
+               std::uint64_t min_part_bytes = kMinPartBytes);
   DirectCopies(const DirectCopies&) = delete;
   DirectCopies& operator=(const DirectCopies&) = delete;
   ~DirectCopies();  // drains: memory is never freed under a copy
 
-  // Queues rank `rank`'s copies; returns a CUevent behind them, valid for this object's life
-  // (null on host memory, where they already ran).
-  void* queue(unsigned rank, std::span<const DirectCopy> copies);
-  // Later copies of rank `rank` start only after `cu_event` fired (null: none).
+  // Queues rank `rank`'s copies; returns a CUevent behind them per stream used, valid for this
+  // object's life (none on host memory, where they already ran).
+  std::vector<void*> queue(unsigned rank, std::span<const DirectCopy> copies);
+  // Later copies of rank `rank`, on every stream, start only after `cu_event` fired (null: none).
   void after(unsigned rank, void* cu_event);
   // Until every queued copy landed.
   void drain() noexcept;
 
  private:
-  std::vector<std::unique_ptr<Copier>> _copiers;
+  std::vector<std::vector<std::unique_ptr<Copier>>> _copiers;  // per rank, per stream
   std::vector<PooledEvent> _marks;
+  std::uint64_t _min_part;
 };
 
 // load_fanout with the mapping of files chosen by `map` (tests inject host memory here).

@@ -204,7 +204,10 @@ class FanoutLoader {
     for (const detail::MappedSource& s : sources)
       stats.page_cache_register_seconds += s.register_seconds;
     std::optional<detail::DirectCopies> direct;  // declared after the memory: drained first
-    if (stats.bytes_from_registered_page_cache > 0) direct.emplace(devices);
+    // Copy streams per GPU for them: --copy-streams, else 4 (a rank's share of a round is cut in
+    // parts of at least 64 MiB, one per stream).
+    stats.direct_streams = _options.load.copy_streams ? _options.load.copy_streams : 4;
+    if (stats.bytes_from_registered_page_cache > 0) direct.emplace(devices, stats.direct_streams);
 
     // One process reads for every device: all its readers together are the threads N loads
     // would have (per device: given or chosen), split between the rounds that read at once, and,
@@ -253,7 +256,7 @@ class FanoutLoader {
     stats.submissions = per_device ? "per-device" : "per-round";
     const std::uint64_t tail = std::uint64_t{t.threads} * settings.chunk_bytes;
     const auto reading = Clock::now();
-    _copied.assign(plan->rounds.size(), std::vector<void*>(n, nullptr));
+    _copied.assign(plan->rounds.size(), std::vector<std::vector<void*>>(n));
     _scattered.assign(plan->rounds.size(), std::vector<void*>(n, nullptr));
     Submitted previous;
     std::size_t previous_round = 0;
@@ -327,7 +330,8 @@ class FanoutLoader {
               const std::vector<std::uintptr_t>& scratch, FanoutStats& stats) {
     const FanoutRound& round = plan.rounds[k];
     for (Ticket& ticket : submitted.tickets) add_stats(ticket, stats);
-    for (unsigned r = 0; r < plan.ranks; ++r) collective.after(r, _copied[k][r]);
+    for (unsigned r = 0; r < plan.ranks; ++r)
+      for (void* copied : _copied[k][r]) collective.after(r, copied);
     std::vector<detail::Collective::Slice> slices;
     for (const FanoutScatter& sc : round.scatters) {
       slices.clear();
@@ -350,11 +354,11 @@ class FanoutLoader {
                    std::atomic<std::uint64_t>& done, std::uint64_t total,
                    detail::Collective& collective, detail::DirectCopies& direct) {
     for (std::size_t k = 0; k < split.size(); ++k) {
-      for (std::size_t r = 0; r < devices.size(); ++r) {
-        if (!_copied[k][r]) continue;
-        detail::device_context(devices[r].index).make_current();
-        FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(_copied[k][r]));
-      }
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        for (void* copied : _copied[k][r]) {
+          detail::device_context(devices[r].index).make_current();
+          FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(copied));
+        }
       if (split[k].direct_bytes == 0) continue;
       const std::uint64_t now = done.fetch_add(split[k].direct_bytes) + split[k].direct_bytes;
       if (_options.load.progress) _options.load.progress(now, total);
@@ -415,7 +419,8 @@ class FanoutLoader {
   const detail::MapSources& _map;
   // Per round and rank: a CUevent behind the round's direct copies into the rank, and one
   // behind the rank's collectives once the round's scatters were queued (null: none).
-  std::vector<std::vector<void*>> _copied, _scattered;
+  std::vector<std::vector<std::vector<void*>>> _copied;  // per stream of the rank
+  std::vector<std::vector<void*>> _scattered;
 };
 
 namespace detail {

@@ -32,6 +32,7 @@ std::string to_json(const FanoutStats& s) {
       {"bytes_read", s.bytes_read},
       {"bytes_from_registered_page_cache", s.bytes_from_registered_page_cache},
       {"page_cache_register_seconds", s.page_cache_register_seconds},
+      {"direct_streams", s.direct_streams},
       {"checkpoint_bytes", s.checkpoint_bytes},
       {"tensor_bytes", s.tensor_bytes},
       {"rounds", s.rounds},
