@@ -206,8 +206,10 @@ class FanoutLoader {
     std::optional<detail::DirectCopies> direct;  // declared after the memory: drained first
     // Copy streams per GPU for them: --copy-streams, else 4 (a rank's share of a round is cut in
     // parts of at least 64 MiB, one per stream).
-    stats.direct_streams = _options.load.copy_streams ? _options.load.copy_streams : 4;
-    if (stats.bytes_from_registered_page_cache > 0) direct.emplace(devices, stats.direct_streams);
+    if (stats.bytes_from_registered_page_cache > 0) {
+      stats.direct_streams = _options.load.copy_streams ? _options.load.copy_streams : 4;
+      direct.emplace(devices, stats.direct_streams);
+    }
 
     // One process reads for every device: all its readers together are the threads N loads
     // would have (per device: given or chosen), split between the rounds that read at once, and,
