@@ -99,7 +99,7 @@ struct FanoutStats {
   // this load spent registering files (0 where every registration was kept from an earlier load).
   std::uint64_t bytes_from_registered_page_cache = 0;
   double page_cache_register_seconds = 0;
-  unsigned direct_streams = 0;  // copy streams per rank for those (LoadOptions::copy_streams; 0: none)
+  unsigned direct_streams = 0;  // copy streams per rank for those (0: none; --copy-streams)
   std::uint64_t checkpoint_bytes = 0;  // the selected tensors, once
   std::uint64_t tensor_bytes = 0;      // landed, summed over ranks
   std::size_t rounds = 0;
