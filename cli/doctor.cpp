@@ -25,9 +25,9 @@ std::vector<fs::path> files_under(const fs::path& path) {
   std::vector<fs::path> files;
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, path.string());
+  if (ec || !fs::exists(status)) detail::fail_errno(ENOENT, utf8_of(path));
   if (fs::is_regular_file(status)) return {path};
-  FERRY_EXPECT(fs::is_directory(status), std::invalid_argument, path.string(),
+  FERRY_EXPECT(fs::is_directory(status), std::invalid_argument, utf8_of(path),
                ": not a regular file or a directory (doctor measures reads of files)");
   for (const auto& e : fs::directory_iterator(path))
     if (e.is_regular_file() && e.file_size() > 0) files.push_back(e.path());
@@ -77,24 +77,32 @@ Json cufile_section(const std::string& path) {
 }
 
 Json path_section(const fs::path& path, std::uint64_t read_limit, unsigned threads) {
-  Json out = {{"path", path.string()}, {"filesystem", filesystem_name(path)}};
+  Json out = {{"path", utf8_of(path)}, {"filesystem", filesystem_name(path)}};
   auto files = files_under(path);
+  // BypassIO is asked of a file (the first one read below) where there is one.
+  const StorageFacts storage = storage_facts(files.empty() ? path : files.front());
+  out["storage"] = {{"nvme", storage.nvme}};
+  if (!storage.bypass_io.empty()) out["storage"]["bypass_io"] = storage.bypass_io;
   if (files.empty()) {
     out["note"] = "no files to read under this path";
     return out;
   }
   std::uint64_t bytes = 0;
   double cached = 0;
+  const bool residency = page_cache_residency_measured();
   for (const auto& f : files) {
     const auto size = fs::file_size(f);
-    cached += page_cache_fraction(f) * static_cast<double>(size);
+    if (residency) cached += page_cache_fraction(f) * static_cast<double>(size);
     bytes += size;
   }
   out["files"] = files.size();
   out["bytes"] = bytes;
-  out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
+  if (residency)
+    out["page_cache_fraction"] = bytes ? cached / static_cast<double>(bytes) : 1.0;
+  else
+    out["page_cache_fraction"] = nullptr;  // unknown, not 0
   const auto direct = probe_direct(files.front());
-  out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}};
+  out["odirect"] = {{"works", direct.works}, {"detail", direct.detail}, {"flag", direct.flag}};
   // O_DIRECT first: it leaves the page cache as it was, so the buffered figure that follows
   // reads whatever was cached before plus what buffered reading itself brings in.
   Json reads = {{"threads", threads}, {"limit_bytes", read_limit}};
@@ -182,29 +190,38 @@ void print_text(const Json& r) {
   const Json& e = r["engine"];
   std::printf(
       "engine: %u reader threads, %s reads, %u slots each, staging bound %s\n"
-      "  settings: %s\n  O_DIRECT or buffered: chosen per file at each load from its "
-      "page-cache residency\n",
+      "  settings: %s\n  %s\n",
       e["reader_threads"].get<unsigned>(),
       human_bytes(e["chunk_bytes"].get<std::uint64_t>()).c_str(),
       e["slots_per_thread"].get<unsigned>(),
       human_bytes(e["staging_bytes"].get<std::uint64_t>()).c_str(),
-      printable(e["settings_source"].get<std::string>()).c_str());
+      printable(e["settings_source"].get<std::string>()).c_str(),
+      e["io_auto"].get<std::string>().c_str());
   if (!r.contains("path")) return;
   const Json& p = r["path"];
   std::printf("path: %s\n  file system: %s\n", printable(p["path"].get<std::string>()).c_str(),
               p["filesystem"].get<std::string>().c_str());
+  const Json& s = p["storage"];
+  std::printf("  NVMe: %s\n", printable(s["nvme"].get<std::string>()).c_str());
+  if (s.contains("bypass_io"))
+    std::printf("  BypassIO: %s\n", printable(s["bypass_io"].get<std::string>()).c_str());
   if (p.contains("note")) {
     std::printf("  %s\n", p["note"].get<std::string>().c_str());
     return;
   }
-  std::printf("  %zu file(s), %s, %.0f%% in page cache before measuring\n",
-              p["files"].get<std::size_t>(), human_bytes(p["bytes"].get<std::uint64_t>()).c_str(),
-              p["page_cache_fraction"].get<double>() * 100);
-  std::printf("  O_DIRECT: %s (%s)\n", p["odirect"]["works"].get<bool>() ? "yes" : "no",
-              p["odirect"]["detail"].get<std::string>().c_str());
+  std::printf("  %zu file(s), %s, ", p["files"].get<std::size_t>(),
+              human_bytes(p["bytes"].get<std::uint64_t>()).c_str());
+  if (p["page_cache_fraction"].is_null())
+    std::printf("page-cache residency unknown (this system cannot report it)\n");
+  else
+    std::printf("%.0f%% in page cache before measuring\n",
+                p["page_cache_fraction"].get<double>() * 100);
+  const std::string flag = p["odirect"]["flag"].get<std::string>();
+  std::printf("  %s: %s (%s)\n", flag.c_str(), p["odirect"]["works"].get<bool>() ? "yes" : "no",
+              printable(p["odirect"]["detail"].get<std::string>()).c_str());
   const Json& rd = p["read"];
   if (rd.contains("odirect_gbps"))
-    std::printf("  read, O_DIRECT: %.2f GB/s\n", rd["odirect_gbps"].get<double>());
+    std::printf("  read, %s: %.2f GB/s\n", flag.c_str(), rd["odirect_gbps"].get<double>());
   std::printf("  read, buffered: %.2f GB/s\n", rd["buffered_gbps"].get<double>());
 }
 
@@ -212,8 +229,9 @@ void print_text(const Json& r) {
 
 void add_doctor(CLI::App& app) {
   auto* cmd = app.add_subcommand("doctor",
-                                 "Show and measure what this machine offers: GPUs, "
-                                 "driver, copy bandwidth, file system, O_DIRECT, reads");
+                                 "Show and measure what this machine offers: GPUs, driver, copy "
+                                 "bandwidth, file system, NVMe, BypassIO (Windows), unbuffered "
+                                 "reads");
   static std::string path;
   static bool json = false;
   static double read_limit_gib = 4;
@@ -237,15 +255,23 @@ void add_doctor(CLI::App& app) {
     if (!ds.cuda0_adapter.empty()) report["directstorage"]["cuda0_adapter"] = ds.cuda0_adapter;
     if (!ds.cuda0_bridge.empty()) report["directstorage"]["cuda0_bridge"] = ds.cuda0_bridge;
     const NcclFacts nccl = nccl_facts();
-    report["nccl"] = {{"loaded", nccl.loaded}, {"path", nccl.path},
-                      {"why_not_loaded", nccl.why_not_loaded}, {"version", nccl.version}};
+    report["nccl"] = {{"loaded", nccl.loaded},
+                      {"path", nccl.path},
+                      {"why_not_loaded", nccl.why_not_loaded},
+                      {"version", nccl.version}};
     if (tune_engine) tune(path, json);
     const auto engine = default_engine_settings();
     report["engine"] = {{"reader_threads", engine.reader_threads},
                         {"chunk_bytes", engine.chunk_bytes},
                         {"slots_per_thread", engine.slots_per_thread},
                         {"settings_source", engine.source},
-                        {"staging_bytes", kDefaultStagingBytes}};
+                        {"staging_bytes", kDefaultStagingBytes},
+                        {"io_auto", page_cache_residency_measured()
+                                        ? "O_DIRECT or buffered: chosen per file at each load "
+                                          "from its page-cache residency"
+                                        : "unbuffered or buffered: --io auto reads unbuffered "
+                                          "wherever the file system allows (this system cannot "
+                                          "report page-cache residency)"}};
     if (!path.empty())
       report["path"] = path_section(path_from_utf8(path),
                                     static_cast<std::uint64_t>(read_limit_gib * (1ull << 30)),

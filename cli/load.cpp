@@ -77,7 +77,7 @@ void add_load(CLI::App& app) {
   static unsigned round_mib = 0;
   static std::string next_round = "eager";
   static std::string submissions = "per-round";
-    cmd->add_option("path", path,
+  cmd->add_option("path", path,
                   "a .safetensors or .gguf file, a directory of them, or an index .json")
       ->required();
   cmd->add_option("--device", device,
@@ -111,7 +111,7 @@ void add_load(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", backend,
                   "auto (cuFile only where it does GPUDirect Storage), cufile, posix (staged) or "
-                  "directstorage (Windows)")
+                  "directstorage or dstorage (Windows)")
       ->capture_default_str();
   cmd->add_flag("--allow-compat", allow_compat,
                 "let --backend cufile run in cuFile's compatibility mode, and --backend "

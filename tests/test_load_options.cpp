@@ -47,6 +47,16 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   EXPECT_EQ(o.page_cache_pin_bytes, 0u);
 }
 
+TEST(LoadOptions, DstorageNamesTheDirectStorageBackend) {
+  LoadOptions o;
+  set_load_option(o, "backend", "dstorage");
+  EXPECT_EQ(o.backend, Backend::DirectStorage);
+  set_load_option(o, "backend", "posix");
+  set_load_option(o, "backend", "directstorage");
+  EXPECT_EQ(o.backend, Backend::DirectStorage);
+  EXPECT_NE(error_of("backend", "dstor").find("directstorage (dstorage)"), std::string::npos);
+}
+
 TEST(LoadOptions, SizesTakePlainBytesAndUnits) {
   LoadOptions o;
   set_load_option(o, "chunk_bytes", "4096");

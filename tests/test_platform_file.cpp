@@ -5,14 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <regex>
 #include <string>
 
 #include "ferry/error.hpp"
 #include "ferry/file_set.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "platform/file.hpp"
 #include "platform/system.hpp"
+#ifdef _WIN32
+#include "platform/windows/storage_verdicts.hpp"
+#endif
 #include "test_support.hpp"
 
 namespace ferry {
@@ -172,6 +177,97 @@ TEST(FileDescriptor, WritesAndReadsAtOffsetsInBinary) {
   EXPECT_EQ(back, bytes);
   EXPECT_THROW(detail::read_exact(fd, back.data(), 10, bytes.size() - 5, path), FormatError);
 }
+
+// The storage facts doctor prints: each one of its allowed values and a reason, whatever the
+// machine (under Wine most are "unknown", with the call that failed).
+TEST(PlatformStorage, FactsAreAnAllowedValueAndAReason) {
+  TempDir dir;
+  const auto file = utf8_name(dir,
+                              "donn\xc3\xa9"
+                              "es.bin");
+  test::write_file(file, "x");
+  const std::regex nvme("^(yes|no|unknown): .+"), bypass("^(on|off|unknown): .+");
+  for (const std::string& path : {utf8_of(dir.path()), utf8_of(file)}) {
+    SCOPED_TRACE(path);
+    const std::string n = detail::nvme_verdict(path), b = detail::bypass_io_verdict(path);
+    EXPECT_TRUE(std::regex_match(n, nvme)) << n;
+#ifdef _WIN32
+    EXPECT_TRUE(std::regex_match(b, bypass)) << b;
+#else
+    EXPECT_EQ(b, "") << "BypassIO is Windows' alone";
+#endif
+  }
+}
+
+TEST(PlatformStorage, AFileThatCannotBeOpenedIsUnknownAndSaysWhy) {
+  TempDir dir;
+  const std::string missing = utf8_of(dir / "missing.bin");
+#ifdef _WIN32
+  const std::string b = detail::bypass_io_verdict(missing);
+  EXPECT_EQ(b.rfind("unknown: CreateFileW on " + missing + " failed: ", 0), 0u) << b;
+#else
+  const std::string n = detail::nvme_verdict(missing);
+  EXPECT_EQ(n.rfind("unknown: stat(" + missing + ") failed: ", 0), 0u) << n;
+#endif
+}
+
+#ifdef _WIN32
+namespace win32 = detail::win32;
+
+// The answers Wine never gives (it reports no disks and refuses FSCTL_MANAGE_BYPASS_IO), made
+// up here as Windows documents them, through the same code that reads the real ones.
+TEST(PlatformStorage, DisksAreNvmeOnlyWhenEveryOneSaysSo) {
+  using win32::DiskBus;
+  const auto verdict = [](const char* root, std::vector<DiskBus> disks) {
+    return win32::nvme_from(root, disks);
+  };
+  EXPECT_EQ(verdict("C:\\", {{"PhysicalDrive0", BusTypeNvme, BusTypeNvme}}),
+            "yes: C:\\ is on PhysicalDrive0 (bus NVMe, adapter NVMe)");
+  // An NVMe disk behind a driver that reports its device as SCSI: its adapter says NVMe.
+  const std::string behind_scsi = verdict("D:\\", {{"PhysicalDrive2", BusTypeScsi, BusTypeNvme}});
+  EXPECT_EQ(behind_scsi, "yes: D:\\ is on PhysicalDrive2 (bus SCSI, adapter NVMe)");
+  const std::string spanned = verdict("E:\\", {{"PhysicalDrive0", BusTypeNvme, BusTypeNvme},
+                                               {"PhysicalDrive1", BusTypeSata, BusTypeSata}});
+  EXPECT_EQ(spanned, "no: E:\\ is on PhysicalDrive1 (bus SATA, adapter SATA)");
+  const std::string spaces = verdict("F:\\", {{"PhysicalDrive3", BusTypeSpaces, 0x7E}});
+  EXPECT_EQ(spaces, "no: F:\\ is on PhysicalDrive3 (bus Storage Spaces, adapter unknown)");
+}
+
+win32::FsBpioOutput bypass_answer(LONG status, LONG out_flags, std::wstring_view driver,
+                                  std::wstring_view reason) {
+  win32::FsBpioOutput out{};
+  out.operation = win32::kFsBpioOpQuery;
+  out.out_flags = out_flags;
+  out.query.op_status = status;
+  // Written without a terminating null, as drivers may.
+  out.query.failing_driver_name_length = static_cast<USHORT>(driver.size());
+  std::copy(driver.begin(), driver.end(), out.query.failing_driver_name);
+  out.query.failure_reason_length = static_cast<USHORT>(reason.size());
+  std::copy(reason.begin(), reason.end(), out.query.failure_reason);
+  return out;
+}
+
+TEST(PlatformStorage, BypassIoVerdictsFollowTheQueryAnswer) {
+  const DWORD full = sizeof(win32::FsBpioOutput);
+  EXPECT_EQ(win32::bypass_io_from(bypass_answer(0, 8, L"", L""), full, "m.safetensors"),
+            "on: the filters, the file system and the storage driver allow it");
+  EXPECT_EQ(win32::bypass_io_from(bypass_answer(0, 0, L"", L""), full, "m.safetensors")
+                .rfind("off: the filters and the file system allow it, but the storage driver", 0),
+            0u);
+  const auto veto = bypass_answer(static_cast<LONG>(0xC00000BBu), 8, L"wof.sys",
+                                  L"Compressed file (WOF) is not supported");
+  EXPECT_EQ(win32::bypass_io_from(veto, full, "m.safetensors"),
+            "off: wof.sys vetoes it: Compressed file (WOF) is not supported (NTSTATUS 0xC00000BB)");
+  // A length past the array is cut at the array (and at a null), never read beyond it.
+  auto long_name = bypass_answer(static_cast<LONG>(0xC00000BBu), 0, L"x.sys", L"r");
+  long_name.query.failing_driver_name_length = 500;
+  EXPECT_EQ(win32::bypass_io_from(long_name, full, "m"),
+            "off: x.sys vetoes it: r (NTSTATUS 0xC00000BB)");
+  EXPECT_EQ(win32::bypass_io_from(veto, 20, "m.safetensors"),
+            "unknown: FSCTL_MANAGE_BYPASS_IO on m.safetensors answered with 20 bytes, too few to "
+            "hold its result");
+}
+#endif
 
 }  // namespace
 }  // namespace ferry

@@ -28,8 +28,8 @@
 #   about 5 minutes: run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
-#   bench/moe_bench.py. The device tool
-#   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`).
+#   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
+#   stream-bench: the benchmarks alone (about 6 minutes with `build`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
 #   hashes beside a single-GPU load, staged and by page-cache DMA, bench/multi_gpu_bench.py warm
 #   with the machine's facts and bound: single GPU, replicas and tensor parallel, each default and
@@ -340,7 +340,7 @@ kv_stage() {
 # Weight streaming (ferry.torch.offload): the C++ and Python GPU tests (eager, torch.compile,
 # CUDA graphs, slot safety, expert caches), then the benchmarks (Llama-3-8B shapes with half the
 # layers streamed; a Mixtral-shaped MoE decoding through expert caches).
-stream_checks() {
+stream_tests() {
   log "weight streaming: GPU tests (test_gpu_stream, test_offload*.py, test_experts.py)"
   python3 -c "import ferry.torch as t; t.offload, t.offload_experts" 2>&1 || {
     echo "the ferry in /tmp/site has no weight streaming: run the build stage" | tee -a "$OUT/summary.txt"
@@ -356,6 +356,17 @@ stream_checks() {
     >"$OUT/offload-tests.log" 2>&1 || { status=1; grep -B5 -A30 "^E \|Error" "$OUT/offload-tests.log" | head -120 || true; }
   grep -E "^(FAILED|ERROR) " "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt" || true
   tail -1 "$OUT/offload-tests.log" | tee -a "$OUT/summary.txt"
+  if grep -q "^FAILED.*test_torch_compile\[" "$OUT/offload-tests.log"; then
+    # Inductor's code for the resident and the offloaded compile, to see where they part.
+    log "torch.compile's output code of the first failing case ($OUT/compile-code.txt)"
+    TORCH_LOGS=output_code TORCH_LOGS_OUT="$OUT/compile-code.txt" python3 -m pytest -q -x \
+      -p no:cacheprovider -p no:logging tests/python/test_offload_gpu.py::test_torch_compile \
+      >"$OUT/compile-rerun.log" 2>&1 || true
+    tail -1 "$OUT/compile-rerun.log" | tee -a "$OUT/summary.txt"
+  fi
+}
+
+stream_bench() {
   log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
   (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
     | tee -a "$OUT/summary.txt" || status=1
@@ -421,7 +432,9 @@ want dropin && dropin
 want core && core_checks
 want core-full && core_checks full
 want kv && kv_stage
-want stream && stream_checks
+want stream && { stream_tests; stream_bench; }
+want stream-tests && stream_tests
+want stream-bench && stream_bench
 want mgpu && mgpu
 want mgpu-full && mgpu full
 if want mgpu-sweep; then

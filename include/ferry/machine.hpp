@@ -71,8 +71,21 @@ NcclFacts nccl_facts();
 // The file system type of the mount holding `path` ("ext4", "tmpfs", "NTFS", ...).
 std::string filesystem_name(const std::filesystem::path& path);
 
+// What the storage under `path` is, as the system reports it; each fact is "<value>: <detail>",
+// never a guess. `nvme`: "yes", "no" or "unknown" (whether the disks under its file system are
+// NVMe). `bypass_io`: "on", "off" or "unknown" (whether Windows' BypassIO, which DirectStorage
+// reads through, is allowed for `path`); empty where the system has no BypassIO (all but Windows).
+struct StorageFacts {
+  std::string nvme;
+  std::string bypass_io;
+};
+StorageFacts storage_facts(const std::filesystem::path& path);
+
 // Fraction of `file`'s pages in the page cache (sampled on large files, as loads do).
 double page_cache_fraction(const std::filesystem::path& file);
+// Whether page_cache_fraction measures residency here; Windows cannot report it (it answers 0,
+// and `--io auto` reads unbuffered there).
+bool page_cache_residency_measured();
 
 // Median GB/s of `repeats` host-to-device copies of `bytes` from pinned and from pageable memory.
 struct CopyBandwidth {
@@ -81,10 +94,11 @@ struct CopyBandwidth {
 };
 CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeats);
 
-// Whether an aligned O_DIRECT read of `file` works, and what happened.
+// Whether an aligned unbuffered read of `file` works, and what happened.
 struct DirectProbe {
   bool works = false;
   std::string detail;
+  std::string flag;  // how the system names unbuffered opens: "O_DIRECT", "FILE_FLAG_NO_BUFFERING"
 };
 DirectProbe probe_direct(const std::filesystem::path& file);
 

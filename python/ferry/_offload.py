@@ -1,9 +1,19 @@
 """ferry.torch.offload: some of a model's repeated blocks (decoder layers) live off the GPU, in
 ferry's pinned host arena or in the checkpoint on disk, and stream into static GPU slots just
 before they run (ferry's WeightStream). Their parameters become views of slot memory, so
-torch.compile and CUDA graphs see ordinary GPU tensors; two custom ops (ferry::wait_group before
-a block, ferry::release_group after it) keep the copies ordered on the device, and declare the
-hidden state mutated so that torch.compile cannot move them.
+torch.compile and CUDA graphs see ordinary GPU tensors; two custom ops (ferry::wait_group,
+ferry::release_group) keep the copies ordered on the device, and declare an activation mutated
+so that torch.compile cannot move them.
+
+Where the ops stand: a block's last weight use is its "tail" module (the last registered module
+holding a matrix: a decoder layer's down projection). Right after the tail's output, the block's
+slot is released and the next block's wait is made; so nothing stands between a block's residual
+add and the next block's input norm, which torch.compile fuses (the sum kept in fp32) exactly as
+in the resident model, and the compiled offloaded model computes bit for bit what the compiled
+resident one does. Hooks check at every call that no weight-holding module of the block runs
+after its tail (an error, never a slot read after its refill); a block whose tail does not run,
+or that has none (its own forward reads parameters; the last matrix comes with a bias), is
+ordered at its edges instead.
 
 Under CUDA graph capture, copies issued during the capture are part of the graph and the last
 streamed block joins them before returning; capture whole forward passes, after at least one
@@ -36,12 +46,25 @@ def _compute_stream(device: torch.device) -> int:
 def _wait(x: torch.Tensor, handle: int, group: int) -> None:
     off = _live[handle]
     off._stream.wait(group, _compute_stream(off.device))
+    if group == 0:
+        off._first_waited = True
 
 
-def _release(x: torch.Tensor, handle: int, group: int) -> None:
+def _release(x: torch.Tensor, after: List[torch.Tensor], handle: int, group: int) -> None:
     off = _live[handle]
     stream = _compute_stream(off.device)
+    if group == 0 and off._first_at_end and not off._first_waited:
+        # The pass before ended early (an exception inside the model) and never made the first
+        # block's wait: this pass read a slot that may hold other bytes. Wait now, so that the
+        # next pass starts right, and say so.
+        off._stream.wait(0, stream)
+        off._first_waited = True
+        raise RuntimeError("offload: the pass before this one did not finish (an exception "
+                           "inside the model), so the first streamed block ran before its "
+                           "weights were waited for; this pass is void, the next one is right")
     off._stream.release(group, stream)
+    if group == 0:
+        off._first_waited = False
     if group == off._last_group:
         off._stream.join(stream)  # ends the copy stream's forks inside a graph capture
 
@@ -57,17 +80,25 @@ if _custom_ops:
     def _(x, handle, group):
         return None
 
+    # `after`: the outputs of the block's other weight-using modules, so that the compiler
+    # orders the release after all of them even where they do not feed `x`.
     @torch.library.custom_op("ferry::release_group", mutates_args=("x",))
-    def _release_op(x: torch.Tensor, handle: int, group: int) -> None:
-        _release(x, handle, group)
+    def _release_op(x: torch.Tensor, after: List[torch.Tensor], handle: int, group: int) -> None:
+        _release(x, after, handle, group)
 
     @_release_op.register_fake
-    def _(x, handle, group):
+    def _(x, after, handle, group):
         return None
 
     _wait_call, _release_call = _wait_op, _release_op
 else:
     _wait_call, _release_call = _wait, _release
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and
+                compiler.is_compiling())
 
 
 def find_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -170,6 +201,11 @@ class Offload:
         self._params: List[List[torch.nn.Parameter]] = []
         self._slots: List[torch.Tensor] = []
         self._last_group = -1
+        self._orders: List[_BlockOrder] = []
+        # The first group's wait is made at the end of each pass, for the next (see
+        # _install_order); _first_waited: it was made since the group's last release.
+        self._first_at_end = False
+        self._first_waited = False
 
     @property
     def saved_bytes(self) -> int:
@@ -184,12 +220,14 @@ class Offload:
         if self._stream is None:
             return
         stream = _compute_stream(self.device)
-        for g, (block, params) in enumerate(zip(self._blocks, self._params)):
+        for g, params in enumerate(self._params):
             self._stream.wait(g, stream)
             for p in params:
                 p.data = p.data.clone()
             self._stream.release(g, stream)
-            block.__dict__.pop("forward", None)
+        for order in self._orders:
+            order.remove()
+        self._orders = []
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self._stream.synchronize()
@@ -216,27 +254,158 @@ def _first_tensor(value: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def _hook(block: torch.nn.Module, owner: "Offload", group: int) -> None:
-    inner = block.forward
-    handle = owner.handle
+def _tensors(value: Any) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return _tensors(list(value.values()))
+    if hasattr(value, "to_tuple"):
+        return _tensors(value.to_tuple())
+    return []
 
-    def forward(*args, **kwargs):
-        x = _first_tensor((args, kwargs))
-        if x is None:
-            raise TypeError(f"offload: block {group}'s forward got no tensor to order the "
-                            "stream's wait after")
+
+def _weight_modules(block: torch.nn.Module) -> List[tuple]:
+    """(name, module) of every module under `block` (itself included) that holds parameters."""
+    return [(n, m) for n, m in block.named_modules()
+            if any(p is not None and p.numel() > 0 for p in m._parameters.values())]
+
+
+def _tail_of(block: torch.nn.Module) -> Optional[tuple]:
+    """(name, module) of the block's last weight use: the last registered module holding a
+    parameter of 2 or more dimensions (a decoder layer's MLP down projection). None where the
+    block's own forward reads parameters (they may be read after any submodule), or where that
+    module also holds a smaller one (a bias: compiled, its add leaves the matmul to fuse with
+    what follows, as an op right after the module would not let it)."""
+    owners = _weight_modules(block)
+    if any(m is block for _, m in owners):
+        return None
+    matrices = [(n, m) for n, m in owners
+                if any(p is not None and p.dim() >= 2 for p in m._parameters.values())]
+    if not matrices:
+        return None
+    name, tail = matrices[-1]
+    if any(p is not None and p.dim() < 2 for p in tail._parameters.values()):
+        return None
+    return name, tail
+
+
+class _BlockOrder:
+    """The stream's ops around one block: `entry_wait` (a group, or None) waited on at its
+    input; `release` (its own group, or None), then `waits` (the next block's group; the next
+    pass's first group) made right after its tail module, or at its output where the tail does
+    not run."""
+
+    def __init__(self, owner: "Offload", index: int, block: torch.nn.Module,
+                 entry_wait: Optional[int], release: Optional[int], waits: List[int],
+                 tail: Optional[tuple]):
+        self.owner, self.index, self.block = owner, index, block
+        self.entry_wait, self.release, self.waits = entry_wait, release, waits
+        self.tail = tail
+        self.past_tail = False
+        self.used: List[torch.Tensor] = []  # this call's outputs of weight-using modules
+        self.handles: list = []
+
+    def order(self, y: Optional[torch.Tensor], where: str) -> None:
+        if y is None:
+            raise TypeError(f"offload: block {self.index}'s {where} gave no tensor to order "
+                            "the stream's copies after")
         # Detached aliases: the ops need no autograd, and a mutation of an alias still orders
         # every later use of the tensor under torch.compile.
-        _wait_call(x.detach(), handle, group)
+        handle = self.owner.handle
+        if self.release is not None:
+            _release_call(y.detach(), [u.detach() for u in self.used], handle, self.release)
+        for group in self.waits:
+            _wait_call(y.detach(), handle, group)
+        self.used = []
+
+    def forward(self, inner, args, kwargs):
+        if self.entry_wait is not None:
+            x = _first_tensor((args, kwargs))
+            if x is None:
+                raise TypeError(f"offload: block {self.index}'s forward got no tensor to order "
+                                "the stream's wait after")
+            _wait_call(x.detach(), self.owner.handle, self.entry_wait)
+        self.past_tail, self.used = False, []
         out = inner(*args, **kwargs)
-        y = _first_tensor(out)
-        if y is None:
-            raise TypeError(f"offload: block {group}'s forward returned no tensor")
-        _release_call(y.detach(), handle, group)
+        if not self.past_tail:
+            self.order(_first_tensor(out), "forward")
+        self.past_tail, self.used = False, []
         return out
 
-    forward._ferry_offload = owner  # keeps the stream alive as long as the hook
-    block.forward = forward
+    def install(self) -> None:
+        inner = self.block.forward
+
+        def forward(*args, **kwargs):
+            return self.forward(inner, args, kwargs)
+
+        forward._ferry_offload = self.owner  # keeps the stream alive as long as the hook
+        self.block.forward = forward
+        if self.tail is None:
+            return
+        tail = self.tail[1]
+        if self.release is not None:  # a slot to protect: no weight use after the tail
+            for name, module in _weight_modules(self.block):
+                self.handles.append(module.register_forward_pre_hook(self._checker(name)))
+                if module is not tail:
+                    self.handles.append(module.register_forward_hook(self._collect))
+        self.handles.append(tail.register_forward_hook(self._after_tail))
+
+    def _checker(self, name: str):
+        def check(module, args):
+            if self.past_tail:
+                raise RuntimeError(
+                    f"offload: block {self.index}'s {name or 'forward'} runs after {self.tail[0]}, "
+                    "taken for the block's last weight use (its slot is refilled from there); "
+                    "pass tails=False to order the copies at the blocks' edges")
+        return check
+
+    def _collect(self, module, args, out) -> None:
+        if _compiling():  # eager calls run in program order: nothing to hold on to
+            self.used.extend(_tensors(out))
+
+    def _after_tail(self, module, args, out) -> None:
+        self.order(_first_tensor(out), self.tail[0])
+        self.past_tail = True
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.block.__dict__.pop("forward", None)
+
+
+def _install_order(off: "Offload", blocks: List[torch.nn.Module], chosen: List[int],
+                   tails: bool) -> bool:
+    """Hooks every streamed block, and every block just before one (which makes its wait).
+    The first streamed block's wait, where it has a tail but no block before it has one, is
+    made at the end of the pass before (by the last streamed block: an op at the first block's
+    input would change how the compiler fuses the embeddings into what follows; _release
+    refuses a pass that follows one that ended early). Returns whether it is."""
+    group_of = {b: g for g, b in enumerate(chosen)}
+    tail_of = {}
+    for b in set(chosen) | {b - 1 for b in chosen if b > 0}:
+        tail_of[b] = _tail_of(blocks[b]) if tails else None
+    first, last = chosen[0], chosen[-1]
+    first_at_end = (tail_of[first] is not None and
+                    not (first > 0 and tail_of[first - 1] is not None))
+    for b in sorted(tail_of):
+        waits = []
+        if group_of.get(b + 1) is not None and tail_of[b] is not None:
+            waits.append(group_of[b + 1])
+        if b == last and first_at_end:
+            waits.append(0)
+        entry = group_of.get(b)
+        if entry is not None and ((b > 0 and tail_of.get(b - 1) is not None) or
+                                  (b == first and first_at_end)):
+            entry = None  # made by the block before, or at the end of the pass before
+        order = _BlockOrder(off, b, blocks[b], entry, group_of.get(b), waits, tail_of[b])
+        if order.entry_wait is None and order.release is None and not order.waits:
+            continue
+        order.install()
+        off._orders.append(order)
+    return first_at_end
 
 
 def _checkpoint_table(checkpoint) -> Dict[str, tuple]:
@@ -270,7 +439,8 @@ def _disk_groups(checkpoint, names: List[List[str]], params: List[List[torch.nn.
 def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequence[torch.nn.Module]] = None,
             group_size: Optional[int] = None, last: int = 1, budget_bytes: Optional[int] = None,
             layers: Optional[Sequence[int]] = None, prefetch: int = 1, source: str = "cpu",
-            checkpoint: Any = None, prefix: str = "", io: str = "auto") -> Offload:
+            checkpoint: Any = None, prefix: str = "", io: str = "auto",
+            tails: bool = True) -> Offload:
     """Streams some of `model`'s blocks into static slots on `device` (default: where the
     model's first parameter is, else cuda:0). Which: `layers` (indices into the blocks), or
     `group_size`/`last`, or `budget_bytes` (see choose_layers); default every block. `source`:
@@ -279,7 +449,10 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     after `prefix`, at every use; the streamed parameters may then be on the meta device).
     Every other parameter and buffer moves to `device`. Host memory grows by the streamed bytes
     (the arena) while each streamed parameter's own memory is freed as its bytes move there.
-    Returns an Offload; its undo() makes the model resident again."""
+    `tails`: order the copies right after each block's last weight-using module (see the
+    module's doc: torch.compile then fuses across blocks as in the resident model); False: at
+    the blocks' inputs and outputs. Returns an Offload; its undo() makes the model resident
+    again."""
     if source not in ("cpu", "disk"):
         raise ValueError(f'offload: source must be "cpu" or "disk", not {source!r}')
     if source == "disk" and checkpoint is None:
@@ -364,6 +537,7 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     off._last_group = len(chosen) - 1
     _live[off.handle] = off
     stream.prime(_compute_stream(device))
-    for g, block in enumerate(off._blocks):
-        _hook(block, off, g)
+    off._first_at_end = _install_order(off, blocks, chosen, tails)
+    if off._first_at_end:
+        _wait(None, off.handle, 0)  # for the first pass
     return off

@@ -52,6 +52,8 @@ void SourceFile::choose(const PlatformFile& file) {
   }
   if (_mode == IoMode::Auto && _writing) {
     _reason = "writes bypass the page cache where the file system allows";
+  } else if (_mode == IoMode::Auto && !page_cache_residency_measured()) {
+    _reason = "this system cannot report page-cache residency: unbuffered where allowed";
   } else if (_mode == IoMode::Auto) {
     // A file mostly in the page cache reads far faster through it than from the device.
     const double cached = file.residency(kResidencyMaxAge);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -13,6 +12,7 @@
 #include "ferry/error.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
+#include "platform/thread_barrier.hpp"
 
 namespace ferry {
 namespace {
@@ -187,7 +187,8 @@ class RawFile {
     const std::size_t threads = _buffers.size();
     const std::uint64_t batches = (_count + _batch - 1) / _batch;
     std::atomic<bool> failed{false};
-    std::barrier meet(static_cast<std::ptrdiff_t>(threads), [&]() noexcept {
+    // Not std::barrier: it loses wake-ups in the Windows build (platform/thread_barrier.hpp).
+    detail::ThreadBarrier meet(threads, [&]() noexcept {
       if (writing && !detail::sync_data(fd)) failed = true;
     });
     const auto start = Clock::now();

@@ -128,9 +128,10 @@ Backend parse_backend(std::string_view text) {
   if (text == "auto") return Backend::Auto;
   if (text == "cufile") return Backend::Cufile;
   if (text == "posix") return Backend::Posix;
-  if (text == "directstorage") return Backend::DirectStorage;
-  detail::fail<std::invalid_argument>("unknown backend \"", text,
-                                      "\": expected auto, cufile, posix or directstorage");
+  // "dstorage": the name of Microsoft's DLL, which users and the issue use for it too.
+  if (text == "directstorage" || text == "dstorage") return Backend::DirectStorage;
+  detail::fail<std::invalid_argument>(
+      "unknown backend \"", text, "\": expected auto, cufile, posix or directstorage (dstorage)");
 }
 
 std::string_view io_path_name(IoPath path) {

@@ -12,11 +12,11 @@
 #include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "io/source_file.hpp"
-#include "shim/cuda_driver.hpp"
-#include "shim/nccl.hpp"
 #include "load/settings.hpp"
+#include "platform/file.hpp"
 #include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"
+#include "shim/nccl.hpp"
 
 namespace ferry {
 namespace {
@@ -105,6 +105,13 @@ NcclFacts nccl_facts() {
 std::string filesystem_name(const std::filesystem::path& path) {
   return detail::filesystem_name(utf8_of(path));
 }
+
+StorageFacts storage_facts(const std::filesystem::path& path) {
+  const std::string utf8 = utf8_of(path);
+  return {detail::nvme_verdict(utf8), detail::bypass_io_verdict(utf8)};
+}
+
+bool page_cache_residency_measured() { return detail::page_cache_residency_measured(); }
 
 double page_cache_fraction(const std::filesystem::path& file) {
   const auto fd = detail::open_for_reading(file);

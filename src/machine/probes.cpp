@@ -1,6 +1,4 @@
 // The measurements `ferry doctor` takes: copy bandwidth, O_DIRECT, read throughput.
-#include "ferry/machine.hpp"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -9,6 +7,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
+#include "ferry/machine.hpp"
 #include "io/source_file.hpp"
 #include "shim/cuda_driver.hpp"
 
@@ -54,15 +53,20 @@ CopyBandwidth measure_host_to_device(int device, std::uint64_t bytes, int repeat
 }
 
 DirectProbe probe_direct(const std::filesystem::path& file) {
+#ifdef _WIN32
+  const std::string flag = "FILE_FLAG_NO_BUFFERING";
+#else
+  const std::string flag = "O_DIRECT";
+#endif
   detail::FileDescriptor fd = detail::try_open_direct(file);
-  if (!fd) return {false, std::string("open with O_DIRECT refused: ") + std::strerror(errno)};
+  if (!fd) return {false, "open with " + flag + " refused: " + std::strerror(errno), flag};
   detail::HostBuffer buffer(detail::kDirectAlignment, nullptr);
   try {
     detail::read_up_to(fd, buffer.data(), detail::kDirectAlignment, 0, file);
   } catch (const std::exception& e) {
-    return {false, std::string("aligned O_DIRECT read failed: ") + e.what()};
+    return {false, "aligned " + flag + " read failed: " + e.what(), flag};
   }
-  return {true, "aligned O_DIRECT reads work"};
+  return {true, "aligned " + flag + " reads work", flag};
 }
 
 double measure_read(const std::vector<std::filesystem::path>& files, IoMode mode, unsigned threads,

@@ -112,6 +112,8 @@ class PlatformFile {
 // per 4 GB, a third of a warm 16 GB load on an H200 host). 0 where it cannot be measured.
 inline constexpr std::uint64_t kResidencySamplePages = 16384;
 double page_cache_fraction(NativeFile file, std::uint64_t size);
+// Whether page_cache_fraction measures (Linux: mincore) or cannot tell and answers 0 (Windows).
+bool page_cache_residency_measured() noexcept;
 
 // The identity of the regular file `path` names now (stat; on Windows its handle's information),
 // or nullopt where there is none or it is not a regular file.

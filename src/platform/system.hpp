@@ -40,4 +40,15 @@ std::filesystem::path user_cache_directory();
 // "unknown (why)".
 std::string filesystem_name(const std::string& path);
 
+// Whether the disks under the file system holding `path` (UTF-8) are NVMe, as the system reports
+// it: "yes: <disks>", "no: <which disk is on what>" or "unknown: <why>", never a guess. Linux asks
+// sysfs for the block device; Windows asks the volume's disks (IOCTL_STORAGE_QUERY_PROPERTY).
+std::string nvme_verdict(const std::string& path);
+
+// Whether BypassIO (Windows 11's path for non-cached reads from the file system straight to the
+// storage driver, which DirectStorage uses) is allowed for the file or directory `path` (UTF-8):
+// "on: ...", "off: <the driver that vetoes it and why>" or "unknown: <why>". Empty where the
+// system has no BypassIO (all but Windows).
+std::string bypass_io_verdict(const std::string& path);
+
 }  // namespace ferry::detail

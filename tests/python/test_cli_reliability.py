@@ -4,6 +4,7 @@ that runs out (issue 12)."""
 
 import json
 import os
+import re
 import resource
 import struct
 import subprocess
@@ -79,6 +80,18 @@ def test_doctor_on_a_device_says_what_it_is(run_ferry):
     assert r.returncode == 1
     assert "/dev/zero: not a regular file or a directory" in r.stderr, r.stderr
     assert "no such file" not in r.stderr.lower()
+
+
+def test_doctor_storage_facts_are_a_value_and_a_reason(run_ferry, good):
+    r = run_ferry("doctor", good, "--json", "--read-limit-gib", "0.001")
+    assert r.returncode == 0, r.stderr
+    path = json.loads(r.stdout)["path"]
+    assert re.fullmatch(r"(yes|no|unknown): .+", path["storage"]["nvme"]), path["storage"]
+    assert "bypass_io" not in path["storage"]  # Windows alone has BypassIO
+    assert path["odirect"]["flag"] == "O_DIRECT"
+    assert 0 <= path["page_cache_fraction"] <= 1  # Linux measures it (mincore)
+    text = run_ferry("doctor", good, "--read-limit-gib", "0.001").stdout
+    assert "  NVMe: " + path["storage"]["nvme"] + "\n" in text, text
 
 
 def test_doctor_on_a_missing_path_says_so(run_ferry, tmp_path):

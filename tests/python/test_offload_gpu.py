@@ -64,6 +64,15 @@ def offloaded(**kw):
     return model, ferry.torch.offload(model, **kw)
 
 
+def from_disk(reference, checkpoint, **kw):
+    """A model whose streamed layers' own weights differ: only the checkpoint's are used."""
+    model = llama(seed=5)
+    model.model.embed_tokens.load_state_dict(reference[0].model.embed_tokens.state_dict())
+    model.model.norm.load_state_dict(reference[0].model.norm.state_dict())
+    model.lm_head.load_state_dict(reference[0].lm_head.state_dict())
+    return model, ferry.torch.offload(model, source="disk", checkpoint=checkpoint, **kw)
+
+
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
 @pytest.mark.parametrize("selection", [{}, {"group_size": 2, "last": 1}])
 def test_eager_from_pinned_memory(reference, prefetch, selection):
@@ -77,37 +86,40 @@ def test_eager_from_pinned_memory(reference, prefetch, selection):
 
 @pytest.mark.parametrize("io", ["direct", "buffered"])
 def test_eager_from_disk(reference, checkpoint, io):
-    model = llama(seed=5)  # the streamed layers' own weights differ: only the file's are used
-    model.model.embed_tokens.load_state_dict(reference[0].model.embed_tokens.state_dict())
-    model.model.norm.load_state_dict(reference[0].model.norm.state_dict())
-    model.lm_head.load_state_dict(reference[0].lm_head.state_dict())
-    ferry.torch.offload(model, source="disk", checkpoint=checkpoint, prefetch=2, io=io)
+    model, _ = from_disk(reference, checkpoint, prefetch=2, io=io)
     for _ in range(2):
         for ids, want in zip(batches(), reference[1]):
             assert torch.equal(logits(model, ids), want)
 
 
-def test_torch_compile(reference):
+@pytest.fixture(scope="module")
+def compiled_reference(reference):
+    """The resident model's logits compiled (Inductor fuses each block's residual add into the
+    next block's input norm, keeping the sum in fp32: other bits than eager)."""
     if not hasattr(torch, "compile"):
         pytest.skip("torch.compile needs torch 2")
-    # Compiled, an offloaded model is another graph than the resident one: the ops that order
-    # the copies stand between the blocks, where Inductor would fuse (a residual add into the
-    # next norm, the sum kept in fp32), so its rounding differs by construction. The same compile
-    # with every streamed block in a slot of its own (never refilled) runs the same kernels:
-    # streamed through 2 slots, the bits must be those.
-    blocks = len(reference[0].model.layers)
-    still, _ = offloaded(prefetch=blocks)
-    model, off = offloaded(prefetch=2)
-    want_model, got_model = torch.compile(still), torch.compile(model)
+    compiled = torch.compile(reference[0])
+    return [logits(compiled, ids) for ids in batches()]
+
+
+@pytest.mark.parametrize("prefetch, selection", [(2, {}), (1, {"group_size": 2, "last": 1}),
+                                                 (2, {"source": "disk"})])
+def test_torch_compile(reference, compiled_reference, checkpoint, prefetch, selection):
+    # The stream's ops stand right after each block's down projection, where the resident graph
+    # fuses nothing across them: compiled, the offloaded model runs the resident model's kernels.
+    # With every 2nd layer streamed, the resident layer before each streamed one makes its wait.
+    if selection.get("source") == "disk":
+        model, off = from_disk(reference, checkpoint, prefetch=prefetch)
+    else:
+        model, off = offloaded(prefetch=prefetch, **selection)
+    compiled = torch.compile(model)
     for _ in range(2):
-        for ids, eager in zip(batches(), reference[1]):
-            want = logits(want_model, ids)
-            got = logits(got_model, ids)
+        for ids, want in zip(batches(), compiled_reference):
+            got = logits(compiled, ids)
             assert torch.equal(got, want), (got.float() - want.float()).abs().max()
-            # And near the resident model's eager logits: another rounding, not other weights
-            # (those would move logits of this random model by several units).
-            assert (got.float() - eager.float()).abs().max() < 0.5
-    assert off.stats()["hits"] > 0 and off.stats()["fills"] > blocks
+    stats = off.stats()
+    assert stats["hits"] > 0 and stats["fills"] > len(off.layers)  # the slots were refilled
+    assert stats["demand_fills"] == 0
 
 
 def capture(model, static):
@@ -139,7 +151,11 @@ def test_cuda_graph_capture_and_replay(reference, prefetch):
             resident_graph.replay()
             graph.replay()
             assert torch.equal(got, want)
-    assert off.stats()["skipped_waits"] > 0
+    if prefetch > 1:
+        # The captured pass's first wait (made at block 0's down projection) is for a copy
+        # issued before the capture, by the eager pass's last blocks: left to the capture's
+        # ordering. With one slot, every copy the captured pass waits for is issued in it.
+        assert off.stats()["skipped_waits"] > 0
     # Eager passes still work after capture and replays.
     for ids, eager in zip(batches(), reference[1]):
         assert torch.equal(logits(model, ids), eager)

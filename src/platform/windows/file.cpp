@@ -138,6 +138,7 @@ void PlatformFile::sync() const {
 // Windows offers no documented way to ask which pages of a file its cache holds: residency is
 // "unknown" (0), so auto reads unbuffered, the choice that is right for a cold cache.
 double page_cache_fraction(NativeFile, std::uint64_t size) { return size == 0 ? 1.0 : 0.0; }
+bool page_cache_residency_measured() noexcept { return false; }
 
 // Nothing to cache: page_cache_fraction answers at once on Windows.
 double PlatformFile::residency(double) const {
