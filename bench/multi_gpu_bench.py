@@ -5,6 +5,7 @@ independent single-GPU loads at once, and the NCCL all-gather rate measured in t
 
 usage: multi_gpu_bench.py --ferry BIN --dir CHECKPOINTS [--model llama3-8b] [--gpus N]
                           [--runs 3] [--sources warm cold] [--json OUT] [--no-peers] [--sweep]
+                          [--page-cache-pin 64GiB]
 
 Before the loads it prints the machine's facts (cores, NUMA nodes and which one each GPU sits on,
 pinned host -> GPU copies one GPU at a time and all at once, page cache -> pinned memory reads and
@@ -13,6 +14,10 @@ wall time, the reader threads' busy time split into reading, waiting for copies 
 each GPU's host link rate, and the collectives' tail). --sweep loads again with each engine knob
 changed (reader threads per GPU, slots, read size, round size, when the next round starts) and
 prints one row per variant. --no-peers leaves out torch.distributed and fastsafetensors.
+--page-cache-pin SIZE also loads warm with page-cache DMA (files registered with the driver once,
+then copied straight from the page cache): single GPU, replicas and tensor parallel, each in a
+process of its own whose first load registers and whose later loads are measured, printed beside
+the default loads as x one single-GPU load of the same kind and of the default kind.
 
 Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 (NVLink multicast can take a host's GPUs out of service). Cold runs drop
@@ -364,7 +369,7 @@ def best_of(runs, key="seconds"):
     return min(runs, key=lambda r: r[key])
 
 
-def measure(binary, path, n, runs, cold):
+def measure(binary, path, n, runs, cold, dma_args=()):
     def load(devices, extra=()):
         if not cold:
             return best_of(ferry_json(binary, path, devices, runs, extra))
@@ -379,10 +384,73 @@ def measure(binary, path, n, runs, cold):
     replicas = load(gpus)
     tp = load(gpus, ["--tensor-parallel"])
     indep = [independent(binary, path, n, cold) for _ in range(1 if cold else runs)]
-    return {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
-                       "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
-            "independent": min(indep, key=lambda r: r["seconds"]),
-            "replicas": replicas, "tensor_parallel": tp}
+    out = {"single": {"seconds": single["seconds"], "bytes_read": single["bytes_read"],
+                      "gigabytes_per_second": single["gigabytes_per_second"], "stats": single},
+           "independent": min(indep, key=lambda r: r["seconds"]),
+           "replicas": replicas, "tensor_parallel": tp}
+    if dma_args and not cold:
+        out["dma"] = page_cache_dma(binary, path, n, runs, dma_args)
+    return out
+
+
+def page_cache_dma(binary, path, n, runs, dma_args):
+    """Single GPU, replicas and tensor parallel with page-cache DMA on: in one process each, a
+    first load that registers the files, then `runs` loads that copy straight from the kept
+    registrations (the best of those is the figure; the first is reported beside it)."""
+    gpus = ",".join(f"cuda:{i}" for i in range(n))
+    out = {}
+    for key, devices, extra in (("single", "cuda:0", []), ("replicas", gpus, []),
+                                ("tensor_parallel", gpus, ["--tensor-parallel"])):
+        got = ferry_json(binary, path, devices, runs + 1, [*dma_args, *extra])
+        out[key] = best_of(got[1:])
+        out[key]["first_load_seconds"] = got[0]["seconds"]
+    for streams in (1, 2):  # the default is 4 copy streams per GPU
+        for key, extra in (("replicas", []), ("tensor_parallel", ["--tensor-parallel"])):
+            got = ferry_json(binary, path, gpus, runs + 1,
+                             [*dma_args, *extra, "--copy-streams", str(streams)])
+            out[f"{key}_{streams}_streams"] = best_of(got[1:])
+            out[f"{key}_{streams}_streams"]["first_load_seconds"] = got[0]["seconds"]
+    return out
+
+
+def dma_report(n, m):
+    """Default (staged) beside page-cache DMA, each as seconds and x one single-GPU load: of
+    the same kind (like with like) and of the default single-GPU load."""
+    d = m["dma"]
+    single, single_dma = m["single"]["seconds"], d["single"]["seconds"]
+    print(f"\nwarm, default beside page-cache DMA (second load in one process, after a first that "
+          f"registered the files)")
+    print(f"{'load':28} {'default':>8} {'x single':>9} {'DMA':>8} {'x single DMA':>13} "
+          f"{'x single default':>17} {'DMA GB/s':>9} {'first DMA load':>15}")
+    rows = (("single GPU", m["single"], d["single"]), (f"replicas on {n}", m["replicas"],
+            d["replicas"]), (f"tensor parallel on {n}", m["tensor_parallel"], d["tensor_parallel"]))
+    for streams in (1, 2):
+        rows += ((f"replicas, {streams} stream(s)/GPU", m["replicas"], d[f"replicas_{streams}_streams"]),
+                 (f"TP, {streams} stream(s)/GPU", m["tensor_parallel"],
+                  d[f"tensor_parallel_{streams}_streams"]))
+    for name, default, dma in rows:
+        print(f"{name:28} {default['seconds']:8.3f} {default['seconds'] / single:9.2f} "
+              f"{dma['seconds']:8.3f} {dma['seconds'] / single_dma:13.2f} "
+              f"{dma['seconds'] / single:17.2f} {dma.get('gigabytes_per_second', 0):9.1f} "
+              f"{dma['first_load_seconds']:14.3f}s")
+    for name, r in (("single", d["single"]), ("replicas", d["replicas"]),
+                    ("tensor parallel", d["tensor_parallel"])):
+        dma_bytes = r.get("bytes_from_registered_page_cache", 0)
+        print(f"  {name}: {dma_bytes / 1e9:.2f} of {r['bytes_read'] / 1e9:.2f} GB read by DMA from "
+              f"registered page-cache mappings; files: " + "; ".join(
+                  f"{os.path.basename(f['path'])} {f['io_path']}" for f in r.get("files", [])))
+    targets = {
+        "issue15_replicas_dma_vs_single_dma": (d["replicas"]["seconds"] / single_dma, 0.6),
+        "issue15_tp_dma_vs_single_dma": (d["tensor_parallel"]["seconds"] / single_dma, 0.55),
+        "issue15_replicas_dma_vs_single_default": (d["replicas"]["seconds"] / single, 0.6),
+        "issue15_tp_dma_vs_single_default": (d["tensor_parallel"]["seconds"] / single, 0.55),
+    }
+    for k, (got, want) in targets.items():
+        print(f"  {k:40} {got:6.3f} (target <= {want}) {'met' if got <= want else 'MISSED'}")
+    print("  where the time went (DMA):")
+    print("    " + phases_line("replicas", d["replicas"]))
+    print("    " + phases_line("tensor parallel", d["tensor_parallel"]))
+    return {k: {"value": v, "target": w} for k, (v, w) in targets.items()}
 
 
 def init_nccl(dist, rank, n):
@@ -550,8 +618,9 @@ def report(source, n, m, gather_gbps):
             (f"replicas on {n}", m["replicas"]["seconds"], m["replicas"]["bytes_read"]),
             (f"tensor parallel on {n}", m["tensor_parallel"]["seconds"],
              m["tensor_parallel"]["bytes_read"])]
-    print(f"\n{source}: {ckpt / 1e9:.2f} GB checkpoint, {n} GPUs, NCCL all-gather "
-          f"{gather_gbps:.0f} GB/s")
+    measured = gather_gbps == gather_gbps  # nan: --no-peers left the probe out
+    gather_text = f"{gather_gbps:.0f} GB/s" if measured else "not measured (--no-peers)"
+    print(f"\n{source}: {ckpt / 1e9:.2f} GB checkpoint, {n} GPUs, NCCL all-gather {gather_text}")
     print(f"{'load':28} {'seconds':>8} {'x single':>9} {'read x ckpt':>12} {'aggregate GB/s':>15}")
     for name, sec, read in rows:
         landed = ckpt * (n if "replicas" in name or "independent" in name else 1)
@@ -579,6 +648,8 @@ def report(source, n, m, gather_gbps):
         "bytes_read_replicas": (r["bytes_read"] / ckpt, 1.0),
         "bytes_read_tp": (t["bytes_read"] / ckpt, 1.0),
     }
+    if not measured:  # its model needs the all-gather rate
+        del targets["issue17_replicas_vs_model"]
     if source == "cold":
         # Storage, not the GPUs' links, sets the pace: reading each byte once is all that helps.
         print(f"  storage-bound: one cold read of the checkpoint at {ckpt / single / 1e9:.1f} GB/s; "
@@ -602,6 +673,9 @@ def main():
     ap.add_argument("--no-peers", action="store_true",
                     help="leave out torch.distributed and fastsafetensors")
     ap.add_argument("--sweep", action="store_true", help="one row per engine knob changed")
+    ap.add_argument("--page-cache-pin", default="",
+                    help="also load warm with page-cache DMA and this registration budget (e.g. "
+                         "64GiB): single GPU, replicas and tensor parallel, second load")
     args = ap.parse_args()
     import torch
     n = args.gpus or torch.cuda.device_count()
@@ -632,7 +706,8 @@ def main():
         cold = source == "cold"
         if not cold:
             warm_page_cache(path)
-        m = measure(args.ferry, path, n, args.runs, cold)
+        m = measure(args.ferry, path, n, args.runs, cold,
+                    ["--page-cache-pin", args.page_cache_pin] if args.page_cache_pin else [])
         runs = 1 if cold else args.runs
         if not args.no_peers:
             m["torch_replicas"] = torch_distributed(path, n, None, runs, cold)
@@ -657,6 +732,8 @@ def main():
                   f"(best probe), {shared_s:.3f} s beside the GPUs' DMA ({under:.1f} GB/s): the "
                   f"host's memory bandwidth; targets: replicas <= {0.6 * single:.3f} s, tensor "
                   f"parallel <= {0.55 * single:.3f} s")
+        if "dma" in m:
+            m["dma_targets"] = dma_report(n, m)
         print("where the time went:")
         print("  " + single_line(m["single"]["stats"]))
         print("  " + phases_line("replicas", m["replicas"]))

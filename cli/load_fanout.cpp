@@ -34,6 +34,13 @@ void print_stats(std::FILE* out, const FanoutStats& s, bool tensor_parallel) {
   std::fprintf(out, "read from storage: %s (%.3f x the checkpoint)\n",
                human_bytes(s.bytes_read).c_str(),
                s.checkpoint_bytes ? static_cast<double>(s.bytes_read) / s.checkpoint_bytes : 0.0);
+  if (s.bytes_from_registered_page_cache > 0)
+    std::fprintf(out,
+                 "page-cache DMA: %s copied by the GPUs straight from registered page-cache "
+                 "mappings (no staging), %u streams per GPU; %.3f s registering files in this "
+                 "load\n",
+                 human_bytes(s.bytes_from_registered_page_cache).c_str(), s.direct_streams,
+                 s.page_cache_register_seconds);
   for (const auto& r : s.ranks)
     std::fprintf(out, "%s: holds %s (%.2f GB/s); host link %s, from other GPUs %s\n",
                  r.device.c_str(), human_bytes(r.tensor_bytes).c_str(), r.gigabytes_per_second(),

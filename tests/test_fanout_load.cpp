@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
+#include "fanout/direct_reads.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout_load.hpp"
+#include "platform/file_mapping.hpp"
 #include "shard_reference.hpp"
 #include "test_support.hpp"
+#include "transfer/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {
@@ -100,6 +104,177 @@ TEST(FanoutLoad, TensorParallelOnHostRanks) {
   }
 }
 
+// Stands in for registered page-cache mappings: the files named in `mapped` held whole in host
+// memory, the others staged with a refusal of their own.
+detail::MapSources host_copies_of(std::vector<bool> mapped, std::uint64_t cut = 0) {
+  return [mapped, cut](const Checkpoint& ckpt, const std::vector<bool>& used,
+                       std::span<const Device>, const LoadOptions&) {
+    std::vector<detail::MappedSource> out(ckpt.files().size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      EXPECT_TRUE(used[i]) << "file " << i << " is read by the plan";
+      if (!mapped[i]) {
+        out[i].reason = "test: refused";
+        continue;
+      }
+      auto bytes = std::make_shared<std::vector<std::byte>>(
+          std::filesystem::file_size(ckpt.files()[i].path) - cut);
+      std::ifstream in(ckpt.files()[i].path, std::ios::binary);
+      in.read(reinterpret_cast<char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+      out[i] = {bytes->data(), bytes->size(), bytes, "test: held in host memory"};
+    }
+    return out;
+  };
+}
+
+TEST(FanoutLoad, DirectCopiesFromMappedFilesMatchTheHostPath) {
+  TempDir dir;
+  auto specs = model_specs();
+  const std::vector<TensorSpec> first(specs.begin(), specs.begin() + 4);
+  const std::vector<TensorSpec> second(specs.begin() + 4, specs.end());
+  auto written = test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", first, 30);
+  written.merge(
+      test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors", second, 31));
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  ASSERT_EQ(ckpt->files().size(), 2u);
+  std::uint64_t first_bytes = 0;
+  for (const TensorInfo& t : ckpt->tensors())
+    if (t.file_index == 0) first_bytes += t.size;
+  for (const std::vector<bool>& mapped : {std::vector<bool>{true, true}, {true, false}})
+    for (unsigned n : {1u, 2u, 3u})
+      for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)}) {
+        FanoutOptions o;
+        o.devices.assign(n, Device::cpu());
+        o.rule = rule;
+        o.round_bytes = 700;  // many rounds: scratch banks reused
+        o.load.chunk_bytes = 1000;
+        o.load.io = IoMode::Buffered;
+        const detail::MapSources map = host_copies_of(mapped);
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          const FanoutLoad loaded = detail::load_fanout(ckpt, o, map);
+          expect_ranks_match_host(loaded, written);
+          const FanoutStats& s = loaded.stats();
+          EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+          EXPECT_EQ(s.bytes_from_registered_page_cache,
+                    mapped[1] ? s.checkpoint_bytes : first_bytes);
+          bool saw_direct = false, saw_staged = false;
+          for (const FileLoadStats& f : s.files) {
+            if (f.io_path == IoPath::PageCacheDma) {
+              saw_direct = true;
+              EXPECT_EQ(f.reason, "test: held in host memory");
+            } else {
+              saw_staged = true;
+              EXPECT_NE(f.reason.find("test: refused"), std::string::npos) << f.reason;
+            }
+          }
+          EXPECT_TRUE(saw_direct);
+          EXPECT_EQ(saw_staged, !mapped[1]);
+        }
+      }
+}
+
+// The process's page-cache registry over a host stand-in for the driver (it serves cpu ranks):
+// the option registers each shard once, later loads copy from the kept registrations; a budget
+// that holds one shard leaves the other staged, saying why; the option off registers nothing.
+TEST(FanoutLoad, RegisteredPageCacheOnHostRanks) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  int registered = 0;
+  detail::PageCacheRegistrar stand_in;
+  stand_in.name = "host stand-in";
+  stand_in.serves = [](const Device& d) { return !d.is_cuda(); };
+  stand_in.register_range = [&](const std::byte*, std::uint64_t) { ++registered; };
+  stand_in.unregister_range = [](const std::byte*) {};
+  detail::ScopedPageCacheRegistry scoped(stand_in);
+  TempDir dir;
+  auto specs = model_specs();
+  const std::vector<TensorSpec> first(specs.begin(), specs.begin() + 4);
+  const std::vector<TensorSpec> second(specs.begin() + 4, specs.end());
+  auto written = test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", first, 33);
+  written.merge(
+      test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors", second, 34));
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  o.rule = llama_tensor_parallel;
+  o.round_bytes = 700;
+  o.load.chunk_bytes = 1000;
+  o.load.io = IoMode::Buffered;
+  expect_ranks_match_host(load_fanout(ckpt, o), written);
+  EXPECT_EQ(registered, 0) << "the option is off";
+  o.load.page_cache_pin_bytes = 1 << 30;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    const FanoutLoad loaded = load_fanout(ckpt, o);
+    expect_ranks_match_host(loaded, written);
+    const FanoutStats& s = loaded.stats();
+    EXPECT_EQ(registered, 2) << "each shard registered once, by the first load";
+    EXPECT_EQ(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+    EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+    ASSERT_EQ(s.files.size(), 2u);
+    for (const FileLoadStats& f : s.files) {
+      EXPECT_EQ(f.io_path, IoPath::PageCacheDma);
+      EXPECT_NE(f.reason.find(repeat ? "an earlier load" : "this load"), std::string::npos)
+          << f.reason;
+    }
+  }
+  scoped.registry().release_idle();
+  o.load.page_cache_pin_bytes = ckpt->files()[0].size;
+  const FanoutLoad loaded = load_fanout(ckpt, o);
+  expect_ranks_match_host(loaded, written);
+  const FanoutStats& s = loaded.stats();
+  EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+  EXPECT_GT(s.bytes_from_registered_page_cache, 0u);
+  EXPECT_LT(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+  for (const FileLoadStats& f : s.files)
+    if (f.path == ckpt->files()[1].path) {
+      EXPECT_EQ(f.io_path, IoPath::Buffered);
+      EXPECT_NE(f.reason.find("no page-cache DMA"), std::string::npos) << f.reason;
+    }
+}
+
+// A rank's copies of a round are cut into one contiguous part per stream (at least the minimum
+// part each), across copy boundaries; every byte lands once, where it belongs.
+TEST(FanoutLoad, DirectCopiesShareARoundAmongStreams) {
+  const auto source = test::random_bytes(1000, 35);
+  for (unsigned streams : {1u, 2u, 3u, 7u})
+    for (std::uint64_t min_part : {1u, 100u, 400u, 5000u}) {
+      std::vector<std::byte> a(1200, std::byte{0}), b(1200, std::byte{0});
+      const auto at = [](std::vector<std::byte>& v, std::size_t i) {
+        return reinterpret_cast<std::uintptr_t>(v.data() + i);
+      };
+      // Three copies into rank 0 (one of them out of source order), one into rank 1.
+      const std::vector<detail::DirectCopy> to_a = {{at(a, 0), source.data(), 333},
+                                                    {at(a, 700), source.data() + 600, 400},
+                                                    {at(a, 400), source.data() + 333, 267}};
+      const std::vector<detail::DirectCopy> to_b = {{at(b, 5), source.data(), 1000}};
+      const std::vector<Device> devices = {Device::cpu(), Device::cpu()};
+      detail::DirectCopies copies(devices, streams, min_part);
+      EXPECT_TRUE(copies.queue(0, to_a).empty()) << "host copies ran at once";
+      EXPECT_TRUE(copies.queue(1, to_b).empty());
+      copies.drain();
+      EXPECT_EQ(std::memcmp(a.data(), source.data(), 333), 0);
+      EXPECT_EQ(std::memcmp(a.data() + 400, source.data() + 333, 267), 0);
+      EXPECT_EQ(std::memcmp(a.data() + 700, source.data() + 600, 400), 0);
+      EXPECT_EQ(a[333], std::byte{0});
+      EXPECT_EQ(a[1100], std::byte{0});
+      EXPECT_EQ(std::memcmp(b.data() + 5, source.data(), 1000), 0);
+      EXPECT_EQ(b[4], std::byte{0});
+    }
+}
+
+TEST(FanoutLoad, AReadOutsideItsMappingIsAClearError) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, model_specs(), 32);
+  auto ckpt = Checkpoint::open_shared(file);
+  FanoutOptions o;
+  o.devices = {Device::cpu(), Device::cpu()};
+  try {
+    detail::load_fanout(ckpt, o, host_copies_of({true}, 100));
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside its mapping"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FanoutLoad, SelectedNamesOnly) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
@@ -122,57 +297,88 @@ TEST(FanoutLoad, SelectedNamesOnly) {
 
 // One process per rank, played by one thread: each rank reads its own share of each round
 // (read_fanout_round), then the test moves bytes between ranks as torch.distributed would.
+// Returns what the ranks' reads counted: bytes read, of which from registered page cache.
+std::pair<std::uint64_t, std::uint64_t> load_rank_by_rank(
+    const Checkpoint& ckpt, unsigned n, const LoadOptions& o,
+    const std::map<std::string, std::vector<std::byte>>& written) {
+  FanoutPlanOptions po;
+  po.round_bytes = 700;
+  po.chunk_bytes = 1500;
+  const FanoutPlan plan = plan_fanout(ckpt, n, llama_tensor_parallel, {}, po);
+  std::vector<std::vector<std::byte>> memory(n), scratch(n);
+  for (unsigned r = 0; r < n; ++r) {
+    memory[r].resize(plan.layouts[r].dest_bytes);
+    scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
+  }
+  std::uint64_t read = 0, registered = 0;
+  for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
+    for (unsigned r = 0; r < n; ++r) {
+      const LoadStats s = read_fanout_round(ckpt, plan, k, r, Device::cpu(), memory[r].data(),
+                                            scratch[r].data(), o);
+      read += s.bytes_read;
+      registered += s.bytes_from_registered_page_cache;
+    }
+    const FanoutRound& round = plan.rounds[k];
+    for (const FanoutScatter& sc : round.scatters)
+      for (const ScatterPart& part : sc.parts)
+        for (std::uint64_t row = 0; row < sc.rows; ++row)
+          std::memcpy(
+              memory[part.rank].data() + part.dest_offset + row * part.width,
+              scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
+              part.width);
+    for (unsigned from = 0; from < n; ++from)
+      for (unsigned to = 0; to < n; ++to)
+        if (to != from && round.gather_bytes_per_rank > 0)
+          std::memcpy(
+              memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
+              round.gather_bytes_per_rank);
+  }
+  EXPECT_EQ(read, plan.read_bytes);
+  for (unsigned r = 0; r < n; ++r)
+    for (const ShardPiece& p : plan.layouts[r].pieces) {
+      const auto want = test::host_slice(written.at(p.info->name), p);
+      EXPECT_TRUE(want.empty() ||
+                  std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
+          << p.info->name << " on rank " << r;
+    }
+  return {read, registered};
+}
+
 TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
   TempDir dir;
   const auto file = dir / "m.safetensors";
   const auto written = test::write_random_checkpoint(file, model_specs(), 12);
   auto ckpt = Checkpoint::open_shared(file);
-  FanoutPlanOptions po;
-  po.round_bytes = 700;
-  po.chunk_bytes = 1500;
-  for (unsigned n : {2u, 3u}) {
-    const FanoutPlan plan = plan_fanout(*ckpt, n, llama_tensor_parallel, {}, po);
-    std::vector<std::vector<std::byte>> memory(n), scratch(n);
-    for (unsigned r = 0; r < n; ++r) {
-      memory[r].resize(plan.layouts[r].dest_bytes);
-      scratch[r].resize(2 * plan.scratch_bank_bytes[r] + 1);
-    }
-    LoadOptions o;
-    o.io = IoMode::Buffered;
-    std::uint64_t read = 0;
-    for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
-      for (unsigned r = 0; r < n; ++r)
-        read += read_fanout_round(*ckpt, plan, k, r, Device::cpu(), memory[r].data(),
-                                  scratch[r].data(), o)
-                    .bytes_read;
-      const FanoutRound& round = plan.rounds[k];
-      for (const FanoutScatter& sc : round.scatters)
-        for (const ScatterPart& part : sc.parts)
-          for (std::uint64_t row = 0; row < sc.rows; ++row)
-            std::memcpy(
-                memory[part.rank].data() + part.dest_offset + row * part.width,
-                scratch[sc.reader].data() + sc.scratch_offset + row * sc.row_bytes + part.row_begin,
-                part.width);
-      for (unsigned from = 0; from < n; ++from)
-        for (unsigned to = 0; to < n; ++to)
-          if (to != from && round.gather_bytes_per_rank > 0)
-            std::memcpy(
-                memory[to].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                memory[from].data() + round.gather_offset + from * round.gather_bytes_per_rank,
-                round.gather_bytes_per_rank);
-    }
-    EXPECT_EQ(read, plan.read_bytes);
-    for (unsigned r = 0; r < n; ++r)
-      for (const ShardPiece& p : plan.layouts[r].pieces) {
-        const auto want = test::host_slice(written.at(p.info->name), p);
-        EXPECT_TRUE(want.empty() ||
-                    std::memcmp(memory[r].data() + p.dest_offset, want.data(), want.size()) == 0)
-            << p.info->name << " on rank " << r;
-      }
-  }
+  LoadOptions o;
+  o.io = IoMode::Buffered;
+  for (unsigned n : {2u, 3u}) EXPECT_EQ(load_rank_by_rank(*ckpt, n, o, written).second, 0u);
   EXPECT_THROW(read_fanout_round(*ckpt, plan_fanout(*ckpt, 2, replicate_all), 99, 0, Device::cpu(),
                                  nullptr, nullptr, {}),
                std::invalid_argument);
+}
+
+// With page-cache DMA on, each rank's reads come straight from the registered mapping (the
+// staged backend's page-cache path; a host stand-in registrar serves cpu ranks).
+TEST(FanoutLoad, OneProcessPerRankFromTheRegisteredPageCache) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  detail::PageCacheRegistrar stand_in;
+  stand_in.name = "host stand-in";
+  stand_in.serves = [](const Device& d) { return !d.is_cuda(); };
+  stand_in.register_range = [](const std::byte*, std::uint64_t) {};
+  stand_in.unregister_range = [](const std::byte*) {};
+  detail::ScopedPageCacheRegistry scoped(stand_in);
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 14);
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions o;
+  o.io = IoMode::Buffered;
+  o.page_cache_pin_bytes = 1 << 30;
+  for (unsigned n : {2u, 3u}) {
+    const auto [read, registered] = load_rank_by_rank(*ckpt, n, o, written);
+    EXPECT_EQ(registered, read);
+  }
 }
 
 TEST(FanoutLoad, PlanDigestsDifferWhereRanksWouldDisagree) {

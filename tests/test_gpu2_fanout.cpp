@@ -1,6 +1,7 @@
 // Multi-GPU loads from one process (ctest label gpu2; skipped below two GPUs): every rank's
 // tensors and slices bit-exact with a single-GPU load sliced on the host, for replicas and
-// tensor parallelism, uneven splits, tensors smaller than the ranks, safetensors and GGUF.
+// tensor parallelism, uneven splits, tensors smaller than the ranks, safetensors and GGUF, staged
+// and by page-cache DMA (copies straight from registered mappings of the files).
 // On machines with NVLink multicast, run with NCCL_NVLS_ENABLE=0 (tools/gpu_check.sh sets it).
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "shard_reference.hpp"
 #include "shim/cuda_driver.hpp"
 #include "test_support.hpp"
+#include "transfer/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {
@@ -150,6 +152,56 @@ TEST_F(Gpu2, EveryGpuOfTheMachine) {
   o.devices.clear();
   for (int i = n - 1; i >= 0; --i) o.devices.push_back(Device::cuda(i));  // any order
   expect_ranks_match(load_fanout(ckpt, o), reference);
+}
+
+// Page-cache DMA: the first load registers the shards, later ones copy from the registrations it
+// kept; a budget that holds one shard only leaves the other staged, saying why.
+TEST_F(Gpu2, PageCacheDmaReplicasAndSlicesMatchASingleGpuLoad) {
+  TempDir dir;
+  auto specs = model_specs();
+  const std::vector<TensorSpec> first(specs.begin(), specs.begin() + 9);
+  const std::vector<TensorSpec> second(specs.begin() + 9, specs.end());
+  test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", first, 24);
+  test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors", second, 25);
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  ASSERT_EQ(ckpt->files().size(), 2u);
+  const auto reference = single_gpu_bytes(ckpt);
+  detail::page_cache_registry().release_idle();
+  for (ShardRule rule : {ShardRule(replicate_all), ShardRule(llama_tensor_parallel)})
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      FanoutOptions o = on_two_gpus(rule);
+      o.load.page_cache_pin_bytes = 1ull << 30;
+      const FanoutLoad loaded = load_fanout(ckpt, o);
+      expect_ranks_match(loaded, reference);
+      const FanoutStats& s = loaded.stats();
+      EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+      EXPECT_EQ(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+      if (repeat > 0) {
+        EXPECT_EQ(s.page_cache_register_seconds, 0.0);
+      }
+      ASSERT_EQ(s.files.size(), 2u);
+      for (const FileLoadStats& f : s.files) {
+        EXPECT_EQ(f.io_path, IoPath::PageCacheDma) << f.path << ": " << f.reason;
+        EXPECT_GT(f.bytes_read, 0u) << f.path;
+      }
+    }
+  detail::page_cache_registry().release_idle();
+  FanoutOptions one_shard = on_two_gpus(llama_tensor_parallel);
+  one_shard.load.page_cache_pin_bytes = ckpt->files()[0].size;
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    const FanoutLoad loaded = load_fanout(ckpt, one_shard);
+    expect_ranks_match(loaded, reference);
+    const FanoutStats& s = loaded.stats();
+    EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);
+    EXPECT_GT(s.bytes_from_registered_page_cache, 0u);
+    EXPECT_LT(s.bytes_from_registered_page_cache, s.checkpoint_bytes);
+    for (const FileLoadStats& f : s.files)
+      if (f.path == ckpt->files()[1].path) {
+        EXPECT_NE(f.io_path, IoPath::PageCacheDma);
+        EXPECT_NE(f.reason.find("no page-cache DMA"), std::string::npos) << f.reason;
+      }
+  }
+  detail::page_cache_registry().release_idle();
 }
 
 // The C ABI (ferry_checkpoint_load_fanout) on two GPUs: each device's digests equal those of

@@ -32,8 +32,10 @@
 #   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
 #   stream-bench: the benchmarks alone (about 6 minutes with `build`).
 #   mgpu (not in the default; 2+ GPUs): multi-GPU loading (the multi-GPU C++ tests, replicas'
-#   hashes beside a single-GPU load, bench/multi_gpu_bench.py warm with the machine's facts and
-#   bound, ferry only: about 3 minutes with `build`, which then skips the Python package);
+#   hashes beside a single-GPU load, staged and by page-cache DMA, bench/multi_gpu_bench.py warm
+#   with the machine's facts and bound: single GPU, replicas and tensor parallel, each default and
+#   with page-cache DMA (MGPU_PAGE_CACHE_PIN, 64GiB by default; the second load in a process),
+#   ferry only: about 4 minutes with `build`, which then skips the Python package);
 #   mgpu-full: the same plus the torch.distributed tests and the benchmark warm and cold beside
 #   torch.distributed and fastsafetensors (needs `build` with the package); mgpu-sweep: the
 #   multi-GPU C++ tests, the replicas' hashes, then the benchmark warm with the machine's facts,
@@ -406,7 +408,7 @@ mgpu() {
   local gpus
   gpus=$(nvidia-smi -L | wc -l)
   log "multi-GPU tests on $gpus GPUs (ctest -L gpu2; planner and host-rank tests)"
-  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|CApiFanout|Gpu2" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
+  (cd /tmp/build && ctest -R "ShardPlan|FanoutLoad|CApiFanout|Gpu2|PageCacheRegistry" --output-on-failure >"$OUT/ctest-mgpu.log" 2>&1) || \
     { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-mgpu.log" | head -80; }
   grep -E "tests passed|SKIPPED|Skipped" "$OUT/ctest-mgpu.log" | tee -a "$OUT/summary.txt"
   if [ "${1:-}" = full ]; then
@@ -422,18 +424,27 @@ mgpu() {
   "$ferry" load "$ckpts/llama3-8b" --device "$all" --hash >/tmp/hashes/multi.txt 2>/tmp/hashes/multi.log || \
     { status=1; tail -5 /tmp/hashes/multi.log; }
   grep -E "^(loaded|read from|cuda|collectives)" /tmp/hashes/multi.log | tee -a "$OUT/summary.txt"
-  for ((i = 0; i < gpus; i++)); do
-    if grep -P "^cuda:$i\t" /tmp/hashes/multi.txt | cut -f2- | cmp -s - /tmp/hashes/single.txt; then
-      echo "cuda:$i replica: identical to the single-GPU load ($(wc -l </tmp/hashes/single.txt) tensors)" | tee -a "$OUT/summary.txt"
-    else
-      echo "cuda:$i replica: DIFFERENT from the single-GPU load" | tee -a "$OUT/summary.txt"; status=1
-    fi
+  # Page-cache DMA: the second load in the process copies straight from the registrations the
+  # first one made (its hashes are printed).
+  local pin="--page-cache-pin ${MGPU_PAGE_CACHE_PIN:-64GiB}"
+  "$ferry" load "$ckpts/llama3-8b" --device "$all" --hash --repeat 2 $pin >/tmp/hashes/multi-dma.txt \
+    2>/tmp/hashes/multi-dma.log || { status=1; tail -5 /tmp/hashes/multi-dma.log; }
+  awk '/^loaded/ { last = "" } { last = last $0 "\n" } END { printf "%s", last }' /tmp/hashes/multi-dma.log |
+    grep -E "^(loaded|read from|page-cache DMA|path)" | tee -a "$OUT/summary.txt"
+  for run in multi multi-dma; do
+    for ((i = 0; i < gpus; i++)); do
+      if grep -P "^cuda:$i\t" /tmp/hashes/$run.txt | cut -f2- | cmp -s - /tmp/hashes/single.txt; then
+        echo "cuda:$i replica ($run): identical to the single-GPU load ($(wc -l </tmp/hashes/single.txt) tensors)" | tee -a "$OUT/summary.txt"
+      else
+        echo "cuda:$i replica ($run): DIFFERENT from the single-GPU load" | tee -a "$OUT/summary.txt"; status=1
+      fi
+    done
   done
   "$ferry" load "$ckpts/llama3-8b" --device "$all" --tensor-parallel 2>/dev/null | tee -a "$OUT/summary.txt" || status=1
   [ "${1:-}" = sweep ] && return
   log "multi-GPU benchmark (bench/multi_gpu_bench.py)"
-  local args="--sources warm --no-peers"
-  [ "${1:-}" = full ] && args="--sources warm cold"
+  local args="--sources warm --no-peers --page-cache-pin ${MGPU_PAGE_CACHE_PIN:-64GiB}"
+  [ "${1:-}" = full ] && args="--sources warm cold --page-cache-pin ${MGPU_PAGE_CACHE_PIN:-64GiB}"
   (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --gpus "$gpus" \
     $args --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }

@@ -94,6 +94,12 @@ struct FanoutStats {
   double collective_seconds = 0;  // device time in all-gathers and scatters (overlapping reads)
   double allocate_seconds = 0;    // of `seconds`: the ranks' allocations
   std::uint64_t bytes_read = 0;   // from storage, counted by the engine
+  // Page-cache DMA (LoadOptions::page_cache_pin_bytes): of bytes_read, those the devices copied
+  // straight from registered page-cache mappings (each file's path is in `files`), and the time
+  // this load spent registering files (0 where every registration was kept from an earlier load).
+  std::uint64_t bytes_from_registered_page_cache = 0;
+  double page_cache_register_seconds = 0;
+  unsigned direct_streams = 0;  // copy streams per rank for those (0: none; --copy-streams)
   std::uint64_t checkpoint_bytes = 0;  // the selected tensors, once
   std::uint64_t tensor_bytes = 0;      // landed, summed over ranks
   std::size_t rounds = 0;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -39,6 +40,8 @@ class HostCollective final : public Collective {
                     static_cast<const std::byte*>(src) + row * row_bytes + s.row_begin, s.width);
     _busy += std::chrono::duration<double>(Clock::now() - started).count();
   }
+  void after(unsigned, void*) override {}
+  void* mark(unsigned) override { return nullptr; }
   void wait() override {}
   double busy_seconds() const override { return _busy; }
   std::string name() const override { return "host memcpy"; }
@@ -175,6 +178,21 @@ class NcclCollective final : public Collective {
     t.end.emplace_back(true).record(*from.stream);
   }
 
+  void after(unsigned rank, void* cu_event) override {
+    if (!cu_event) return;
+    const RankComm& rc = _set->ranks[rank];
+    rc.context->make_current();
+    FERRY_CU(cuStreamWaitEvent, rc.stream->get(), static_cast<shim::cu::Event>(cu_event), 0);
+  }
+
+  void* mark(unsigned rank) override {
+    const RankComm& rc = _set->ranks[rank];
+    rc.context->make_current();
+    Event& e = _marks.emplace_back();
+    e.record(*rc.stream);
+    return e.get();
+  }
+
   void wait() override {
     for (const RankComm& rc : _set->ranks) {
       rc.context->make_current();
@@ -208,6 +226,7 @@ class NcclCollective final : public Collective {
   CommSet* _set = nullptr;
   std::unique_lock<std::mutex> _in_use;
   std::vector<Timing> _timings;  // std::vector<Event> moves its events: handles stay valid
+  std::deque<Event> _marks;      // for the collective's life: copy streams may still wait on them
   double _busy = 0;
   double _setup = 0;
 };

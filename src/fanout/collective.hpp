@@ -33,6 +33,13 @@ class Collective {
   // `reader`, cut into each slice.
   virtual void scatter(unsigned reader, const void* src, std::uint64_t rows,
                        std::uint64_t row_bytes, std::span<const Slice> slices) = 0;
+  // Later collectives of rank `rank` start only once `cu_event` (a CUevent recorded behind that
+  // rank's direct copies from a registered mapping) fired: waited on the device, no host sync.
+  // Host memory: a no-op (those copies already ran).
+  virtual void after(unsigned rank, void* cu_event) = 0;
+  // A CUevent behind everything queued so far on rank `rank`'s stream (its scatters), valid for
+  // the collective's life; null for host memory, where everything queued already ran.
+  virtual void* mark(unsigned rank) = 0;
   // Until everything queued finished; throws CudaError where a collective failed.
   virtual void wait() = 0;
   // Device time spent in collectives so far (from the first queued to the last finished of each).

@@ -1,18 +1,22 @@
-// Executes a fanout plan: per round, one transfer-core submission whose extents scatter into
-// every rank's allocation, then the round's all-gather, queued while the next round's reads run.
-// At most two submissions are in flight, each within the staging bound (and all of them within
-// the process's staging limit).
+// Executes a fanout plan: per round, the reads of files with a registered page-cache mapping as
+// copies from it straight into each rank's memory (direct_reads.hpp), the others as one
+// transfer-core submission whose extents scatter into every rank's allocation; then the round's
+// scatters and all-gather, queued while the next round's reads run (after the direct copies on
+// the device, after the staged reads on the host). At most two submissions are in flight, each
+// within the staging bound (and all of them within the process's staging limit).
 #include "ferry/fanout_load.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
 #include "fanout/collective.hpp"
+#include "fanout/direct_reads.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
@@ -114,8 +118,9 @@ const LoadedShard* LoadedRank::find(std::string_view name) const {
 
 class FanoutLoader {
  public:
-  FanoutLoader(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options)
-      : _checkpoint(std::move(checkpoint)), _options(options) {}
+  FanoutLoader(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options,
+               const detail::MapSources& map)
+      : _checkpoint(std::move(checkpoint)), _options(options), _map(map) {}
 
   FanoutLoad run() {
     FERRY_EXPECT(_checkpoint != nullptr, std::invalid_argument, "load: no checkpoint given");
@@ -184,6 +189,28 @@ class FanoutLoader {
     }
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
 
+    // Files whose page cache the devices DMA from (registered mappings) and the staged rest.
+    std::vector<bool> used(_checkpoint->files().size(), false);
+    for (const FanoutRound& round : plan->rounds)
+      for (const FanoutRead& read : round.reads) used[read.file_index] = true;
+    const std::vector<detail::MappedSource> sources =
+        _map(*_checkpoint, used, devices, _options.load);
+    std::vector<std::uint64_t> direct_file_bytes(used.size(), 0);
+    std::vector<detail::RoundReads> split;
+    for (const FanoutRound& round : plan->rounds)
+      split.push_back(detail::split_round(round, sources, bases, scratch, n, direct_file_bytes));
+    for (const detail::RoundReads& r : split)
+      stats.bytes_from_registered_page_cache += r.direct_bytes;
+    for (const detail::MappedSource& s : sources)
+      stats.page_cache_register_seconds += s.register_seconds;
+    std::optional<detail::DirectCopies> direct;  // declared after the memory: drained first
+    // Copy streams per GPU for them: --copy-streams, else 4 (a rank's share of a round is cut in
+    // parts of at least 64 MiB, one per stream).
+    if (stats.bytes_from_registered_page_cache > 0) {
+      stats.direct_streams = _options.load.copy_streams ? _options.load.copy_streams : 4;
+      direct.emplace(devices, stats.direct_streams);
+    }
+
     // One process reads for every device: all its readers together are the threads N loads
     // would have (per device: given or chosen), split between the rounds that read at once, and,
     // where the engine chose them, no more than the machine's cores: on 2 x H200 (32 cores),
@@ -204,11 +231,11 @@ class FanoutLoader {
                                  std::min(_options.load.staging_bytes * n, staging_limit() / 2));
     auto done = std::make_shared<std::atomic<std::uint64_t>>(0);
     const std::uint64_t total = plan->read_bytes;
-    const auto submit_round = [&](const FanoutRound& round) {
+    const auto submit_round = [&](const std::vector<FanoutRead>& staged) {
       Submitted s;
       for (unsigned r = 0; r < (per_device ? n : 1u); ++r) {
         std::vector<FanoutRead> reads;
-        for (const FanoutRead& read : round.reads)
+        for (const FanoutRead& read : staged)
           if (!per_device || read.reader == r) reads.push_back(read);
         if (reads.empty()) continue;
         if (_options.load.progress) {
@@ -231,26 +258,40 @@ class FanoutLoader {
     stats.submissions = per_device ? "per-device" : "per-round";
     const std::uint64_t tail = std::uint64_t{t.threads} * settings.chunk_bytes;
     const auto reading = Clock::now();
+    _copied.assign(plan->rounds.size(), std::vector<std::vector<void*>>(n));
+    _scattered.assign(plan->rounds.size(), std::vector<void*>(n, nullptr));
     Submitted previous;
     std::size_t previous_round = 0;
     for (std::size_t k = 0; k < plan->rounds.size(); ++k) {
-      const FanoutRound& round = plan->rounds[k];
-      // Round k's scratch bank is round k - 2's: its scatters, queued last, must be done.
-      if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) collective->wait();
+      const detail::RoundReads& reads = split[k];
+      // Round k's scratch bank is round k - 2's: its scatters must be done before it is refilled,
+      // on the device for direct copies, on the host for staged reads.
+      if (k >= 2 && !plan->rounds[k - 2].scatters.empty()) {
+        for (unsigned r = 0; r < n && direct; ++r)
+          if (reads.direct_to_scratch[r]) direct->after(r, _scattered[k - 2][r]);
+        if (reads.staged_to_scratch) collective->wait();
+      }
       if (at_tail && k > 0) {
         const auto waiting = Clock::now();
         for (std::size_t i = 0; i < previous.tickets.size(); ++i)
           wait_for_tail(previous.tickets[i], previous.bytes[i], tail);
         stats.phases.loader_wait_seconds += since(waiting);
       }
-      Submitted current = submit_round(round);
+      for (unsigned r = 0; r < n && direct; ++r)
+        if (!reads.direct[r].empty()) _copied[k][r] = direct->queue(r, reads.direct[r]);
+      Submitted current = submit_round(reads.staged);
       if (k > 0)
-        finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+        finish(previous, previous_round, *plan, *collective, base_pointers, scratch, stats);
       previous = std::move(current);
       previous_round = k;
     }
     if (!plan->rounds.empty())
-      finish(previous, plan->rounds[previous_round], *collective, base_pointers, scratch, stats);
+      finish(previous, previous_round, *plan, *collective, base_pointers, scratch, stats);
+    if (direct) {
+      const auto waiting = Clock::now();
+      wait_direct(split, devices, *done, total, *collective, *direct);
+      stats.phases.loader_wait_seconds += since(waiting);
+    }
     stats.phases.reads_seconds = since(reading);
     const auto draining = Clock::now();
     collective->wait();
@@ -260,6 +301,7 @@ class FanoutLoader {
     stats.collective_seconds = collective->busy_seconds();
     stats.rounds = plan->rounds.size();
     stats.settings_source = settings.source;
+    add_direct_files(*_checkpoint, sources, direct_file_bytes, stats);
     for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
     for (const TensorInfo* seen : selected(*plan)) stats.checkpoint_bytes += seen->size;
     for (unsigned r = 0; r < n; ++r) {
@@ -283,11 +325,15 @@ class FanoutLoader {
     return out;
   }
 
-  // Waits for a round's reads (every copy landed), then queues its scatters and its gather.
-  void finish(Submitted& submitted, const FanoutRound& round, detail::Collective& collective,
-              const std::vector<void*>& bases, const std::vector<std::uintptr_t>& scratch,
-              FanoutStats& stats) {
+  // Waits for a round's staged reads (every copy landed) and makes its collectives wait for its
+  // direct copies on the device, then queues its scatters and its gather.
+  void finish(Submitted& submitted, std::size_t k, const FanoutPlan& plan,
+              detail::Collective& collective, const std::vector<void*>& bases,
+              const std::vector<std::uintptr_t>& scratch, FanoutStats& stats) {
+    const FanoutRound& round = plan.rounds[k];
     for (Ticket& ticket : submitted.tickets) add_stats(ticket, stats);
+    for (unsigned r = 0; r < plan.ranks; ++r)
+      for (void* copied : _copied[k][r]) collective.after(r, copied);
     std::vector<detail::Collective::Slice> slices;
     for (const FanoutScatter& sc : round.scatters) {
       slices.clear();
@@ -298,8 +344,49 @@ class FanoutLoader {
                          reinterpret_cast<const void*>(scratch[sc.reader] + sc.scratch_offset),
                          sc.rows, sc.row_bytes, slices);
     }
+    if (!round.scatters.empty())
+      for (unsigned r = 0; r < plan.ranks; ++r) _scattered[k][r] = collective.mark(r);
     if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
       collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+  }
+
+  // Until every direct copy landed, round by round: reports progress and stops (once what is
+  // queued has drained) where keep_going says so.
+  void wait_direct(const std::vector<detail::RoundReads>& split, const std::vector<Device>& devices,
+                   std::atomic<std::uint64_t>& done, std::uint64_t total,
+                   detail::Collective& collective, detail::DirectCopies& direct) {
+    for (std::size_t k = 0; k < split.size(); ++k) {
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        for (void* copied : _copied[k][r]) {
+          detail::device_context(devices[r].index).make_current();
+          FERRY_CU(cuEventSynchronize, static_cast<shim::cu::Event>(copied));
+        }
+      if (split[k].direct_bytes == 0) continue;
+      const std::uint64_t now = done.fetch_add(split[k].direct_bytes) + split[k].direct_bytes;
+      if (_options.load.progress) _options.load.progress(now, total);
+      if (_options.load.keep_going && !_options.load.keep_going()) {
+        direct.drain();
+        collective.wait();
+        detail::fail<Cancelled>("multi-device load: cancelled");
+      }
+    }
+  }
+
+  // The files read by direct copies, and why the others were not.
+  static void add_direct_files(const Checkpoint& checkpoint,
+                               const std::vector<detail::MappedSource>& sources,
+                               const std::vector<std::uint64_t>& bytes, FanoutStats& stats) {
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      const detail::MappedSource& s = sources[i];
+      const std::filesystem::path& path = checkpoint.files()[i].path;
+      if (s.data && bytes[i] > 0) {
+        std::erase_if(stats.files, [&](const FileLoadStats& f) { return f.path == path; });
+        stats.files.push_back({path, IoPath::PageCacheDma, s.reason, bytes[i]});
+      } else if (!s.reason.empty()) {
+        for (FileLoadStats& f : stats.files)
+          if (f.path == path) f.reason += "; " + s.reason;
+      }
+    }
   }
 
   // Waits for one submission (every copy landed) and adds its statistics.
@@ -321,6 +408,8 @@ class FanoutLoader {
                              [&](const FileLoadStats& g) { return g.path == f.path; });
       if (it == stats.files.end()) {
         stats.files.push_back(f);
+      } else if (it->bytes_read == 0) {  // "not touched" by the submissions so far
+        *it = f;
       } else {
         it->bytes_read += f.bytes_read;
       }
@@ -329,10 +418,24 @@ class FanoutLoader {
 
   std::shared_ptr<const Checkpoint> _checkpoint;
   const FanoutOptions& _options;
+  const detail::MapSources& _map;
+  // Per round and rank: a CUevent behind the round's direct copies into the rank, and one
+  // behind the rank's collectives once the round's scatters were queued (null: none).
+  std::vector<std::vector<std::vector<void*>>> _copied;  // per stream of the rank
+  std::vector<std::vector<void*>> _scattered;
 };
 
+namespace detail {
+
+FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options,
+                       const MapSources& map) {
+  return FanoutLoader(std::move(checkpoint), options, map).run();
+}
+
+}  // namespace detail
+
 FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
-  return FanoutLoader(std::move(checkpoint), options).run();
+  return detail::load_fanout(std::move(checkpoint), options, detail::page_cache_sources());
 }
 
 FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
@@ -365,6 +468,9 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
   if (!mine.empty()) {
     TransferOptions t = transfer_options(options, settings);
     t.progress = options.progress;
+    // One process per rank: the staged backend copies this rank's reads of files it can lease
+    // straight from their registered page cache (one-process loads split the reads themselves).
+    t.page_cache_pin_bytes = options.page_cache_pin_bytes;
     out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
                          resolve(mine, bases, scratches, devices), t);
     out._started = true;
@@ -384,6 +490,8 @@ LoadStats FanoutRoundRead::wait() {
     _stats.staging_pinned = ts.staging_pinned;
     _stats.files = ts.files;
     for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
+    _stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
+    _stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   }
   _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
   return _stats;
