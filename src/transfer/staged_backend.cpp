@@ -28,25 +28,14 @@
 namespace ferry::detail {
 namespace {
 
-constexpr unsigned kDefaultThreads = 16;
-constexpr unsigned kMaxSlots = 64;
 // Page-cache DMA runs (every extent from a registered mapping): groups of up to this many bytes,
 // their copies coalesced where file and memory are both contiguous, on at most this many
 // workers (each its own stream): a worker only queues copies there.
 constexpr std::uint64_t kMappedChunk = 64ull << 20;
 constexpr unsigned kMappedThreads = 4;
-// Edge pieces (staged_plan.hpp) no smaller than this: below it copies and reads cost per call.
-constexpr std::uint64_t kMinEdgeChunk = 256ull << 10;
 // Observed reads from the page cache go in slices of this size (a multiple of the page size, well
 // inside a core's L2), each observed while still in cache (read_in_slices).
 constexpr std::uint64_t kObserveSlice = 256ull << 10;
-// A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
-// distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
-std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
-  const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
-  return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-}
-
 // Seconds since the last lap (or construction).
 class Stopwatch {
  public:
@@ -76,59 +65,6 @@ struct Timeline {
 
 // The earliest of two times where 0 means "not reached".
 double earliest(double a, double b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); }
-
-StagedSettings wanted_settings(const TransferOptions& o) {
-  StagedSettings s;
-  // hardware_concurrency() reads /sys on each call: once per process is enough.
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  s.threads = std::min(o.threads ? o.threads : std::min(cores, kDefaultThreads), kMaxWorkerThreads);
-  s.slots = o.slots_per_thread ? std::min(o.slots_per_thread, kMaxSlots) : 2;
-  s.chunk = o.chunk_bytes
-                ? (o.chunk_bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment
-                : kDefaultChunk;
-  return s;
-}
-
-// Fits the wanted settings into the submission's staging (fewer threads first, then fewer
-// slots), then shrinks them to the work: no thread or slot without a group to move, no slot
-// larger than the largest group.
-StagedSettings configure(const TransferOptions& o, Direction direction, StagedSettings s,
-                         const StagedPlan& plan) {
-  const auto fits = [&] {
-    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
-  };
-  while (s.threads > 1 && !fits()) --s.threads;
-  while (s.slots > 1 && !fits()) --s.slots;
-  FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes,
-               " bytes cannot hold one slot of ", s.chunk, "-byte ",
-               direction == Direction::FileToMemory ? "reads" : "writes");
-  const std::uint64_t groups = plan.groups.size();
-  if (groups == 0) return s;
-  s.threads = static_cast<unsigned>(std::clamp<std::uint64_t>(groups, 1, s.threads));
-  const std::uint64_t per_thread = (groups + s.threads - 1) / s.threads;
-  s.slots = static_cast<unsigned>(std::clamp<std::uint64_t>(per_thread, 1, s.slots));
-  s.chunk = std::min(s.chunk, std::max<std::uint64_t>(plan.largest_group, 1));
-  return s;
-}
-
-// For a submission of fewer than kSpreadPieces chunks per wanted worker: the chunk that gives
-// each worker that many pieces, so its first copies start after a fraction of its share and its
-// reads overlap them; never below kMinEdgeChunk for page-cache reads, 1 MiB for the device (a
-// disk wants larger requests).
-constexpr std::uint64_t kSpreadPieces = 4;
-std::uint64_t smallest_spread_piece(const TicketState& t) {
-  const bool cached = t.direction == Direction::FileToMemory && t.options.io == IoMode::Buffered;
-  return cached ? kMinEdgeChunk : 1ull << 20;
-}
-std::uint64_t spread_chunk(const TicketState& t, const StagedSettings& wanted) {
-  std::uint64_t total = 0;
-  for (const Extent& x : t.extents)
-    for (const MemorySpan& s : x.spans) total += s.size;
-  const std::uint64_t share = total / (std::uint64_t{wanted.threads} * kSpreadPieces);
-  const std::uint64_t aligned =
-      (share + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-  return std::clamp(aligned, std::min(smallest_spread_piece(t), wanted.chunk), wanted.chunk);
-}
 
 struct Times {
   double setup = 0, read = 0, wait = 0, queue = 0;

@@ -16,6 +16,7 @@
 #include "transfer/copier.hpp"
 #include "transfer/staged_page_cache.hpp"
 #include "transfer/staged_plan.hpp"
+#include "transfer/staged_settings.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry::detail {
@@ -26,14 +27,6 @@ using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-inline constexpr std::uint64_t kDefaultChunk = 4ull << 20;
-
-struct StagedSettings {
-  unsigned threads = 1;
-  unsigned slots = 2;
-  std::uint64_t chunk = kDefaultChunk;
-};
 
 // What the jobs of one submission share.
 struct StagedRun {
