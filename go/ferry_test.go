@@ -36,6 +36,20 @@ func cliDigests(t *testing.T, path string) map[string]string {
 	return digests
 }
 
+// openTiny writes the test tensors as a GGUF file in a temporary folder and opens it; the
+// checkpoint is closed when the test ends.
+func openTiny(t *testing.T) (string, *Checkpoint) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	writeGGUF(t, path, testTensors())
+	checkpoint, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { checkpoint.Close() })
+	return path, checkpoint
+}
+
 func TestVersion(t *testing.T) {
 	v, err := Version()
 	if err != nil {
@@ -47,15 +61,8 @@ func TestVersion(t *testing.T) {
 }
 
 func TestGGUFTensorsAndDigestsMatchCLI(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
 	written := testTensors()
-	writeGGUF(t, path, written)
-
-	checkpoint, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer checkpoint.Close()
+	path, checkpoint := openTiny(t)
 	tensors := checkpoint.Tensors()
 	if len(tensors) != len(written) {
 		t.Fatalf("%d tensors listed, %d written", len(tensors), len(written))
@@ -116,13 +123,7 @@ func TestOpenMissingFileNamesIt(t *testing.T) {
 }
 
 func TestDigestOfUnknownTensorFails(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	writeGGUF(t, path, testTensors())
-	checkpoint, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer checkpoint.Close()
+	_, checkpoint := openTiny(t)
 	loaded, err := checkpoint.Load("cpu")
 	if err != nil {
 		t.Fatal(err)
@@ -138,13 +139,7 @@ func TestDigestOfUnknownTensorFails(t *testing.T) {
 
 // A GPU load must give the host load's digests; skipped where there is no usable GPU.
 func TestCUDADigestsEqualHost(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tiny.gguf")
-	writeGGUF(t, path, testTensors())
-	checkpoint, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer checkpoint.Close()
+	_, checkpoint := openTiny(t)
 	gpu, err := checkpoint.Load("cuda:0")
 	var ferryErr *Error
 	if errors.As(err, &ferryErr) && ferryErr.Status == StatusCUDAError {
