@@ -28,6 +28,11 @@
 #   about 5 minutes; kvperf: the same without the index, torch.save and CPU rows, 30 s of crash
 #   trials, and with rows of 256 MiB prefixes per call: `tools/gpu_check.sh build kvperf`): run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
+#   kvdma (not in the default; about 4 minutes with `build`, which then skips the Python
+#   package): KV gets by page-cache DMA: its tests (GPU and CPU, the registry's and the loader's
+#   page-cache DMA tests beside them) and `ferry kv bench --page-cache-pin` on cuda:0, staged,
+#   batches of 16 and prefixes of 256 MiB: first warm pass (registers the windows; its
+#   registration time apart) and the later warm pass from registered windows, beside pinned H2D;
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
 #   stream-bench: the benchmarks alone (about 6 minutes with `build`).
@@ -89,7 +94,7 @@ build() {
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
-    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core) nopip=1 ;;
+    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma) nopip=1 ;;
     *) nopip=0 ;;
   esac
   if [ "$nopip" = 1 ]; then
@@ -356,6 +361,24 @@ kv_crash() {
   echo "$done_trials crash trials passed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 
+# KV gets by page-cache DMA (KVStoreOptions::page_cache_pin_bytes).
+kv_dma() {
+  log "KV page-cache DMA tests (test_gpu_kv_dma, test_kv_page_cache, test_page_cache_registry, test_page_cache_dma)"
+  for t in test_gpu_kv_dma test_kv_page_cache test_page_cache_registry test_page_cache_dma; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  log "ferry kv bench --page-cache-pin 4G (cuda:0, staged; batches of 16, then 256 MiB prefixes)"
+  mkdir -p /tmp/kvbench
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 256K,1M,4M,16M --bytes 1G --rounds 3 \
+    --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench.json" 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M,16M --batch-bytes 256M --bytes 1G \
+    --rounds 3 --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench-prefix.json" 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
 kv_stage() {
   kv_tests
   kv_bench_rows
@@ -459,6 +482,7 @@ want core && core_checks
 want core-full && core_checks full
 want kv && kv_stage
 want kvperf && KV_CRASH_SECONDS=${KV_CRASH_SECONDS:-30} kv_stage perf
+want kvdma && kv_dma
 want stream && { stream_tests; stream_bench; }
 want stream-tests && stream_tests
 want stream-bench && stream_bench

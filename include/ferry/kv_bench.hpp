@@ -31,6 +31,10 @@ struct KVBenchOptions {
   // Rounds per size and path: each a put, a cold get and a warm get, the raw write and read of
   // the same bytes alternating with them (which goes first swaps every round); medians kept.
   unsigned rounds = 3;
+  // KVStoreOptions::page_cache_pin_bytes for the stores measured (0: off). With it, each round
+  // has a second warm get pass: the first registers the windows (warm), the second copies from
+  // them (warm registered).
+  std::uint64_t page_cache_pin = 0;
 };
 
 // Where one pass's time went (seconds, the mean of the rounds), from KVStats.
@@ -58,6 +62,13 @@ struct KVBenchRow {
   // warm gets were all served from it); 0 also where that cannot be told (Windows).
   double warm_resident = 0;
   KVBenchTimes put_times, cold_times, warm_times;
+  // With page_cache_pin: the second warm pass (windows registered by the first), the seconds
+  // the first spent registering windows (median), and the share of the second's bytes copied
+  // from registered windows (lowest of the rounds).
+  double get_warm_registered_gbps = 0;
+  double page_cache_register_seconds = 0;
+  double page_cache_dma_share = 0;
+  std::string warm_registered_path;  // the route of the second pass's blocks
 };
 
 // Blocks per put/get call for `block`-byte blocks.

@@ -14,7 +14,10 @@
 // Data paths: host memory moves through an aligned bounce buffer (the host path); GPU memory
 // (any cuda:N) through the transfer core, staged (device <-> pinned slots <-> O_DIRECT) or direct
 // (cuFile, straight between the slab files and device memory), chosen by KVStoreOptions::gpu_path.
-// Every result names the path its block took.
+// Opt-in page-cache DMA (KVStoreOptions::page_cache_pin_bytes): a get into GPU memory whose
+// slab window is wholly in the page cache copies straight from the page cache's registered
+// pages, then checks the checksum from the same pages. Every result names the path its block
+// took (and, with page-cache DMA on, why).
 //
 // Sharing: one writer process per namespace (an flock on writer.lock) and any number of reader
 // processes (options.read_only), which pick up the writer's commits from the journal before
@@ -67,6 +70,13 @@ struct KVStoreOptions {
   std::uint64_t checkpoint_every = 65536;  // journal records between checkpoints
   bool checkpoint_on_close = true;     // a writer's destructor checkpoints (off: the journal
                                        // alone carries the commits, as after a crash)
+  // Page-cache DMA for gets into GPU memory: the most bytes of slab windows (64 MiB of whole
+  // slots each) kept mapped and registered with the GPU driver at once, least recently used
+  // evicted; 0: off. A window is registered only where all of it is in the page cache; every
+  // block copied out is checked against its checksum from the same pages after the copy; a
+  // put first unregisters the windows it writes into. Else, and for host memory, the usual
+  // path (each result says why).
+  std::uint64_t page_cache_pin_bytes = 0;
 };
 
 // One memory span of a block. A block is one span or a list of per-layer pieces, gathered
@@ -98,6 +108,7 @@ enum class KVRoute {
   staged,         // GPU memory through the transfer core's pinned staging
   cufile_gds,     // GPU memory straight to/from storage (GPUDirect Storage)
   cufile_compat,  // cuFile in compatibility mode (it stages internally)
+  page_cache_dma, // GPU memory straight from the slab's registered page-cache pages
 };
 const char* to_string(KVRoute route);
 
@@ -105,6 +116,9 @@ struct KVResult {
   KVStatus status = KVStatus::ok;
   std::string message;  // empty for ok; otherwise says what and where
   KVRoute route = KVRoute::none;
+  // With page-cache DMA on (a get): why the block took `route`, in words ("its window was
+  // registered by this get in 3.2 ms", "its window is not fully in the page cache (83.0%...)").
+  std::string route_reason;
   bool ok() const noexcept { return status == KVStatus::ok; }
 };
 
@@ -165,6 +179,15 @@ struct KVStats {
   double staged_io_seconds = 0, staged_copy_wait_seconds = 0, staged_queue_seconds = 0,
          staged_hash_seconds = 0, staged_hash_wait_seconds = 0;
   double staged_setup_seconds = 0;  // the workers' staging leases and copy streams, per job
+  // Page-cache DMA (KVStoreOptions::page_cache_pin_bytes): bytes gets copied from registered
+  // page-cache windows, windows this store registered and the seconds that took (mapping,
+  // populating, registering), and blocks whose window was found stale (checksum mismatch on
+  // the DMA path: the window dropped and the block re-read on the usual path).
+  std::uint64_t page_cache_dma_bytes = 0;
+  std::uint64_t page_cache_windows_registered = 0;
+  double page_cache_register_seconds = 0;
+  std::uint64_t page_cache_stale_rereads = 0;
+  std::uint64_t page_cache_pin_bytes = 0;  // as opened
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
   KVPath gpu_path = KVPath::Auto;         // as opened
   bool read_only = false;

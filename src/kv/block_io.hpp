@@ -32,6 +32,15 @@ struct BlockRequest {
   BlockOutcome outcome = BlockOutcome::ok;
   std::string message;  // names the file and the failure where outcome != ok
   KVRoute route = KVRoute::none;  // the path the bytes took (set by write/read)
+  std::string route_reason;       // why (page-cache DMA on: why it did or did not serve it)
+};
+
+// What page-cache DMA did so far (kv/page_cache_gets.hpp); zeros where it is off.
+struct PageCacheCounters {
+  std::uint64_t bytes = 0;          // copied from registered windows (verified)
+  std::uint64_t registered = 0;     // windows registered
+  double register_seconds = 0;      // mapping, populating and registering them
+  std::uint64_t stale_rereads = 0;  // blocks re-read after a mismatch on the DMA path
 };
 
 // Thread-seconds of the staged path's workers, summed over its transfers (TransferStats).
@@ -58,6 +67,7 @@ class BlockIo {
   virtual bool direct() const = 0;
   // What the staged path's workers did so far; zeros where no transfer used it.
   virtual StagedTimes staged_times() const { return {}; }
+  virtual PageCacheCounters page_cache_counters() const { return {}; }
 };
 
 }  // namespace ferry::detail::kv

@@ -76,7 +76,7 @@ namespace {
 constexpr unsigned kAsyncThreads = 2;
 
 std::vector<KVResult> failed_all(std::size_t n, const std::exception& e) {
-  return std::vector<KVResult>(n, KVResult{KVStatus::io_error, e.what()});
+  return std::vector<KVResult>(n, KVResult{KVStatus::io_error, e.what(), KVRoute::none, {}});
 }
 
 }  // namespace

@@ -279,6 +279,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   options.gpu_path = path;
   options.allow_compat = true;
   options.checkpoint_on_close = false;
+  options.page_cache_pin_bytes = o.page_cache_pin;
   BatchMemory source(o.device, block, batch, o.pieces), target(o.device, block, batch, o.pieces);
   std::vector<std::byte> pattern(block * batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
@@ -298,6 +299,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   const fs::path dir = o.root / KVStore::directory_name(ns);
   fs::remove_all(dir);
   std::vector<double> put_s, cold_s, warm_s, raw_write_s, raw_cold_s, raw_warm_s;
+  std::vector<double> registered_s, register_s;
+  row.page_cache_dma_share = o.page_cache_pin ? 1 : 0;
   {
     // Room for one round's blocks: each round's puts evict the round before's.
     auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
@@ -358,8 +361,21 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
           r,
           [&] {
             for (const auto& slab : slabs) warm(slab);
+            const KVStats before = store.stats();
             warm_s.push_back(run(false, r, row.warm_times));
             row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
+            if (o.page_cache_pin == 0) return;
+            const KVStats registered = store.stats();
+            register_s.push_back(registered.page_cache_register_seconds -
+                                 before.page_cache_register_seconds);
+            check();
+            KVBenchTimes unused;
+            registered_s.push_back(run(false, r, unused));
+            row.warm_registered_path = row.path;
+            const double dma = double(store.stats().page_cache_dma_bytes -
+                                      registered.page_cache_dma_bytes);
+            row.page_cache_dma_share =
+                std::min(row.page_cache_dma_share, dma / (double(count) * double(block)));
           },
           [&] { raw_warm_s.push_back(raw.read_warm()); });
       check();
@@ -375,6 +391,10 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   row.raw_write_gbps = gb / median(raw_write_s);
   row.raw_read_gbps = gb / median(raw_cold_s);
   row.raw_warm_read_gbps = gb / median(raw_warm_s);
+  if (o.page_cache_pin) {
+    row.get_warm_registered_gbps = gb / median(registered_s);
+    row.page_cache_register_seconds = median(register_s);
+  }
   if (o.device.is_cuda())
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
         pinned_copies(o.device.index, block * batch);

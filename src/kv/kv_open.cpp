@@ -204,8 +204,12 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
   impl->check_manifest(writable);
   impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,
                                             impl->slots_per_slab * impl->slot_bytes, writable);
-  impl->io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,
-                                               options.gpu_path, options.allow_compat);
+  auto io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,
+                                              options.gpu_path, options.allow_compat);
+  if (options.page_cache_pin_bytes > 0)
+    io->enable_page_cache(options.page_cache_pin_bytes, impl->slot_bytes,
+                          impl->slots_per_slab * impl->slot_bytes);
+  impl->io = std::move(io);
   impl->load_state(writable);
   return KVStore(std::move(impl));
 }

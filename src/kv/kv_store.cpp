@@ -29,7 +29,9 @@ namespace ferry {
 
 namespace {
 
-KVResult result(KVStatus status, std::string message = {}) { return {status, std::move(message)}; }
+KVResult result(KVStatus status, std::string message = {}) {
+  return {status, std::move(message), KVRoute::none, {}};
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point from, Clock::time_point to) {
@@ -97,6 +99,8 @@ const char* to_string(KVRoute route) {
       return "cufile-gds";
     case KVRoute::cufile_compat:
       return "cufile-compat";
+    case KVRoute::page_cache_dma:
+      return "page-cache-dma";
   }
   return "unknown";
 }
@@ -367,6 +371,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
         break;
     }
     results[i].route = requests[w].route;
+    results[i].route_reason = std::move(requests[w].route_reason);
   }
   return results;
 }
@@ -465,6 +470,12 @@ KVStats KVStore::stats() {
   out.staged_setup_seconds = staged.setup;
   out.staged_hash_seconds = staged.hash;
   out.staged_hash_wait_seconds = staged.hash_wait;
+  const PageCacheCounters page_cache = s.io->page_cache_counters();
+  out.page_cache_dma_bytes = page_cache.bytes;
+  out.page_cache_windows_registered = page_cache.registered;
+  out.page_cache_register_seconds = page_cache.register_seconds;
+  out.page_cache_stale_rereads = page_cache.stale_rereads;
+  out.page_cache_pin_bytes = s.options.page_cache_pin_bytes;
   out.gpu_path = s.options.gpu_path;
   out.read_only = s.options.read_only;
   return out;

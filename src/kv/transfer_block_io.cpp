@@ -107,7 +107,18 @@ void TransferBlockIo::split(std::span<BlockRequest> batch, HostMove&& host, GpuM
   if (!gpu_blocks.empty()) gpu(gpu_blocks);
 }
 
+void TransferBlockIo::enable_page_cache(std::uint64_t budget_bytes, std::uint64_t slot_bytes,
+                                        std::uint64_t slab_bytes) {
+  _page_cache = std::make_unique<PageCacheGets>(_slabs, slot_bytes, slab_bytes, budget_bytes);
+}
+
+PageCacheCounters TransferBlockIo::page_cache_counters() const {
+  return _page_cache ? _page_cache->counters() : PageCacheCounters{};
+}
+
 void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
+  // No registered window keeps pages this write replaces (see PageCacheGets).
+  const auto writing = _page_cache ? _page_cache->writing(batch) : PageCacheGets::Writing();
   split(
       batch,
       [&](std::span<BlockRequest> b) {
@@ -130,6 +141,18 @@ void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
 }
 
 void TransferBlockIo::read(std::span<BlockRequest> batch) {
+  if (!_page_cache) return read_moved(batch);
+  std::vector<BlockRequest*> all(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) all[i] = &batch[i];
+  const std::vector<BlockRequest*> rest = _page_cache->read(all);
+  if (rest.empty()) return;
+  std::vector<BlockRequest> moved;
+  for (BlockRequest* r : rest) moved.push_back(*r);
+  read_moved(moved);
+  for (std::size_t i = 0; i < rest.size(); ++i) *rest[i] = std::move(moved[i]);
+}
+
+void TransferBlockIo::read_moved(std::span<BlockRequest> batch) {
   split(
       batch, [&](std::span<BlockRequest> b) { _host.read(b); },
       [&](std::vector<BlockRequest*>& b) { move_gpu(b, false, nullptr); });

@@ -9,6 +9,9 @@
 // The path is chosen per batch by KVPath (auto: cuFile only where it does true GPUDirect
 // Storage) and reported per block. Checksums come from BlockHasher (the bytes copied down from
 // the device), or from the device bounce buffer before it is scattered.
+//
+// With page-cache DMA enabled (kv/page_cache_gets.hpp), a get's blocks go to it first, whatever
+// their memory; what it does not serve takes the paths above.
 #pragma once
 
 #include <array>
@@ -23,6 +26,7 @@
 #include "ferry/transfer.hpp"
 #include "kv/block_hasher.hpp"
 #include "kv/host_block_io.hpp"
+#include "kv/page_cache_gets.hpp"
 
 namespace ferry::detail::kv {
 
@@ -33,8 +37,12 @@ class TransferBlockIo final : public BlockIo {
   // `threads`: the core's workers per batch (0: its default, one per core up to 16).
   TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable, KVPath path,
                   bool allow_compat, bool host_through_core = false, unsigned threads = 0);
+  // Page-cache DMA for gets (KVStoreOptions::page_cache_pin_bytes) over slabs of `slab_bytes`.
+  void enable_page_cache(std::uint64_t budget_bytes, std::uint64_t slot_bytes,
+                         std::uint64_t slab_bytes);
   void write(std::span<BlockRequest> batch, void* after_event) override;
   void read(std::span<BlockRequest> batch) override;
+  PageCacheCounters page_cache_counters() const override;
   void sync(int slab) override { _host.sync(slab); }
   bool direct() const override { return _host.direct(); }
   StagedTimes staged_times() const override;
@@ -43,6 +51,8 @@ class TransferBlockIo final : public BlockIo {
   // Runs `move` over the blocks with GPU pieces, HostBlockIo over the others.
   template <class HostMove, class GpuMove>
   void split(std::span<BlockRequest> batch, HostMove&& host, GpuMove&& gpu);
+  // read() without page-cache DMA.
+  void read_moved(std::span<BlockRequest> batch);
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
   // One submission; `direct`: cuFile, multi-piece blocks through the device bounce buffer.
   void move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
@@ -78,6 +88,7 @@ class TransferBlockIo final : public BlockIo {
   std::map<int, Gather> _gather;
   mutable std::mutex _times_mutex;
   StagedTimes _times;
+  std::unique_ptr<PageCacheGets> _page_cache;  // null: off
 };
 
 }  // namespace ferry::detail::kv

@@ -1,5 +1,5 @@
-// A read-only, shared mapping of a whole open file: the page cache's own pages in this process's
-// address space, for page-cache DMA (transfer/page_cache_registry.hpp). POSIX only
+// A read-only, shared mapping of an open file (the whole file, or a window of it): the page
+// cache's own pages in this process's address space, for page-cache DMA (transfer/page_cache_registry.hpp). POSIX only
 // (platform/posix/file_mapping.cpp); on Windows mapping refuses with "not supported on this
 // platform" (platform/windows/file_mapping.cpp).
 #pragma once
@@ -26,6 +26,9 @@ class ReadOnlyMapping {
   // page), so that registering and copying never wait for the disk; otherwise unmaps and says
   // how much was resident. Throws std::system_error naming the file where mmap itself fails.
   static Result map_resident(const PlatformFile& file, std::uint64_t size);
+  // The same for the window [offset, offset + size) of the file: data() is the byte at
+  // `offset` (the mapping itself starts at the page holding it).
+  static Result map_resident(const PlatformFile& file, std::uint64_t offset, std::uint64_t size);
 
   ReadOnlyMapping() = default;
   ReadOnlyMapping(const ReadOnlyMapping&) = delete;
@@ -39,16 +42,23 @@ class ReadOnlyMapping {
   explicit operator bool() const noexcept { return _data != nullptr; }
 
  private:
-  ReadOnlyMapping(const std::byte* data, std::uint64_t size) noexcept : _data(data), _size(size) {}
+  ReadOnlyMapping(const std::byte* data, std::uint64_t size, std::uint64_t lead) noexcept
+      : _data(data), _size(size), _lead(lead) {}
   void release() noexcept;
 
   const std::byte* _data = nullptr;
   std::uint64_t _size = 0;
+  std::uint64_t _lead = 0;  // bytes mapped before _data (the window's offset within its page)
 };
 
 struct ReadOnlyMapping::Result {
   ReadOnlyMapping mapping;
   std::string refusal;  // empty where mapped
 };
+
+inline ReadOnlyMapping::Result ReadOnlyMapping::map_resident(const PlatformFile& file,
+                                                             std::uint64_t size) {
+  return map_resident(file, 0, size);
+}
 
 }  // namespace ferry::detail

@@ -27,5 +27,7 @@ std::int64_t write_slices_at(NativeDescriptor fd, const IoSlice* slices, std::si
 bool range_resident(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length) noexcept;
 // Drops the file's clean pages from the page cache (posix_fadvise DONTNEED); nothing on Windows.
 void drop_cached_pages(NativeDescriptor fd) noexcept;
+// The same for the pages of [offset, offset + length) only (pages mapped or pinned stay).
+void drop_cached_range(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length) noexcept;
 
 }  // namespace ferry::detail

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <vector>
 
 #include "cuda/cuda_resources.hpp"
 #include "platform/file_mapping.hpp"
@@ -10,13 +12,32 @@
 
 namespace ferry::detail {
 
-// One file's mapping, registered; unregistered before it is unmapped (the member goes after the
-// destructor's body), when the registry and every lease have let go.
+namespace {
+
+// Set once a registration is unregistered and unmapped, for release_range(wait) to wait on.
+struct Gone {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool gone = false;
+  void wait() {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [this] { return gone; });
+  }
+};
+
+}  // namespace
+
+// One file's (or window's) mapping, registered; unregistered, then unmapped, when the registry
+// and every lease have let go.
 struct PageCacheRegistry::Registration {
   ReadOnlyMapping mapping;
   FileIdentity identity;
+  std::uint64_t offset = 0;  // of the window in the file (0 for a whole file)
+  bool window = false;
+  const std::byte* view = nullptr;  // the registrar's view of the bytes, where it has one
   std::shared_ptr<const PageCacheRegistrar> registrar;
   std::shared_ptr<std::atomic<std::uint64_t>> live_bytes;
+  std::shared_ptr<Gone> gone = std::make_shared<Gone>();
   bool registered = false;
 
   Registration() = default;
@@ -25,14 +46,28 @@ struct PageCacheRegistry::Registration {
   ~Registration() {
     if (registered) registrar->unregister_range(mapping.data());
     live_bytes->fetch_sub(mapping.size());
+    mapping = ReadOnlyMapping();  // unmapped before anyone is told it is gone
+    {
+      std::lock_guard lock(gone->mutex);
+      gone->gone = true;
+    }
+    gone->changed.notify_all();
+  }
+  bool overlaps(const FileIdentity& file, std::uint64_t from, std::uint64_t size) const {
+    return window && identity.same_file(file) && from < offset + mapping.size() &&
+           offset < from + size;
   }
 };
 
 const std::byte* PageCacheRegistry::Lease::data() const noexcept {
-  return _registration ? _registration->mapping.data() : nullptr;
+  if (!_registration) return nullptr;
+  return _registration->view ? _registration->view : _registration->mapping.data();
 }
 std::uint64_t PageCacheRegistry::Lease::size() const noexcept {
   return _registration ? _registration->mapping.size() : 0;
+}
+std::uint64_t PageCacheRegistry::Lease::offset() const noexcept {
+  return _registration ? _registration->offset : 0;
 }
 const FileIdentity& PageCacheRegistry::Lease::identity() const noexcept {
   static const FileIdentity none;
@@ -118,7 +153,7 @@ PageCacheRegistry::Acquired PageCacheRegistry::acquire(const PlatformFile& file,
   }
   std::lock_guard lock(_mutex);
   for (auto it = _lru.begin(); it != _lru.end(); ++it) {
-    if (!(*it)->identity.same_file(now)) continue;
+    if ((*it)->window || !(*it)->identity.same_file(now)) continue;
     if ((*it)->identity.same_version(now)) {
       _lru.splice(_lru.begin(), _lru, it);
       got.lease = Lease(*it);
@@ -136,54 +171,114 @@ PageCacheRegistry::Acquired PageCacheRegistry::acquire(const PlatformFile& file,
                   bytes_text(budget_bytes) + ")";
     return got;
   }
-  evict_idle_until(now.size, budget_bytes);
-  if (_live_bytes->load() + now.size > budget_bytes) {
+  register_locked(file, now, 0, now.size, false, budget_bytes, got);
+  if (!got.lease) return got;
+  // The file must not have changed while it was mapped: the pages registered are its bytes now.
+  FileIdentity after;
+  try {
+    after = file.current_identity();
+  } catch (...) {
+    got = {{}, exception_text(std::current_exception())};
+    _lru.pop_front();
+    return got;
+  }
+  if (!after.same_version(now)) {
+    got = {{}, "the file changed while it was being registered"};
+    _lru.pop_front();
+  }
+  return got;
+}
+
+PageCacheRegistry::Acquired PageCacheRegistry::acquire_window(const PlatformFile& file,
+                                                              std::uint64_t offset,
+                                                              std::uint64_t size,
+                                                              std::uint64_t budget_bytes) {
+  Acquired got;
+  const FileIdentity& id = file.identity();
+  std::lock_guard lock(_mutex);
+  for (auto it = _lru.begin(); it != _lru.end(); ++it) {
+    const Registration& r = **it;
+    if (r.window && r.identity.same_file(id) && r.offset == offset && r.mapping.size() == size) {
+      _lru.splice(_lru.begin(), _lru, it);
+      got.lease = Lease(*it);
+      return got;
+    }
+  }
+  if (!file_mapping_supported()) {
+    got.why_not = "not supported on this platform";
+    return got;
+  }
+  if (size > budget_bytes) {
+    got.why_not = "the window (" + bytes_text(size) + ") is larger than the budget (" +
+                  bytes_text(budget_bytes) + ")";
+    return got;
+  }
+  register_locked(file, id, offset, size, true, budget_bytes, got);
+  return got;
+}
+
+std::size_t PageCacheRegistry::release_range(const FileIdentity& file, std::uint64_t offset,
+                                             std::uint64_t size, bool wait) {
+  std::vector<std::shared_ptr<Gone>> leased;
+  std::size_t dropped = 0;
+  {
+    std::lock_guard lock(_mutex);
+    for (auto it = _lru.begin(); it != _lru.end();) {
+      if (!(*it)->overlaps(file, offset, size)) {
+        ++it;
+        continue;
+      }
+      if (it->use_count() > 1) leased.push_back((*it)->gone);
+      it = _lru.erase(it);  // idle: unregistered here; leased: when its last lease goes
+      ++dropped;
+    }
+  }
+  if (wait)
+    for (const auto& g : leased) g->wait();
+  return dropped;
+}
+
+void PageCacheRegistry::register_locked(const PlatformFile& file, const FileIdentity& now,
+                                        std::uint64_t offset, std::uint64_t size, bool window,
+                                        std::uint64_t budget_bytes, Acquired& got) {
+  evict_idle_until(size, budget_bytes);
+  if (_live_bytes->load() + size > budget_bytes) {
     got.why_not = "the budget (" + bytes_text(budget_bytes) +
                   ") is held by registrations in use (" + bytes_text(_live_bytes->load()) + ")";
-    return got;
+    return;
   }
   const auto start = std::chrono::steady_clock::now();
   auto r = std::make_shared<Registration>();
   r->identity = now;
+  r->offset = offset;
+  r->window = window;
   r->registrar = _registrar;
   r->live_bytes = _live_bytes;
   try {
-    auto mapped = ReadOnlyMapping::map_resident(file, now.size);
+    auto mapped = ReadOnlyMapping::map_resident(file, offset, size);
     if (!mapped.mapping) {
       got.why_not = std::move(mapped.refusal);
-      return got;
+      return;
     }
     r->mapping = std::move(mapped.mapping);
-    _live_bytes->fetch_add(now.size);
+    _live_bytes->fetch_add(size);
   } catch (...) {
     got.why_not = exception_text(std::current_exception());
-    return got;
+    return;
   }
   try {
     _registrar->register_range(r->mapping.data(), r->mapping.size());
     r->registered = true;
   } catch (...) {
     got.why_not = "the driver refused to register it: " + exception_text(std::current_exception());
-    return got;
+    return;
   }
-  // The file must not have changed while it was mapped: the pages registered are its bytes now.
-  FileIdentity after;
-  try {
-    after = file.current_identity();
-  } catch (...) {
-    got.why_not = exception_text(std::current_exception());
-    return got;
-  }
-  if (!after.same_version(now)) {
-    got.why_not = "the file changed while it was being registered";
-    return got;
-  }
+  if (_registrar->view) r->view = _registrar->view(r->mapping.data(), r->mapping.size());
   got.register_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   got.registered_now = true;
   _lru.push_front(r);
   got.lease = Lease(std::move(r));
-  return got;
 }
 
 PageCacheRegistry& page_cache_registry() {

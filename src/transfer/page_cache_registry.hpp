@@ -8,6 +8,10 @@
 // registration and is registered afresh, never served stale. Beyond a caller's byte budget the
 // least recently used registrations no lease holds are unregistered (then unmapped).
 //
+// Windows: the KV store's slabs are large and change with every put, so it registers file-aligned
+// windows of them instead (acquire_window), kept coherent by their user: release_range before
+// writing into one, and every byte copied out verified against a checksum afterwards.
+//
 // Usage (the staged backend; multi-GPU fan-out):
 //   auto got = page_cache_registry().acquire(open_file, budget_bytes);
 //   if (!got.lease) -> take the staged path; got.why_not says why (for the statistics)
@@ -39,6 +43,10 @@ struct PageCacheRegistrar {
   std::function<void(const std::byte* data, std::uint64_t size)> register_range;
   // Undoes register_range; must not throw.
   std::function<void(const std::byte* data)> unregister_range;
+  // Optional: where copies read a registered range's bytes (null: the mapping itself). Tests'
+  // stand-ins return a copy taken at registration, as the pages a registration pins keep their
+  // bytes when a write goes around the page cache (O_DIRECT); unregister_range frees it.
+  std::function<const std::byte*(const std::byte* data, std::uint64_t size)> view;
 };
 
 // The CUDA driver's: serves cuda:N; registers with CU_MEMHOSTREGISTER_READ_ONLY | PORTABLE in
@@ -57,7 +65,8 @@ class PageCacheRegistry {
    public:
     Lease() = default;
     const std::byte* data() const noexcept;
-    std::uint64_t size() const noexcept;  // the file's size when registered
+    std::uint64_t size() const noexcept;    // the file's size when registered (or the window's)
+    std::uint64_t offset() const noexcept;  // where data() sits in the file (0 but for windows)
     const FileIdentity& identity() const noexcept;
     explicit operator bool() const noexcept { return _registration != nullptr; }
     Lease share() const { return Lease(_registration); }
@@ -93,6 +102,21 @@ class PageCacheRegistry {
   // second acquirer of the same file waits and reuses it).
   Acquired acquire(const PlatformFile& file, std::uint64_t budget_bytes);
 
+  // A lease on the registered mapping of the window [offset, offset + size) of `file`, made
+  // (evicting as acquire() does) where none is kept; refusals as acquire()'s, for the window.
+  // Windows and whole-file registrations never match each other. Unlike acquire(), the file's
+  // version is not checked (each write to it moves it): the caller keeps its windows coherent
+  // with release_range() before writing into them, and verifies the bytes it copies out.
+  Acquired acquire_window(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
+                          std::uint64_t budget_bytes);
+  // Stops serving the windows of `file` (its device and inode) that overlap [offset, offset +
+  // size): none is leased again; each is unregistered now or, where a lease holds it, when its
+  // last lease goes. With `wait`, returns only once every one of them is unregistered and
+  // unmapped (a writer about to replace their pages: an O_DIRECT write cannot drop pages a
+  // registration pins); never wait while holding a lease of one. Returns how many it dropped.
+  std::size_t release_range(const FileIdentity& file, std::uint64_t offset, std::uint64_t size,
+                            bool wait);
+
   // Bytes registered now (leased, idle, or evicted and still leased), and registrations kept.
   std::uint64_t registered_bytes() const;
   std::size_t registrations() const;
@@ -101,6 +125,11 @@ class PageCacheRegistry {
 
  private:
   void evict_idle_until(std::uint64_t fits, std::uint64_t budget_bytes);
+  // Maps, registers and keeps [offset, offset + size) of `file` (identity `now`) within the
+  // budget, under _mutex; `got` says what came of it.
+  void register_locked(const PlatformFile& file, const FileIdentity& now, std::uint64_t offset,
+                       std::uint64_t size, bool window, std::uint64_t budget_bytes,
+                       Acquired& got);
 
   std::shared_ptr<const PageCacheRegistrar> _registrar;
   // Registrations alive, evicted or not; each subtracts its own when it goes.

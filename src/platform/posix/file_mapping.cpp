@@ -58,17 +58,21 @@ void populate(const std::byte* data, std::uint64_t size) {
 bool file_mapping_supported() noexcept { return true; }
 
 ReadOnlyMapping::Result ReadOnlyMapping::map_resident(const PlatformFile& file,
-                                                      std::uint64_t size) {
+                                                      std::uint64_t offset, std::uint64_t size) {
   Result result;
   if (size == 0) {
-    result.refusal = "the file is empty";
+    result.refusal = offset == 0 ? "the file is empty" : "the window is empty";
     return result;
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, static_cast<int>(file.native(false)), 0);
-  if (map == MAP_FAILED) fail_errno(errno, file.path().string(), ": mmap of ", size, " bytes");
-  ReadOnlyMapping mapping(static_cast<const std::byte*>(map), size);
-  const std::uint64_t pages = (size + page_bytes() - 1) / page_bytes();
-  const std::uint64_t resident = resident_pages(map, size);
+  const std::uint64_t lead = offset % page_bytes();
+  const std::uint64_t mapped = lead + size;
+  void* map = ::mmap(nullptr, mapped, PROT_READ, MAP_SHARED, static_cast<int>(file.native(false)),
+                     static_cast<off_t>(offset - lead));
+  if (map == MAP_FAILED)
+    fail_errno(errno, file.path().string(), ": mmap of ", size, " bytes at offset ", offset);
+  ReadOnlyMapping mapping(static_cast<const std::byte*>(map) + lead, size, lead);
+  const std::uint64_t pages = (mapped + page_bytes() - 1) / page_bytes();
+  const std::uint64_t resident = resident_pages(map, mapped);
   if (resident < pages) {
     char percent[32];
     std::snprintf(percent, sizeof percent, "%.1f%%",
@@ -76,19 +80,22 @@ ReadOnlyMapping::Result ReadOnlyMapping::map_resident(const PlatformFile& file,
     result.refusal = std::string("not fully in the page cache (") + percent + " of its pages)";
     return result;  // unmapped as `mapping` goes
   }
-  populate(mapping.data(), size);
+  populate(static_cast<const std::byte*>(map), mapped);
   result.mapping = std::move(mapping);
   return result;
 }
 
 ReadOnlyMapping::ReadOnlyMapping(ReadOnlyMapping&& other) noexcept
-    : _data(std::exchange(other._data, nullptr)), _size(std::exchange(other._size, 0)) {}
+    : _data(std::exchange(other._data, nullptr)),
+      _size(std::exchange(other._size, 0)),
+      _lead(std::exchange(other._lead, 0)) {}
 
 ReadOnlyMapping& ReadOnlyMapping::operator=(ReadOnlyMapping&& other) noexcept {
   if (this != &other) {
     release();
     _data = std::exchange(other._data, nullptr);
     _size = std::exchange(other._size, 0);
+    _lead = std::exchange(other._lead, 0);
   }
   return *this;
 }
@@ -96,7 +103,7 @@ ReadOnlyMapping& ReadOnlyMapping::operator=(ReadOnlyMapping&& other) noexcept {
 ReadOnlyMapping::~ReadOnlyMapping() { release(); }
 
 void ReadOnlyMapping::release() noexcept {
-  if (_data != nullptr) ::munmap(const_cast<std::byte*>(_data), _size);
+  if (_data != nullptr) ::munmap(const_cast<std::byte*>(_data - _lead), _lead + _size);
   _data = nullptr;
 }
 

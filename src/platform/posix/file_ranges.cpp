@@ -49,4 +49,9 @@ void drop_cached_pages(NativeDescriptor fd) noexcept {
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 }
 
+void drop_cached_range(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length) noexcept {
+  ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(length),
+                  POSIX_FADV_DONTNEED);
+}
+
 }  // namespace ferry::detail

@@ -8,7 +8,8 @@ namespace ferry::detail {
 
 bool file_mapping_supported() noexcept { return false; }
 
-ReadOnlyMapping::Result ReadOnlyMapping::map_resident(const PlatformFile&, std::uint64_t) {
+ReadOnlyMapping::Result ReadOnlyMapping::map_resident(const PlatformFile&, std::uint64_t,
+                                                      std::uint64_t) {
   Result result;
   result.refusal = "not supported on this platform";
   return result;

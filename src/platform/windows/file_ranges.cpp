@@ -34,5 +34,6 @@ std::int64_t write_slices_at(NativeDescriptor fd, const IoSlice* slices, std::si
 bool range_resident(NativeDescriptor, std::uint64_t, std::uint64_t) noexcept { return false; }
 
 void drop_cached_pages(NativeDescriptor) noexcept {}
+void drop_cached_range(NativeDescriptor, std::uint64_t, std::uint64_t) noexcept {}
 
 }  // namespace ferry::detail
