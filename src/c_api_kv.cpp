@@ -109,6 +109,7 @@ ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
     o.read_only = given.read_only != 0;
     if (given.slab_count) o.slab_count = given.slab_count;
     if (given.checkpoint_every) o.checkpoint_every = given.checkpoint_every;
+    o.page_cache_pin_bytes = given.page_cache_pin_bytes;
     auto handle = std::make_unique<ferry_kv_store>(
         ferry_kv_store{ferry::KVStore::open(root, ns, given.capacity_bytes, given.block_bytes, o)});
     *out = handle.release();
@@ -253,6 +254,10 @@ ferry_status ferry_kv_stats_get(ferry_kv_store* store, ferry_kv_stats* out) {
     c.last_sequence = s.last_sequence;
     c.direct_io = s.direct_io ? 1 : 0;
     c.read_only = s.read_only ? 1 : 0;
+    c.page_cache_dma_bytes = s.page_cache_dma_bytes;
+    c.page_cache_windows_registered = s.page_cache_windows_registered;
+    c.page_cache_stale_rereads = s.page_cache_stale_rereads;
+    c.page_cache_register_seconds = s.page_cache_register_seconds;
     std::memcpy(out, &c, c.struct_size);
   });
 }

@@ -254,7 +254,8 @@ typedef enum ferry_kv_route {
   FERRY_KV_ROUTE_HOST = 1,
   FERRY_KV_ROUTE_STAGED = 2,
   FERRY_KV_ROUTE_CUFILE_GDS = 3,
-  FERRY_KV_ROUTE_CUFILE_COMPAT = 4
+  FERRY_KV_ROUTE_CUFILE_COMPAT = 4,
+  FERRY_KV_ROUTE_PAGE_CACHE_DMA = 5 /* GPU memory straight from registered page-cache pages */
 } ferry_kv_route;
 
 /* How blocks in GPU memory move: AUTO (cuFile only where it does true GPUDirect Storage, else
@@ -279,6 +280,9 @@ typedef struct ferry_kv_options {
   int32_t read_only;       /* nonzero: a reader (no lock, follows the writer) */
   uint32_t slab_count;     /* 0: 4 */
   uint64_t checkpoint_every; /* 0: 65536 journal records */
+  /* Page-cache DMA for gets into GPU memory (KVStoreOptions::page_cache_pin_bytes): bytes of
+   * slab windows kept registered at once; 0: off. */
+  uint64_t page_cache_pin_bytes;
 } ferry_kv_options;
 
 typedef struct ferry_kv_piece {
@@ -304,6 +308,10 @@ typedef struct ferry_kv_stats {
   uint64_t index_bytes, last_sequence;
   int32_t direct_io; /* nonzero: O_DIRECT on the slabs */
   int32_t read_only;
+  /* Page-cache DMA: bytes gets copied from registered windows, windows registered, the seconds
+   * that took, and blocks re-read after a window was found stale. */
+  uint64_t page_cache_dma_bytes, page_cache_windows_registered, page_cache_stale_rereads;
+  double page_cache_register_seconds;
 } ferry_kv_stats;
 
 /* Called once on a worker thread when an asynchronous batch has finished, before

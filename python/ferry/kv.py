@@ -12,7 +12,8 @@ is one contiguous tensor or a list of them (vLLM's per-layer K and V pages), gat
 write and scattered from one read, on the CPU or any GPU. A put of GPU tensors is ordered after
 `after_event` (a torch.cuda.Event), by default an event recorded on the current stream of the
 tensors' device: KV still being computed is never stored. Each result names the path its block
-took ("host", "staged", "cufile-gds", "cufile-compat").
+took ("host", "staged", "cufile-gds", "cufile-compat", "page-cache-dma") and, with page-cache DMA
+on (page_cache_pin=), why.
 """
 from collections import namedtuple
 from typing import Any, Callable, List, Optional, Sequence, Union
@@ -21,10 +22,12 @@ from . import _ferry
 
 Key = Union[int, bytes]
 
-KVResult = namedtuple("KVResult", ["status", "route", "message"])
+KVResult = namedtuple("KVResult", ["status", "route", "message", "route_reason"],
+                      defaults=[""])
 KVResult.ok = property(lambda r: r.status == "ok")
 KVResult.__doc__ = ("status: ok, already_present, missing, bad_size, no_space, io_error, "
-                    "unsupported or read_only; route: the path the bytes took; message: why")
+                    "unsupported or read_only; route: the path the bytes took; message: why; "
+                    "route_reason: why that path (page-cache DMA on)")
 
 
 def _key(key: Key) -> int:
@@ -98,16 +101,21 @@ class KVStore:
     """One namespace (model, dtype, block layout, tensor-parallel rank and world size) of a KV
     block store under `root`; see the module's documentation. gpu_path: "auto" (cuFile only where
     it does true GPUDirect Storage), "staged" or "direct" (cuFile; allow_compat lets it run in
-    compatibility mode). read_only: a reader sharing the namespace with one writer process."""
+    compatibility mode). read_only: a reader sharing the namespace with one writer process.
+    page_cache_pin: bytes (int, or a size such as "4GiB") of slab windows kept registered for
+    page-cache DMA: gets into GPU memory whose 64 MiB window is wholly in the page cache copy
+    straight from it, checked against the checksum after the copy (0: off)."""
 
     def __init__(self, root, *, model: str, dtype: str, capacity_bytes: int, block_bytes: int,
                  block_layout: str = "", tp_rank: int = 0, world_size: int = 1,
                  gpu_path: str = "auto", allow_compat: bool = False, read_only: bool = False,
-                 slab_count: int = 4, checkpoint_every: int = 65536):
+                 slab_count: int = 4, checkpoint_every: int = 65536,
+                 page_cache_pin: Union[int, str] = 0):
         import os
         self._core = _ferry.KVStoreCore(os.fsdecode(root), model, dtype, block_layout, tp_rank,
                                         world_size, capacity_bytes, block_bytes, gpu_path,
-                                        allow_compat, read_only, slab_count, checkpoint_every)
+                                        allow_compat, read_only, slab_count, checkpoint_every,
+                                        str(page_cache_pin))
         self.block_bytes = block_bytes
 
     def __enter__(self) -> "KVStore":

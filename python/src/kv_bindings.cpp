@@ -18,6 +18,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/kv_store.hpp"
+#include "ferry/load_options.hpp"
 #include "interpreter_exit.hpp"
 
 namespace nb = nanobind;
@@ -29,8 +30,8 @@ namespace {
 // (address, bytes, device)
 using PyPiece = std::tuple<std::uintptr_t, std::uint64_t, std::string>;
 using PyBlock = std::vector<PyPiece>;
-// (status, route, message)
-using PyResult = std::tuple<std::string, std::string, std::string>;
+// (status, route, message, route_reason)
+using PyResult = std::tuple<std::string, std::string, std::string, std::string>;
 
 const char* status_name(KVStatus s) {
   switch (s) {
@@ -58,7 +59,7 @@ std::vector<PyResult> py_results(const std::vector<KVResult>& results) {
   std::vector<PyResult> out;
   out.reserve(results.size());
   for (const auto& r : results)
-    out.emplace_back(status_name(r.status), to_string(r.route), r.message);
+    out.emplace_back(status_name(r.status), to_string(r.route), r.message, r.route_reason);
   return out;
 }
 
@@ -157,13 +158,16 @@ void bind_kv(nb::module_& m) {
              const std::string& dtype, const std::string& block_layout, int tp_rank, int world_size,
              std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
              bool allow_compat, bool read_only, unsigned slab_count,
-             std::uint64_t checkpoint_every) {
+             std::uint64_t checkpoint_every, const std::string& page_cache_pin) {
             KVStoreOptions o;
             o.gpu_path = parse_kv_path(gpu_path);
             o.allow_compat = allow_compat;
             o.read_only = read_only;
             o.slab_count = slab_count;
             o.checkpoint_every = checkpoint_every;
+            LoadOptions sized;  // the one parser of sizes: "4GiB" as the loader's keyword
+            set_load_option(sized, "page_cache_pin", page_cache_pin);
+            o.page_cache_pin_bytes = sized.page_cache_pin_bytes;
             const KVNamespace ns{model, dtype, block_layout, tp_rank, world_size};
             new (self) PyKVStore();
             self->store.emplace(without_gil(
@@ -171,7 +175,7 @@ void bind_kv(nb::module_& m) {
           },
           "root"_a, "model"_a, "dtype"_a, "block_layout"_a, "tp_rank"_a, "world_size"_a,
           "capacity_bytes"_a, "block_bytes"_a, "gpu_path"_a, "allow_compat"_a, "read_only"_a,
-          "slab_count"_a, "checkpoint_every"_a)
+          "slab_count"_a, "checkpoint_every"_a, "page_cache_pin"_a)
       .def("close", &PyKVStore::close)
       .def("put",
            [](PyKVStore& s, const std::vector<KVKey>& keys, const std::vector<PyBlock>& blocks,
@@ -247,6 +251,11 @@ void bind_kv(nb::module_& m) {
         d["last_sequence"] = st.last_sequence;
         d["direct_io"] = st.direct_io;
         d["read_only"] = st.read_only;
+        d["page_cache_pin"] = st.page_cache_pin_bytes;
+        d["page_cache_dma_bytes"] = st.page_cache_dma_bytes;
+        d["page_cache_windows_registered"] = st.page_cache_windows_registered;
+        d["page_cache_register_seconds"] = st.page_cache_register_seconds;
+        d["page_cache_stale_rereads"] = st.page_cache_stale_rereads;
         d["gpu_path"] = st.gpu_path == KVPath::Auto     ? "auto"
                         : st.gpu_path == KVPath::Staged ? "staged"
                                                         : "direct";

@@ -76,8 +76,9 @@ void verify_all(std::vector<Served>& served) {
     for (std::size_t i; (i = next.fetch_add(1)) < served.size();)
       if (served[i].verdict == Served::Verdict::pending) verify(served[i]);
   };
-  const unsigned helpers =
+  unsigned helpers =
       static_cast<unsigned>(std::min<std::size_t>(kHashWorkers, served.size()) - 1);
+  if (helpers > 0) helpers = std::min(helpers, transfer_workers().reserve(helpers));
   if (helpers == 0) return work();
   std::mutex mutex;
   std::condition_variable finished;
