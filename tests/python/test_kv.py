@@ -70,6 +70,33 @@ def test_round_trip_contiguous_and_pieces(tmp_path, device, gpu_path):
         assert store.contains([1, 99, b"req-c"]) == [True, False, True]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_page_cache_dma_round_trip_says_its_route(tmp_path, device):
+    """page_cache_pin=: gets into GPU memory copy from registered page-cache windows once the
+    slab is in the page cache (read it first); host memory keeps the host path and says why."""
+    gen = torch.Generator().manual_seed(2)
+    blocks = [torch.randint(0, 255, (64 * 1024,), dtype=torch.uint8, generator=gen)
+              for _ in range(4)]
+    with open_store(tmp_path, page_cache_pin="64MiB", slab_count=1) as store:
+        assert all(r.ok for r in store.put([1, 2, 3, 4], [b.to(device) for b in blocks]))
+        for slab in tmp_path.rglob("slab-*.dat"):
+            slab.read_bytes()  # into the page cache
+        out = [torch.zeros_like(b, device=device) for b in blocks]
+        results = store.get([1, 2, 3, 4], out)
+        for r, got, want in zip(results, out, blocks):
+            assert r.ok, r.message
+            assert torch.equal(got.cpu(), want)
+            if device == "cpu":
+                assert r.route == "host" and "host memory" in r.route_reason, r
+            else:
+                assert r.route == "page-cache-dma", r.route_reason
+        stats = store.stats()
+        assert stats["page_cache_pin"] == 64 << 20
+        assert stats["page_cache_dma_bytes"] == (0 if device == "cpu" else 4 * 64 * 1024)
+    with pytest.raises(ValueError, match="page_cache_pin"):
+        open_store(tmp_path / "bad", page_cache_pin="lots")
+
+
 def test_per_key_status_and_bad_input(tmp_path):
     with open_store(tmp_path) as store:
         block = torch.arange(64 * 1024 // 4, dtype=torch.int32)
