@@ -6,7 +6,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <thread>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -210,6 +213,80 @@ TEST(PageCacheRegistry, AnEmptyFileIsRefused) {
   auto got = registry.acquire(f, 1 << 20);
   EXPECT_FALSE(got.lease);
   EXPECT_FALSE(got.why_not.empty());
+}
+
+// Windows (the KV store's slabs): each window its own registration at its offset, reused while
+// kept, distinct from a whole-file registration of the same file, and not checked against the
+// file's version (every write to a slab moves it): release_range keeps them coherent.
+TEST(PageCacheRegistry, WindowsAreRegisteredApartAndOutliveWritesUntilReleased) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  constexpr std::uint64_t kWindow = 64 << 10;
+  std::string bytes;
+  for (char c : {'a', 'b', 'c'}) bytes += std::string(kWindow, c);
+  test::write_file(dir / "slab", bytes);
+  PlatformFile f = open_file(dir / "slab");
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  auto second = registry.acquire_window(f, kWindow, kWindow, 1 << 20);
+  ASSERT_TRUE(second.lease) << second.why_not;
+  EXPECT_TRUE(second.registered_now);
+  EXPECT_EQ(second.lease.offset(), kWindow);
+  EXPECT_EQ(bytes_of(second.lease), std::string(kWindow, 'b'));
+  auto whole = registry.acquire(f, 1 << 20);
+  ASSERT_TRUE(whole.lease) << whole.why_not;
+  EXPECT_TRUE(whole.registered_now);  // a whole file never matches a window, nor the reverse
+  whole.lease = {};
+  // A write in place moves the file's version: a window is still served (and shows the bytes).
+  {
+    std::fstream out(dir / "slab", std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(kWindow));
+    out.write("B", 1);
+  }
+  auto again = registry.acquire_window(f, kWindow, kWindow, 1 << 20);
+  ASSERT_TRUE(again.lease);
+  EXPECT_FALSE(again.registered_now);
+  EXPECT_EQ(again.lease.data()[0], std::byte{'B'});
+  auto third = registry.acquire_window(f, 2 * kWindow, kWindow, 1 << 20);
+  ASSERT_TRUE(third.lease) << third.why_not;
+  EXPECT_EQ(driver.registered, 3);
+  // Released: the overlapping windows only (not the third), never served again.
+  third.lease = {};
+  EXPECT_EQ(registry.release_range(f.identity(), kWindow + 100, 10, false), 1u);
+  EXPECT_EQ(driver.unregistered, 0);  // leased: it goes with its last lease
+  EXPECT_TRUE(registry.acquire_window(f, kWindow, kWindow, 1 << 20).registered_now);
+  second.lease = {};
+  again.lease = {};
+  EXPECT_EQ(driver.unregistered, 1);
+  EXPECT_FALSE(registry.acquire_window(f, 2 * kWindow, kWindow, 1 << 20).registered_now);
+  registry.release_idle();
+  EXPECT_EQ(driver.unregistered_unmapped, 0);
+}
+
+// A writer's release_range(wait) returns only once the lease a reader holds is gone.
+TEST(PageCacheRegistry, AWaitingReleaseReturnsWhenTheLastLeaseGoes) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  test::write_file(dir / "slab", std::string(8192, 's'));
+  PlatformFile f = open_file(dir / "slab");
+  StandIn driver;
+  PageCacheRegistry registry(driver.registrar());
+  auto held = registry.acquire_window(f, 0, 8192, 1 << 20);
+  ASSERT_TRUE(held.lease) << held.why_not;
+  std::atomic<bool> released{false};
+  std::thread writer([&] {
+    registry.release_range(f.identity(), 0, 4096, true);
+    released = true;
+  });
+  // The writer cannot finish while the lease is held; it does once it goes.
+  while (registry.registrations() != 0) std::this_thread::yield();
+  EXPECT_FALSE(released.load());
+  EXPECT_EQ(driver.unregistered, 0);
+  held.lease = {};
+  writer.join();
+  EXPECT_TRUE(released.load());
+  EXPECT_EQ(driver.unregistered, 1);
+  EXPECT_EQ(registry.registered_bytes(), 0u);
 }
 
 }  // namespace
