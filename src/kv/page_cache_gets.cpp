@@ -68,31 +68,43 @@ void verify(Served& s) {
 }
 
 // verify() of every block, on up to kHashWorkers threads of the process's transfer pool (the
-// caller's among them), blocks taken in copy order.
+// caller's among them), blocks taken in copy order. A helper that starts only after the caller
+// finished returns at once: the get never waits for pool threads busy with other work.
 void verify_all(std::vector<Served>& served) {
   if (served.empty()) return;
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < served.size();)
-      if (served[i].verdict == Served::Verdict::pending) verify(served[i]);
+  struct Shared {
+    std::atomic<std::size_t> next{0};
+    std::mutex mutex;
+    std::condition_variable idle;
+    unsigned active = 0;
+    bool closed = false;
   };
-  unsigned helpers =
-      static_cast<unsigned>(std::min<std::size_t>(kHashWorkers, served.size()) - 1);
+  auto shared = std::make_shared<Shared>();
+  Served* blocks = served.data();
+  const std::size_t count = served.size();
+  const auto work = [blocks, count](Shared& sh) {
+    for (std::size_t i; (i = sh.next.fetch_add(1)) < count;)
+      if (blocks[i].verdict == Served::Verdict::pending) verify(blocks[i]);
+  };
+  unsigned helpers = static_cast<unsigned>(std::min<std::size_t>(kHashWorkers, count) - 1);
   if (helpers > 0) helpers = std::min(helpers, transfer_workers().reserve(helpers));
-  if (helpers == 0) return work();
-  std::mutex mutex;
-  std::condition_variable finished;
-  unsigned running = helpers;
-  transfer_workers().post(
-      [&] {
-        work();
-        std::lock_guard lock(mutex);
-        if (--running == 0) finished.notify_all();
-      },
-      helpers);
-  work();
-  std::unique_lock lock(mutex);
-  finished.wait(lock, [&] { return running == 0; });
+  if (helpers > 0)
+    transfer_workers().post(
+        [shared, work] {
+          {
+            std::lock_guard lock(shared->mutex);
+            if (shared->closed) return;
+            ++shared->active;
+          }
+          work(*shared);
+          std::lock_guard lock(shared->mutex);
+          if (--shared->active == 0) shared->idle.notify_all();
+        },
+        helpers);
+  work(*shared);
+  std::unique_lock lock(shared->mutex);
+  shared->closed = true;
+  shared->idle.wait(lock, [&] { return shared->active == 0; });
 }
 
 }  // namespace
