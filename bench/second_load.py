@@ -27,7 +27,9 @@ before the next (`ferry load --repeat N`, the rows above: the driver's work afte
 large allocation slows the next copies, so pinned H2D right after freeing as many bytes is
 measured beside it in the same run); (b) every load kept resident (`--keep`: a server loading
 another model while the first stays); (c) loads after the first into the first load's memory
-(`--refill`: a weight refresh through load_into). Each form's rows say how much of a later
+(`--refill`: a weight refresh through load_into); and (a) with `--cache-device-memory` (ferry's
+opt-in device memory cache: the previous load's memory goes back to a stream-ordered pool, not
+to the driver, and serves the next load). Each form's rows say how much of a later
 load's time was not its copies (submission, first copy queued, the end). The table at the end
 lists every form.
 
@@ -131,7 +133,8 @@ def fits_repeat(args, tensor_bytes):
 
 FORMS = [("freed", [], "previous load freed right before"),
          ("keep", ["--keep"], "every load kept (--keep)"),
-         ("refill", ["--refill"], "into the first load's memory (--refill)")]
+         ("refill", ["--refill"], "into the first load's memory (--refill)"),
+         ("cached", ["--cache-device-memory"], "freed into the device memory cache")]
 
 
 def form_row(label, loads):
@@ -295,8 +298,8 @@ def main():
             print(f"the driver's post-free cost: pinned H2D right after freeing "
                   f"{loads[-1]['allocated_bytes'] / 1e9:.2f} GB of device memory (cudaFree): "
                   f"{pinned_after_free:.2f} GB/s = {times_pinned(pinned_after_free, pinned)} x "
-                  f"pinned H2D; later loads that free nothing before them (--keep, --refill) "
-                  f"avoid it")
+                  f"pinned H2D; later loads that free nothing to the driver before them (--keep, "
+                  f"--refill, --cache-device-memory) avoid it")
         keep_repeat = fits_repeat(args, loads[-1]["allocated_bytes"])
         engines = [("defaults", [], loads)]
         if args.page_cache_pin:
@@ -320,8 +323,8 @@ def main():
                       f"{times_pinned(row['gbps'], pinned):>8} {row['total_ms']:8.2f} "
                       f"{row['non_copy_ms']:11.2f} {row['non_copy_ms'] / row['total_ms'] * 100:5.1f}")
             if engine == "page-cache DMA":
-                print("page-cache DMA, kept and refilled loads, where their time went:")
-                for row in forms[-2:]:
+                print("page-cache DMA, kept, refilled and cached loads, where their time went:")
+                for row in forms[-3:]:
                     print(f"  {row['label']}:")
                     breakdown(row["loads"])
         result["forms"] = [{k: v for k, v in r.items()} for r in forms]

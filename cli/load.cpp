@@ -77,6 +77,7 @@ void add_load(CLI::App& app) {
   static unsigned repeat = 1;
   static bool keep = false;
   static bool refill = false;
+  static bool cache_device_memory = false;
   static bool tensor_parallel = false;
   static unsigned round_mib = 0;
   static std::string next_round = "eager";
@@ -148,6 +149,11 @@ void add_load(CLI::App& app) {
                 "with --repeat: load the second and later times into the first load's memory "
                 "(load_into its tensors, as a weight refresh does); one device only")
       ->excludes(keep_flag);
+  cmd->add_flag("--cache-device-memory", cache_device_memory,
+                "GPU: take each load's memory from a process-wide cache that keeps what loads "
+                "free for later ones (no driver work after a free slowing the next load's "
+                "copies); it holds freed GPU memory from other allocators, so it is off by "
+                "default");
   cmd->callback([] {
     LoadOptions options;
     const bool several = lists_several_devices(device);
@@ -163,6 +169,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "copy_streams", copy_streams);
     set_load_option(options, "profile", profile ? "true" : "false");
     set_load_option(options, "page_cache_pin", page_cache_pin);
+    set_load_option(options, "cache_device_memory", cache_device_memory ? "true" : "false");
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)
@@ -175,8 +182,10 @@ void add_load(CLI::App& app) {
     if (several) {
       FERRY_EXPECT(!refill, std::invalid_argument,
                    "--refill loads into the first load's memory on one device: not with several "
-                   "devices (--device ",
-                   device, ")");
+                   "devices (--device ", device, ")");
+      FERRY_EXPECT(!cache_device_memory, std::invalid_argument,
+                   "--cache-device-memory serves loads onto one device: not with several devices "
+                   "(--device ", device, ")");
       return run_fanout_load({path, device, options, tensor_parallel, hash, json, repeat,
                               std::uint64_t{round_mib} << 20, next_round == "at-tail",
                               submissions == "per-device", keep});

@@ -74,6 +74,8 @@ LoadOptions load_options(const ferry_load_options& o) {
   if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
   if (FERRY_HAS_FIELD(o, page_cache_pin_bytes))
     set("page_cache_pin", std::to_string(o.page_cache_pin_bytes));
+  if (FERRY_HAS_FIELD(o, cache_device_memory))
+    set("cache_device_memory", o.cache_device_memory ? "true" : "false");
   return cpp;
 }
 
@@ -153,6 +155,13 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
 }
 
 void ferry_loaded_free(ferry_loaded* loaded) { delete loaded; }
+
+ferry_status ferry_release_cached_device_memory(uint64_t* still_held) {
+  return guarded([&] {
+    const std::uint64_t held = ferry::release_cached_device_memory();
+    if (still_held) *still_held = held;
+  });
+}
 
 static const ferry::LoadedTensor& find_loaded(const ferry_loaded* loaded, const char* name) {
   require(loaded, "loaded");

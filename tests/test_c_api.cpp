@@ -226,6 +226,18 @@ TEST_F(CApi, EngineSettingsGoThroughTheOneMapping) {
   ferry_loaded_free(loaded);
   options.page_cache_pin_bytes = 0;
 
+  // The device memory cache serves GPU loads; a host load takes host memory as before, and
+  // releasing a cache no load used is a no-op.
+  options.cache_device_memory = 1;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_loaded_free(loaded);
+  options.cache_device_memory = 0;
+  std::uint64_t still_held = 1;
+  ASSERT_EQ(ferry_release_cached_device_memory(&still_held), FERRY_STATUS_OK);
+  EXPECT_EQ(still_held, 0u);
+  EXPECT_EQ(ferry_release_cached_device_memory(nullptr), FERRY_STATUS_OK);
+
   options.reader_threads = 100000;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("at most 256"), std::string::npos);

@@ -80,6 +80,12 @@ typedef struct ferry_load_options {
    * registered with the GPU driver and copied straight from there; 0: off (the default). The
    * option "page_cache_pin" of the CLI and Python. Each file's stats say which path it took. */
   uint64_t page_cache_pin_bytes;
+  /* Nonzero (GPU destinations): the load's memory comes from a process-wide per-device cache that
+   * keeps what loads free for later loads (the driver's work after freeing a large allocation
+   * slows the next load's copies). Off by default: it holds freed memory from other allocators
+   * until ferry_release_cached_device_memory. The option "cache_device_memory" of the CLI and
+   * Python. */
+  int32_t cache_device_memory;
 } ferry_load_options;
 
 typedef struct ferry_file_stats {
@@ -134,6 +140,10 @@ FERRY_API ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                              ferry_loaded** out);
 /* Releases the loaded memory; NULL is ignored. */
 FERRY_API void ferry_loaded_free(ferry_loaded* loaded);
+/* Hands back to the driver the device memory the cache of options->cache_device_memory keeps for
+ * later loads (that of loads still alive stays); `still_held` (may be NULL) gets the bytes the
+ * cache still holds. Returns OK or CUDA_ERROR. */
+FERRY_API ferry_status ferry_release_cached_device_memory(uint64_t* still_held);
 /* Address of a loaded tensor (device address for CUDA). Returns OK or INVALID_ARGUMENT (not
  * loaded, or NULL arguments). */
 FERRY_API ferry_status ferry_loaded_tensor_data(const ferry_loaded* loaded, const char* name,

@@ -511,6 +511,9 @@ NB_MODULE(_ferry, m) {
   m.def("release_staging_memory", &release_staging_memory);
   // Page-cache DMA's registrations no load is using (page_cache_pin); returns the bytes still held.
   m.def("release_page_cache_registrations", &release_page_cache_registrations);
+  // The device memory cache's memory no load is using (cache_device_memory); returns the bytes
+  // it still holds.
+  m.def("release_cached_device_memory", &release_cached_device_memory);
   bind_save(m);
   bind_kv(m);
   bind_stream(m);
