@@ -19,7 +19,8 @@
 #   bench/staged_bound: the machine's bound for a warm staged load), then with page-cache DMA
 #   (first load, which registers, and later ones), then later loads in each form a process meets
 #   them (each freed right before the next, beside pinned H2D right after such a free; every load
-#   kept, --keep; refilled into the first load's memory, --refill; their hashes beside a cpu
+#   kept, --keep; refilled into the first load's memory, --refill; freed into the opt-in device
+#   memory cache, --cache-device-memory; their hashes beside a cpu
 #   load first), ending in one table: pinned H2D, each form on the defaults and with page-cache
 #   DMA; core-full: the same plus the transfer benchmark, the copy probe (pinned copies by size,
 #   streams and source alignment), a sweep of threads, read sizes, slots and copy streams (with
@@ -275,10 +276,10 @@ core_checks() {
   local sweep=""
   [ "${1:-}" = full ] && sweep="--sweep --page-cache-sweep"
   models=qwen3-0.6b checkpoints
-  log "transfer core: later loads kept (--keep) and refilled (--refill) land the bytes of a cpu load"
+  log "transfer core: later loads kept (--keep), refilled (--refill) and from the device memory cache (--cache-device-memory) land the bytes of a cpu load"
   mkdir -p /tmp/hashes
   "$ferry" load "$ckpts/qwen3-0.6b" --device cpu --hash >/tmp/hashes/cpu-qwen3-0.6b.txt 2>/dev/null
-  for form in --keep --refill; do
+  for form in --keep --refill --cache-device-memory; do
     same_hashes "$ckpts/qwen3-0.6b" /tmp/hashes/cpu-qwen3-0.6b.txt "qwen3-0.6b cuda:0 --repeat 3 $form" \
       --device cuda:0 --repeat 3 $form
     same_hashes "$ckpts/qwen3-0.6b" /tmp/hashes/cpu-qwen3-0.6b.txt "qwen3-0.6b cuda:0 --repeat 3 $form, page-cache DMA" \

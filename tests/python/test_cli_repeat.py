@@ -35,7 +35,7 @@ ENGINES = [[], ["--page-cache-pin", "1GiB"], ["--threads", "1", "--chunk-mib", "
 IDS = ["defaults", "page_cache_dma", "small_reads"]
 
 
-@pytest.mark.parametrize("mode", ["--keep", "--refill", None])
+@pytest.mark.parametrize("mode", ["--keep", "--refill", "--cache-device-memory", None])
 @pytest.mark.parametrize("engine", ENGINES, ids=IDS)
 def test_later_loads_land_the_bytes_of_one_cpu_load(run_ferry, model, mode, engine):
     want = hashes(run_ferry, model, "--device", "cpu")
@@ -86,3 +86,9 @@ def test_refill_needs_one_device(run_ferry, model):
     r = run_ferry("load", model, "--device", "cuda:0,cuda:1", "--repeat", "2", "--refill")
     assert r.returncode == 1
     assert "--refill" in r.stderr and "not with several devices" in r.stderr
+
+
+def test_cache_device_memory_needs_one_device(run_ferry, model):
+    r = run_ferry("load", model, "--device", "cuda:0,cuda:1", "--cache-device-memory")
+    assert r.returncode == 1
+    assert "--cache-device-memory" in r.stderr and "not with several devices" in r.stderr
