@@ -1,5 +1,6 @@
 // ferry load PATH: loads a checkpoint into GPU or host memory and reports how it went.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -209,12 +210,17 @@ void add_load(CLI::App& app) {
       // Without --keep or --refill the previous load is freed here, right before this one.
       std::optional<LoadedCheckpoint> loaded;
       LoadStats stats;
+      // The whole call: the load's own clock starts after the device context and the tuning
+      // lookup, which a caller pays too.
+      const auto called = std::chrono::steady_clock::now();
       if (refilling) {
         stats = load_into(*checkpoint, refill_to, options);
       } else {
         loaded.emplace(load(checkpoint, options));
         stats = loaded->stats();
       }
+      const double call_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - called).count();
       progress->finish();
       // Host memory the load added beyond its destination (which is host memory on cpu).
       const std::uint64_t destination = options.device.is_cuda() ? 0 : stats.allocated_bytes;
@@ -226,6 +232,7 @@ void add_load(CLI::App& app) {
         runs.back()["peak_host_growth_bytes"] = growth;
         runs.back()["into"] = refilling ? "first load's memory" : "new memory";
         runs.back()["loads_held"] = kept.size();  // earlier loads resident during this one
+        runs.back()["call_seconds"] = call_seconds;
       } else {
         print_stats(report, stats, tensors);
         std::fprintf(report, "host memory: peak growth %s beyond the destination\n",
