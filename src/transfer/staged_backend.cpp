@@ -151,6 +151,7 @@ class Job {
     s.read_thread_seconds += times.read;
     s.wait_thread_seconds += times.wait;
     s.queue_thread_seconds += times.queue;
+    s.copies += _copies;
   }
 
  private:
@@ -205,9 +206,10 @@ class Job {
     for_spans(
         _t.extents[p.extent], p,
         [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
-          if (s.data)
-            copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
-                                 data + in_piece, n);
+          if (!s.data) return;
+          copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span, data + in_piece,
+                               n);
+          ++_copies;
         });
   }
   void get(const Piece& p, std::byte* data) {
@@ -216,6 +218,7 @@ class Job {
         [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
           copier(s.device).get(data + in_piece, reinterpret_cast<std::uintptr_t>(s.data) + in_span,
                                n);
+          ++_copies;
         });
   }
   std::uint64_t file_offset(const Piece& p) const {
@@ -305,6 +308,7 @@ class Job {
     for (const CopyRun& r : runs) {
       try {
         copier(r.device).put(r.memory, r.source, r.size);
+        ++_copies;
       } catch (...) {
         for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
           if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
@@ -371,6 +375,7 @@ class Job {
     for (const CopyRun& r : runs) {
       try {
         copier(r.device).put(r.memory, r.source, r.size);
+        ++_copies;
       } catch (...) {
         for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
           if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
@@ -520,6 +525,7 @@ class Job {
   // copy_from_page_cache's and read_in_slices', kept to reuse their memory.
   std::vector<CopyRun> _copy_runs;
   std::vector<bool> _failed_pieces;
+  std::uint64_t _copies = 0;  // queued
 };
 
 class StagedBackend final : public TransferBackend {
