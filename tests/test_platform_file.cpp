@@ -193,7 +193,9 @@ TEST(FileRanges, TheSampledResidencyProbeAgreesWithTheFullOne) {
   std::vector<std::byte> back(bytes.size());
   detail::read_exact(fd, back.data(), back.size(), 0, path);  // in the page cache now
   for (const auto& [offset, length] : {std::pair<std::uint64_t, std::uint64_t>{0, 24 << 20},
-                                       {4095, (20 << 20) + 3}, {1 << 20, 4096}, {0, 0}}) {
+                                       {4095, (20 << 20) + 3},
+                                       {1 << 20, 4096},
+                                       {0, 0}}) {
     for (const unsigned windows : {0u, 2u, 8u, 64u}) {
       if (detail::range_resident(fd.get(), offset, length)) {
         EXPECT_TRUE(detail::range_resident_sampled(fd.get(), offset, length, windows))

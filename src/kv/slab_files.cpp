@@ -82,8 +82,7 @@ bool SlabFiles::all_cached(std::span<const Range> ranges) const {
   // Sampled: probing every page of a 256 MiB batch costs about a millisecond, a fifth of moving
   // it at pinned H2D speed. A page missed costs a buffered read of it, never a wrong byte.
   constexpr unsigned kSpanWindows = 64, kRangeWindows = 8;
-  const auto sampled = [&](int slab, std::uint64_t offset, std::uint64_t length,
-                           unsigned windows) {
+  const auto sampled = [&](int slab, std::uint64_t offset, std::uint64_t length, unsigned windows) {
     return range_resident_sampled(_files[slab]->buffered.get(), offset, length, windows);
   };
   std::map<int, bool> whole;
