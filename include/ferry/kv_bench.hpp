@@ -39,12 +39,14 @@ struct KVBenchTimes {
   double move = 0, sync = 0, journal = 0;  // KVStats put_*/get_move_seconds
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // staged workers' thread-s
   double setup = 0;                                                  // (KVStats staged_*)
+  double transfer = 0, span = 0, copies = 0;  // KVStats staged_transfer_seconds, _thread_span_*
 };
 
 struct KVBenchRow {
   std::uint64_t block_bytes = 0, blocks = 0;
   std::uint64_t batch = 0;            // blocks per put/get call
   std::string path;                   // the route the blocks took: host, staged, cufile-*
+  std::string checksum;               // the XXH3 build that checksummed them: avx2 or default
   double put_gbps = 0;                // durable
   double get_cold_gbps = 0;           // slabs not in the page cache
   double get_warm_gbps = 0;           // slabs read into the page cache first

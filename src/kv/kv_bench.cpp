@@ -10,6 +10,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/thread_barrier.hpp"
@@ -157,6 +158,9 @@ KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
   t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
   t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
   t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
+  t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
+  t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
+  t.copies = double(b.staged_copies - a.staged_copies);
   return t;
 }
 
@@ -171,6 +175,9 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.setup += t.setup * weight;
   into.hash += t.hash * weight;
   into.hash_wait += t.hash_wait * weight;
+  into.transfer += t.transfer * weight;
+  into.span += t.span * weight;
+  into.copies += t.copies * weight;
 }
 
 // Reads a file through the page cache.
@@ -290,6 +297,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   }
   const std::vector<KVBlock> sources(in.begin(), in.end()), targets(out.begin(), out.end());
   KVBenchRow row;
+  row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
   row.block_bytes = block;
   row.blocks = count;
   row.batch = batch;
@@ -315,8 +323,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
                                  : store.get(std::span(keys).first(n), std::span(targets).first(n));
         for (const KVResult& r : results) {
           FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
-                       "kv bench ", put ? "put" : "get", " of ", block, "-byte blocks: ",
-                       to_string(r.status), ": ", r.message);
+                       "kv bench ", put ? "put" : "get", " of ", block,
+                       "-byte blocks: ", to_string(r.status), ": ", r.message);
           row.path = to_string(r.route);
         }
       }

@@ -465,6 +465,9 @@ KVStats KVStore::stats() {
   out.staged_setup_seconds = staged.setup;
   out.staged_hash_seconds = staged.hash;
   out.staged_hash_wait_seconds = staged.hash_wait;
+  out.staged_transfer_seconds = staged.transfer;
+  out.staged_thread_span_seconds = staged.span;
+  out.staged_copies = staged.copies;
   out.gpu_path = s.options.gpu_path;
   out.read_only = s.options.read_only;
   return out;
