@@ -161,7 +161,8 @@ LoadOptions make_options(const std::string& device, std::optional<std::vector<st
   // The waiting thread looks for signals (Ctrl-C) while the load runs without the GIL; a pending
   // KeyboardInterrupt cancels the load and is raised in its place.
   o.keep_going = [] {
-    if (!InterpreterExit::get().enter()) return true;  // Python is exiting: no GIL to take
+    // Python is exiting: no GIL to take, and the load stops so the exit need not wait for it.
+    if (!InterpreterExit::get().enter()) return false;
     struct Leave {
       ~Leave() { InterpreterExit::get().leave(); }
     } leave;
