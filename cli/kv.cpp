@@ -123,7 +123,11 @@ void add_bench(CLI::App& kv) {
       if (r.pinned_h2d_gbps > 0)
         std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps, r.pinned_h2d_gbps,
                     r.get_warm_gbps / r.pinned_h2d_gbps);
-      std::printf("  XXH3 %s\n", r.checksum.c_str());
+      std::printf("  XXH3 %s", r.checksum.c_str());
+      if (r.gpu_checksum_gbps > 0) std::printf(", on the GPU %.1f GB/s", r.gpu_checksum_gbps);
+      if (!r.gpu_checksum_note.empty())
+        std::printf(" (no GPU checksum: %s)", r.gpu_checksum_note.c_str());
+      std::printf("\n");
       // Where each pass's time went (ms per pass, the mean of the rounds).
       const auto times = [&r](const char* what, const KVBenchTimes& t) {
         std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,
@@ -155,6 +159,7 @@ void add_bench(CLI::App& kv) {
                       {"blocks", r.blocks},
                       {"batch", r.batch},
                       {"warm_resident", r.warm_resident},
+                      {"gpu_checksum_gbps", r.gpu_checksum_gbps},
                       {"put_seconds", times_json(r.put_times)},
                       {"get_cold_seconds", times_json(r.cold_times)},
                       {"get_warm_seconds", times_json(r.warm_times)},

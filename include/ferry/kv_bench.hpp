@@ -56,6 +56,10 @@ struct KVBenchRow {
   unsigned rounds = 0;                              // the figures are medians of this many
   // Pinned copies of max(256 MiB, a batch's bytes) in this row's run; 0 for host memory.
   double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;
+  // XXH3 of a batch's blocks computed by the GPU that holds them (its digests checked against the
+  // host's first); 0 with the reason in the note where it cannot run; 0 for host memory.
+  double gpu_checksum_gbps = 0;
+  std::string gpu_checksum_note;
   // The lowest share of the slabs' bytes found in the page cache after a warm pass (1: the
   // warm gets were all served from it); 0 also where that cannot be told (Windows).
   double warm_resident = 0;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv/checksum.hpp"
@@ -103,6 +104,36 @@ std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
   };
   const double d2h = time(false);
   return {d2h, time(true)};
+}
+
+// Median GB/s of the GPU checksum over `batch` blocks of `block` bytes in device memory, after
+// checking its digests against the host's on the same bytes; 0 and the reason where it cannot run.
+std::pair<double, std::string> gpu_checksum_rate(int ordinal, std::uint64_t block,
+                                                 std::uint64_t batch) {
+  if (std::string why = detail::gpu_checksum_unavailable(ordinal); !why.empty()) return {0, why};
+  auto context = std::make_shared<detail::PrimaryContext>(ordinal);
+  const std::uint64_t bytes = block * batch;
+  auto device = detail::allocate_device_memory(context, bytes);
+  std::vector<std::byte> host(bytes);
+  for (std::uint64_t i = 0; i < bytes; ++i) host[i] = std::byte(i * 2654435761u >> 13);
+  detail::Stream stream;
+  const auto base = reinterpret_cast<shim::cu::DevicePtr>(device.get());
+  FERRY_CU(cuMemcpyHtoDAsync, base, host.data(), bytes, stream.get());
+  std::vector<detail::DeviceBytes> blocks;
+  for (std::uint64_t b = 0; b < batch; ++b) blocks.push_back({base + b * block, block});
+  const std::vector<std::uint64_t> digests = detail::gpu_checksums(ordinal, blocks, stream.get());
+  for (std::uint64_t b = 0; b < batch; ++b)
+    FERRY_EXPECT(digests[b] == detail::kv::checksum(host.data() + b * block, block),
+                 std::runtime_error, "the GPU checksum of block ", b, " (", block,
+                 " bytes) differs from the host's");
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const auto start = Clock::now();
+    detail::gpu_checksums(ordinal, blocks, stream.get());
+    rates.push_back(double(bytes) / seconds_since(start) / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], ""};
 }
 
 double median(std::vector<double> v) {
@@ -383,9 +414,12 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   row.raw_write_gbps = gb / median(raw_write_s);
   row.raw_read_gbps = gb / median(raw_cold_s);
   row.raw_warm_read_gbps = gb / median(raw_warm_s);
-  if (o.device.is_cuda())
+  if (o.device.is_cuda()) {
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
         pinned_copies(o.device.index, block * batch);
+    std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
+        gpu_checksum_rate(o.device.index, block, batch);
+  }
   return row;
 }
 

@@ -80,6 +80,9 @@ CudaDriver load_driver() {
   resolve(library, "cuMemAllocFromPoolAsync", d.cuMemAllocFromPoolAsync, optional);
   resolve(library, "cuMemFreeAsync", d.cuMemFreeAsync, optional);
   resolve(library, "cuCtxSynchronize", d.cuCtxSynchronize, optional);
+  resolve(library, "cuModuleLoadData", d.cuModuleLoadData, optional);
+  resolve(library, "cuModuleGetFunction", d.cuModuleGetFunction, optional);
+  resolve(library, "cuLaunchKernel", d.cuLaunchKernel, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

@@ -18,6 +18,10 @@ struct StreamState;
 using Stream = StreamState*;
 struct EventState;
 using Event = EventState*;
+struct ModuleState;
+using Module = ModuleState*;
+struct FunctionState;
+using Function = FunctionState*;
 
 inline constexpr Result kSuccess = 0;
 inline constexpr unsigned kMemHostRegisterPortable = 0x01;
@@ -211,6 +215,12 @@ struct CudaDriver {
                                         cu::Stream) = nullptr;
   cu::Result (*cuMemFreeAsync)(cu::DevicePtr, cu::Stream) = nullptr;
   cu::Result (*cuCtxSynchronize)() = nullptr;
+  // Optional (null where missing; every driver has them): ferry's one kernel, the GPU checksum
+  // of KV blocks (cuda/gpu_checksum.hpp), loaded from embedded PTX.
+  cu::Result (*cuModuleLoadData)(cu::Module*, const void*) = nullptr;
+  cu::Result (*cuModuleGetFunction)(cu::Function*, cu::Module, const char*) = nullptr;
+  cu::Result (*cuLaunchKernel)(cu::Function, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, cu::Stream, void**, void**) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

@@ -105,6 +105,15 @@ struct Ours<CUmemPool_attribute> {
 };
 static_assert(sizeof(CUmemPool_attribute) == sizeof(int));
 
+template <>
+struct Ours<CUmodule> {
+  using type = cu::Module;
+};
+template <>
+struct Ours<CUfunction> {
+  using type = cu::Function;
+};
+
 template <class Real, class Declared>
 constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
 
@@ -232,6 +241,9 @@ FERRY_CHECK_ABI(cuMemPoolTrimTo, cuMemPoolTrimTo);
 FERRY_CHECK_ABI(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync);
 FERRY_CHECK_ABI(cuMemFreeAsync, cuMemFreeAsync);
 FERRY_CHECK_ABI(cuCtxSynchronize, cuCtxSynchronize);
+FERRY_CHECK_ABI(cuModuleLoadData, cuModuleLoadData);
+FERRY_CHECK_ABI(cuModuleGetFunction, cuModuleGetFunction);
+FERRY_CHECK_ABI(cuLaunchKernel, cuLaunchKernel);
 static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == cu::kMemAllocationTypePinned);
 static_assert(CU_MEM_LOCATION_TYPE_DEVICE == cu::kMemLocationTypeDevice);
 static_assert(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == cu::kMemPoolAttrReleaseThreshold);
