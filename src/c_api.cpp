@@ -136,6 +136,10 @@ void ferry_load_options_init(ferry_load_options* options) {
   options->io_mode = FERRY_IO_MODE_AUTO;
 }
 
+void ferry_load_options_init_sized(ferry_load_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_load_options_init);
+}
+
 ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                    const ferry_load_options* options, ferry_loaded** out) {
   return guarded([&] {
@@ -234,6 +238,10 @@ void ferry_transfer_options_init(ferry_transfer_options* options) {
   *options = ferry_transfer_options{};
   options->struct_size = sizeof(ferry_transfer_options);
   options->io_mode = FERRY_IO_MODE_AUTO;
+}
+
+void ferry_transfer_options_init_sized(ferry_transfer_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_transfer_options_init);
 }
 
 ferry_status ferry_file_set_create(size_t max_open, ferry_file_set** out) {
