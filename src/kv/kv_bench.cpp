@@ -417,8 +417,12 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   if (o.device.is_cuda()) {
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
         pinned_copies(o.device.index, block * batch);
-    std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
-        gpu_checksum_rate(o.device.index, block, batch);
+    try {  // a measurement beside the store's rows: its failure is reported, not fatal
+      std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
+          gpu_checksum_rate(o.device.index, block, batch);
+    } catch (const std::exception& e) {
+      row.gpu_checksum_note = e.what();
+    }
   }
   return row;
 }
