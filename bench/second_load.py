@@ -21,8 +21,21 @@ bytes each took from registered page cache; --page-cache-sweep adds them for oth
 and copy streams. The last lines are one table: pinned H2D, later loads on the defaults, first
 and later loads with page-cache DMA, as GB/s and x pinned H2D.
 
+--forms adds the later loads in the three forms a process meets them, on the defaults and (with
+--page-cache-pin) with page-cache DMA, one process each: (a) each load's memory freed right
+before the next (`ferry load --repeat N`, the rows above: the driver's work after freeing a
+large allocation slows the next copies, so pinned H2D right after freeing as many bytes is
+measured beside it in the same run); (b) every load kept resident (`--keep`: a server loading
+another model while the first stays); (c) loads after the first into the first load's memory
+(`--refill`: a weight refresh through load_into); and (a) with `--cache-device-memory` (ferry's
+opt-in device memory cache: the previous load's memory goes back to a stream-ordered pool, not
+to the driver, and serves the next load). Each form's rows say how much of a later
+load's time was not its copies (submission, first copy queued, the end). The table at the end
+lists every form.
+
 usage: second_load.py --ferry BIN CHECKPOINT [--device cuda:0] [--repeat 8] [--bound BIN]
-                      [--sweep] [--page-cache-pin 4GiB [--page-cache-sweep]] [--json OUT]
+                      [--sweep] [--page-cache-pin 4GiB [--page-cache-sweep]] [--forms]
+                      [--json OUT]
 """
 import argparse
 import json
@@ -45,11 +58,11 @@ PAGE_CACHE_SWEEP = [(4, 0, 4), (2, 0, 4), (1, 0, 4), (4, 1, 4), (4, 2, 4), (4, 0
                     (2, 0, 256), (1, 0, 256)]
 
 
-def ferry_loads(args, extra=()):
+def ferry_loads(args, extra=(), repeat=None):
     # The built-in defaults, as bench/compare_loads.py measures them (no tuning file).
     env = dict(os.environ, FERRY_TUNING_FILE="/nonexistent/ferry-second-load-tuning.json")
     out = subprocess.run([args.ferry, "load", args.checkpoint, "--device", args.device, "--json",
-                          "--repeat", str(args.repeat), *extra],
+                          "--repeat", str(repeat or args.repeat), *extra],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"ferry load {' '.join(extra)} failed: {out.stderr.strip()[-500:]}")
@@ -77,6 +90,63 @@ def breakdown(loads):
               f"{ms(steady)} {ms(tail)} {ms(end)} "
               f"{ms(s.get('wait_thread_seconds', 0) / threads):>8} "
               f"{ms(s.get('read_thread_seconds', 0) / threads):>8}")
+
+
+def non_copy_ms(s):
+    """A load's time outside its copies' span (submission, head before the first copy, end)."""
+    p = s.get("pipeline_seconds", {})
+    return (s["seconds"] - (p.get("copies_done", 0) - p.get("first_copy", 0))) * 1e3
+
+
+def pinned_h2d_after_free_gbps(free_bytes, runs=5, nbytes=1 << 30):
+    """Pinned H2D into a kept buffer right after freeing `free_bytes` of device memory
+    (cudaFree through torch.cuda.empty_cache): the driver's post-free cost on the next copies."""
+    import time
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    rates = []
+    for i in range(runs + 1):
+        freed = torch.empty(free_bytes, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        del freed
+        torch.cuda.empty_cache()  # the caching allocator's cudaFree of that block
+        t = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        if i:
+            rates.append(nbytes / (time.perf_counter() - t) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
+    return statistics.median(rates)
+
+
+def fits_repeat(args, tensor_bytes):
+    """How many loads --keep can hold on the device (all of --repeat where they fit)."""
+    try:
+        import torch
+        free, _ = torch.cuda.mem_get_info(int(args.device.split(":")[1]))
+    except Exception:
+        return args.repeat
+    return max(2, min(args.repeat, int(free * 0.9) // max(tensor_bytes, 1)))
+
+
+FORMS = [("freed", [], "previous load freed right before"),
+         ("keep", ["--keep"], "every load kept (--keep)"),
+         ("refill", ["--refill"], "into the first load's memory (--refill)"),
+         ("cached", ["--cache-device-memory"], "freed into the device memory cache")]
+
+
+def form_row(label, loads):
+    later = loads[1:] or loads
+    gbps = later_median(loads)
+    extra = statistics.median(non_copy_ms(s) for s in later)
+    total = statistics.median(s["seconds"] for s in later) * 1e3
+    # The whole library call beyond the load's own clock (device context, tuning lookup).
+    outside = statistics.median(s.get("call_seconds", s["seconds"]) - s["seconds"]
+                                for s in later) * 1e3
+    return {"label": label, "gbps": gbps, "non_copy_ms": extra, "total_ms": total,
+            "outside_ms": outside, "loads": loads}
 
 
 def later_median(loads, key="gigabytes_per_second"):
@@ -115,6 +185,8 @@ def main():
                     help="also loads with page-cache DMA of this budget (e.g. 4GiB)")
     ap.add_argument("--page-cache-sweep", action="store_true",
                     help="with --page-cache-pin: other thread counts and copy streams too")
+    ap.add_argument("--forms", action="store_true",
+                    help="also later loads kept resident (--keep) and refilled (--refill)")
     ap.add_argument("--json")
     args = ap.parse_args()
     pinned = None
@@ -220,14 +292,68 @@ def main():
                 summary = {k: v for k, v in run.items() if k != "loads"}
                 result["page_cache_sweep"].append({"threads": threads, "copy_streams": streams,
                                                    "chunk_mib": mib, **summary})
-        print(f"{'':<36} {'GB/s':>7} {'x pinned H2D':>12}")
-        rows = [("pinned H2D (same run)", pinned),
-                ("later loads, defaults", result["later_gbps"]),
-                ("first load, page-cache DMA", pc["first_gbps"]),
-                ("later loads, page-cache DMA", pc["later_gbps"])]
-        for label, gbps in rows:
-            if gbps is not None:
-                print(f"{label:<36} {gbps:7.2f} {times_pinned(gbps, pinned):>12}")
+    forms = []
+    if args.forms:
+        pinned_after_free = None
+        if pinned:
+            pinned_after_free = pinned_h2d_after_free_gbps(loads[-1]["allocated_bytes"])
+            result["pinned_h2d_after_free_gbps"] = pinned_after_free
+            print(f"the driver's post-free cost: pinned H2D right after freeing "
+                  f"{loads[-1]['allocated_bytes'] / 1e9:.2f} GB of device memory (cudaFree): "
+                  f"{pinned_after_free:.2f} GB/s = {times_pinned(pinned_after_free, pinned)} x "
+                  f"pinned H2D; later loads that free nothing to the driver before them (--keep, "
+                  f"--refill, --cache-device-memory) avoid it")
+        keep_repeat = fits_repeat(args, loads[-1]["allocated_bytes"])
+        engines = [("defaults", [], loads)]
+        if args.page_cache_pin:
+            engines.append(("page-cache DMA", ["--page-cache-pin", args.page_cache_pin],
+                            result["page_cache"]["loads"]))
+        print(f"later loads by form (median of later loads, one process each; non-copy = the "
+              f"load's time outside its copies' span: submission, before the first copy, end; "
+              f"call ms outside = the library call's time beyond the load's own clock)")
+        print(f"{'engine':<15} {'form':<40} {'GB/s':>7} {'x pinned':>8} {'total ms':>8} "
+              f"{'non-copy ms':>11} {'%':>5} {'call ms outside':>15}")
+        for engine, flags, freed_loads in engines:
+            for name, form_flags, label in FORMS:
+                if name == "freed":
+                    got = freed_loads
+                else:
+                    repeat = keep_repeat if name == "keep" else args.repeat
+                    got = ferry_loads(args, [*flags, *form_flags], repeat=repeat)
+                row = form_row(label, got)
+                row.update(engine=engine, form=name)
+                forms.append(row)
+                print(f"{engine:<15} {label:<40} {row['gbps']:7.2f} "
+                      f"{times_pinned(row['gbps'], pinned):>8} {row['total_ms']:8.2f} "
+                      f"{row['non_copy_ms']:11.2f} {row['non_copy_ms'] / row['total_ms'] * 100:5.1f} "
+                      f"{row['outside_ms']:15.3f}")
+            if engine == "page-cache DMA":
+                print("page-cache DMA, kept, refilled and cached loads, where their time went:")
+                for row in forms[-3:]:
+                    print(f"  {row['label']}:")
+                    breakdown(row["loads"])
+        result["forms"] = [{k: v for k, v in r.items()} for r in forms]
+        if keep_repeat < args.repeat:
+            print(f"--keep held {keep_repeat} loads (what fits in the device's free memory)")
+    print(f"{'':<68} {'GB/s':>7} {'x pinned H2D':>12}")
+    rows = [("pinned H2D (same run)", pinned)]
+    if result.get("pinned_h2d_after_free_gbps"):
+        rows.append(("pinned H2D right after freeing a load's bytes (same run)",
+                     result["pinned_h2d_after_free_gbps"]))
+    by_form = {(r["engine"], r["form"]): r["gbps"] for r in forms}
+    rows.append(("later loads, defaults, previous load freed right before", result["later_gbps"]))
+    rows += [(f"later loads, defaults, {label}", by_form.get(("defaults", name)))
+             for name, _, label in FORMS[1:]]
+    if args.page_cache_pin:
+        pc = result["page_cache"]
+        rows += [("first load, page-cache DMA", pc["first_gbps"]),
+                 ("later loads, page-cache DMA, previous load freed right before",
+                  pc["later_gbps"])]
+        rows += [(f"later loads, page-cache DMA, {label}", by_form.get(("page-cache DMA", name)))
+                 for name, _, label in FORMS[1:]]
+    for label, gbps in rows:
+        if gbps is not None:
+            print(f"{label:<68} {gbps:7.2f} {times_pinned(gbps, pinned):>12}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -128,17 +128,25 @@ void add_bench(CLI::App& kv) {
       if (r.pinned_h2d_gbps > 0)
         std::printf("  pinned D2H %.1f H2D %.1f (warm x%.2f)", r.pinned_d2h_gbps, r.pinned_h2d_gbps,
                     r.get_warm_gbps / r.pinned_h2d_gbps);
+      std::printf("  XXH3 %s", r.checksum.c_str());
+      if (r.gpu_checksum_gbps > 0) std::printf(", on the GPU %.1f GB/s", r.gpu_checksum_gbps);
+      if (!r.gpu_checksum_note.empty())
+        std::printf(" (no GPU checksum: %s)", r.gpu_checksum_note.c_str());
       std::printf("\n");
       // Where each pass's time went (ms per pass, the mean of the rounds).
-      const auto times = [](const char* what, const KVBenchTimes& t) {
+      const auto times = [&r](const char* what, const KVBenchTimes& t) {
         std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,
                     t.move * 1e3, t.sync * 1e3, t.journal * 1e3);
+        // The workers' thread-ms; idle: what the transfers' workers had and did not use.
         if (t.io > 0)
           std::printf(
-              " (staged workers: I/O %.0f, copy wait %.0f, queue %.0f, hash %.0f (in I/O "
-              "for puts, queue for gets), hash wait %.0f, setup %.0f)",
-              t.io * 1e3, t.copy_wait * 1e3, t.queue * 1e3, t.hash * 1e3, t.hash_wait * 1e3,
-              t.setup * 1e3);
+              " (staged: transfers %.1f; workers: I/O %.0f, copy wait %.0f, queue %.0f, hash %.0f "
+              "(in I/O for puts, queue for gets), hash wait %.0f, setup %.0f, idle %.0f of %.0f; "
+              "%.0f copies of %.0f KiB)",
+              t.transfer * 1e3, t.io * 1e3, t.copy_wait * 1e3, t.queue * 1e3, t.hash * 1e3,
+              t.hash_wait * 1e3, t.setup * 1e3,
+              (t.span - t.io - t.copy_wait - t.queue - t.setup) * 1e3, t.span * 1e3, t.copies,
+              t.copies > 0 ? double(r.block_bytes * r.blocks) / 1024 / t.copies : 0.0);
       };
       std::printf("    ms per pass:");
       times(" put", r.put_times);
@@ -160,16 +168,19 @@ void add_bench(CLI::App& kv) {
       const auto times_json = [](const KVBenchTimes& t) {
         return nlohmann::json{{"pass", t.pass},       {"move", t.move}, {"sync", t.sync},
                               {"journal", t.journal}, {"io", t.io},     {"copy_wait", t.copy_wait},
-                              {"queue", t.queue}, {"setup", t.setup},     {"hash", t.hash}, {"hash_wait", t.hash_wait}};
+                              {"queue", t.queue}, {"setup", t.setup},     {"hash", t.hash}, {"hash_wait", t.hash_wait},
+                              {"transfer", t.transfer}, {"span", t.span}, {"copies", t.copies}};
       };
       rows.push_back({{"block_bytes", r.block_bytes},
                       {"blocks", r.blocks},
                       {"batch", r.batch},
                       {"warm_resident", r.warm_resident},
+                      {"gpu_checksum_gbps", r.gpu_checksum_gbps},
                       {"put_seconds", times_json(r.put_times)},
                       {"get_cold_seconds", times_json(r.cold_times)},
                       {"get_warm_seconds", times_json(r.warm_times)},
                       {"path", r.path},
+                      {"checksum", r.checksum},
                       {"put_gbps", r.put_gbps},
                       {"get_cold_gbps", r.get_cold_gbps},
                       {"get_warm_gbps", r.get_warm_gbps},

@@ -1,9 +1,12 @@
 // ferry load PATH: loads a checkpoint into GPU or host memory and reports how it went.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
@@ -73,6 +76,9 @@ void add_load(CLI::App& app) {
   static std::string copy_streams = "0";
   static std::string page_cache_pin = "0";
   static unsigned repeat = 1;
+  static bool keep = false;
+  static bool refill = false;
+  static bool cache_device_memory = false;
   static bool tensor_parallel = false;
   static unsigned round_mib = 0;
   static std::string next_round = "eager";
@@ -132,8 +138,23 @@ void add_load(CLI::App& app) {
   cmd->add_flag("--profile", profile,
                 "time the copies on the GPU for the statistics (copy engine busy time; costs a "
                 "little)");
-  cmd->add_option("--repeat", repeat, "load this many times and report each")
+  cmd->add_option("--repeat", repeat,
+                  "load this many times and report each (by default each load's memory is freed "
+                  "right before the next load: the driver's work after freeing it slows the next "
+                  "load's first copies)")
       ->check(CLI::Range(1u, 1000000u));
+  auto* keep_flag = cmd->add_flag("--keep", keep,
+                                  "with --repeat: hold every load's memory to the end (a server "
+                                  "loading another model while the first stays resident)");
+  cmd->add_flag("--refill", refill,
+                "with --repeat: load the second and later times into the first load's memory "
+                "(load_into its tensors, as a weight refresh does); one device only")
+      ->excludes(keep_flag);
+  cmd->add_flag("--cache-device-memory", cache_device_memory,
+                "GPU: take each load's memory from a process-wide cache that keeps what loads "
+                "free for later ones (no driver work after a free slowing the next load's "
+                "copies); it holds freed GPU memory from other allocators, so it is off by "
+                "default");
   cmd->callback([] {
     LoadOptions options;
     const bool several = lists_several_devices(device);
@@ -149,6 +170,7 @@ void add_load(CLI::App& app) {
     set_load_option(options, "copy_streams", copy_streams);
     set_load_option(options, "profile", profile ? "true" : "false");
     set_load_option(options, "page_cache_pin", page_cache_pin);
+    set_load_option(options, "cache_device_memory", cache_device_memory ? "true" : "false");
     // Ctrl-C stops the load between chunks (it throws ferry::Cancelled: exit status 130).
 #ifdef _WIN32
     std::signal(SIGINT, on_interrupt);  // the C runtime's Ctrl-C handler (no sigaction there)
@@ -159,9 +181,15 @@ void add_load(CLI::App& app) {
 #endif
     options.keep_going = [] { return interrupted == 0; };
     if (several) {
+      FERRY_EXPECT(!refill, std::invalid_argument,
+                   "--refill loads into the first load's memory on one device: not with several "
+                   "devices (--device ", device, ")");
+      FERRY_EXPECT(!cache_device_memory, std::invalid_argument,
+                   "--cache-device-memory serves loads onto one device: not with several devices "
+                   "(--device ", device, ")");
       return run_fanout_load({path, device, options, tensor_parallel, hash, json, repeat,
                               std::uint64_t{round_mib} << 20, next_round == "at-tail",
-                              submissions == "per-device"});
+                              submissions == "per-device", keep});
     }
     FERRY_EXPECT(!tensor_parallel, std::invalid_argument,
                  "--tensor-parallel needs several devices (--device cuda:0,cuda:1)");
@@ -170,27 +198,53 @@ void add_load(CLI::App& app) {
     prepare_device(options.device);
     std::FILE* report = hash ? stderr : stdout;
     nlohmann::json runs = nlohmann::json::array();
+    std::vector<LoadedCheckpoint> kept;        // --keep: every load; --refill: the first
+    std::vector<TensorDestination> refill_to;  // --refill: the first load's tensors
     for (unsigned r = 0; r < repeat; ++r) {
       auto progress = std::make_shared<Progress>("loading " + printable(path));
       if (!json)
         options.progress = [progress](auto done, auto total) { progress->update(done, total); };
       const bool peak_known = reset_peak_resident();
       const std::uint64_t before = resident_bytes();
-      LoadedCheckpoint loaded = load(checkpoint, options);
+      const bool refilling = refill && r > 0;
+      // Without --keep or --refill the previous load is freed here, right before this one.
+      std::optional<LoadedCheckpoint> loaded;
+      LoadStats stats;
+      // The whole call: the load's own clock starts after the device context and the tuning
+      // lookup, which a caller pays too.
+      const auto called = std::chrono::steady_clock::now();
+      if (refilling) {
+        stats = load_into(*checkpoint, refill_to, options);
+      } else {
+        loaded.emplace(load(checkpoint, options));
+        stats = loaded->stats();
+      }
+      const double call_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - called).count();
       progress->finish();
       // Host memory the load added beyond its destination (which is host memory on cpu).
-      const std::uint64_t destination = options.device.is_cuda() ? 0 : loaded.stats().tensor_bytes;
+      const std::uint64_t destination = options.device.is_cuda() ? 0 : stats.allocated_bytes;
       const std::uint64_t peak = peak_known ? peak_resident_bytes() : resident_bytes();
       const std::uint64_t growth = peak > before + destination ? peak - before - destination : 0;
+      const std::size_t tensors = refilling ? refill_to.size() : loaded->tensors().size();
       if (json) {
-        runs.push_back(stats_json(loaded.stats()));
+        runs.push_back(stats_json(stats));
         runs.back()["peak_host_growth_bytes"] = growth;
+        runs.back()["into"] = refilling ? "first load's memory" : "new memory";
+        runs.back()["loads_held"] = kept.size();  // earlier loads resident during this one
+        runs.back()["call_seconds"] = call_seconds;
       } else {
-        print_stats(report, loaded.stats(), loaded.tensors().size());
+        print_stats(report, stats, tensors);
         std::fprintf(report, "host memory: peak growth %s beyond the destination\n",
                      human_bytes(growth).c_str());
       }
-      if (hash && r + 1 == repeat) print_digests(loaded);
+      if (hash && r + 1 == repeat) print_digests(refilling ? kept.front() : *loaded);
+      if (loaded && (keep || (refill && r == 0))) {
+        if (refill)
+          for (const LoadedTensor& t : loaded->tensors())
+            refill_to.push_back({t.info->name, t.data, t.info->size});
+        kept.push_back(std::move(*loaded));
+      }
     }
     if (json) (hash ? std::cerr : std::cout) << runs.dump(2) << "\n";
   });

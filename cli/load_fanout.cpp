@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "ferry/fanout_load.hpp"
 #include "ferry/ggml_type.hpp"
@@ -107,6 +108,7 @@ void run_fanout_load(const FanoutRequest& request) {
   auto checkpoint = Checkpoint::open_shared(request.path);
   std::FILE* report = request.hash ? stderr : stdout;
   nlohmann::json runs = nlohmann::json::array();
+  std::vector<FanoutLoad> kept;  // --keep
   for (unsigned r = 0; r < request.repeat; ++r) {
     auto progress = std::make_shared<Progress>("loading " + printable(request.path));
     if (!request.json)
@@ -119,6 +121,7 @@ void run_fanout_load(const FanoutRequest& request) {
       print_stats(report, loaded.stats(), request.tensor_parallel);
     }
     if (request.hash && r + 1 == request.repeat) print_digests(loaded);
+    if (request.keep) kept.push_back(std::move(loaded));
   }
   if (request.json) (request.hash ? std::cerr : std::cout) << runs.dump(2) << "\n";
 }

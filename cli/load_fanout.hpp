@@ -18,6 +18,7 @@ struct FanoutRequest {
   std::uint64_t round_bytes = 0;
   bool next_round_at_tail = false;  // --next-round at-tail
   bool per_device = false;          // --submissions per-device
+  bool keep = false;                // --keep: every load held to the end
 };
 
 // True when `device` names more than one device.

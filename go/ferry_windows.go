@@ -124,22 +124,42 @@ func tensorInfo(ref checkpointRef, index int) (TensorInfo, Status) {
 
 // loadOptions mirrors ferry_load_options on x64; Go lays out and pads the fields as C does.
 type loadOptions struct {
-	structSize     uint32
-	device         *byte
-	names          uintptr
-	nameCount      uintptr
-	ioMode         int32
-	stagingBytes   uint64
-	chunkBytes     uint64
-	readerThreads  uint32
-	backend        *byte
-	allowCompat    int32
-	slotsPerThread uint32
+	structSize        uint32
+	device            *byte
+	names             uintptr
+	nameCount         uintptr
+	ioMode            int32
+	stagingBytes      uint64
+	chunkBytes        uint64
+	readerThreads     uint32
+	backend           *byte
+	allowCompat       int32
+	slotsPerThread    uint32
+	pageCachePinBytes uint64
+	cacheDeviceMemory int32
+}
+
+// initScratchWords bounds the struct a newer ferry.dll's init may write: it fills the struct as
+// its own header lays it out, which may be longer than loadOptions.
+const initScratchWords = 64
+
+// defaultLoadOptions takes ferry's defaults through ferry_load_options_init, written into
+// scratch space (a DLL newer than this package writes a longer struct), and keeps the fields
+// this package knows; struct_size then tells ferry to read no further.
+func defaultLoadOptions() loadOptions {
+	var scratch [initScratchWords]uint64
+	invoke("ferry_load_options_init", uintptr(unsafe.Pointer(&scratch[0])))
+	options := *(*loadOptions)(unsafe.Pointer(&scratch[0]))
+	if int(options.structSize) > len(scratch)*8 {
+		panic(fmt.Sprintf("ferry: ferry.dll wrote a %d-byte ferry_load_options into %d bytes",
+			options.structSize, len(scratch)*8))
+	}
+	options.structSize = uint32(unsafe.Sizeof(options))
+	return options
 }
 
 func loadCheckpoint(ref checkpointRef, device string) (loadedRef, Status) {
-	var options loadOptions
-	invoke("ferry_load_options_init", uintptr(unsafe.Pointer(&options)))
+	options := defaultLoadOptions()
 	options.device = cString(device)
 	var out uintptr
 	s := invoke("ferry_checkpoint_load", ref, uintptr(unsafe.Pointer(&options)),

@@ -74,6 +74,8 @@ LoadOptions load_options(const ferry_load_options& o) {
   if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
   if (FERRY_HAS_FIELD(o, page_cache_pin_bytes))
     set("page_cache_pin", std::to_string(o.page_cache_pin_bytes));
+  if (FERRY_HAS_FIELD(o, cache_device_memory))
+    set("cache_device_memory", o.cache_device_memory ? "true" : "false");
   return cpp;
 }
 
@@ -134,6 +136,10 @@ void ferry_load_options_init(ferry_load_options* options) {
   options->io_mode = FERRY_IO_MODE_AUTO;
 }
 
+void ferry_load_options_init_sized(ferry_load_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_load_options_init);
+}
+
 ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                    const ferry_load_options* options, ferry_loaded** out) {
   return guarded([&] {
@@ -153,6 +159,13 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
 }
 
 void ferry_loaded_free(ferry_loaded* loaded) { delete loaded; }
+
+ferry_status ferry_release_cached_device_memory(uint64_t* still_held) {
+  return guarded([&] {
+    const std::uint64_t held = ferry::release_cached_device_memory();
+    if (still_held) *still_held = held;
+  });
+}
 
 static const ferry::LoadedTensor& find_loaded(const ferry_loaded* loaded, const char* name) {
   require(loaded, "loaded");
@@ -225,6 +238,10 @@ void ferry_transfer_options_init(ferry_transfer_options* options) {
   *options = ferry_transfer_options{};
   options->struct_size = sizeof(ferry_transfer_options);
   options->io_mode = FERRY_IO_MODE_AUTO;
+}
+
+void ferry_transfer_options_init_sized(ferry_transfer_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_transfer_options_init);
 }
 
 ferry_status ferry_file_set_create(size_t max_open, ferry_file_set** out) {

@@ -83,6 +83,10 @@ void ferry_fanout_options_init(ferry_fanout_options* options) {
   options->shard_mode = FERRY_SHARD_MODE_REPLICAS;
 }
 
+void ferry_fanout_options_init_sized(ferry_fanout_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_fanout_options_init);
+}
+
 ferry_status ferry_checkpoint_load_fanout(const ferry_checkpoint* checkpoint,
                                           const ferry_fanout_options* options, ferry_fanout** out) {
   return guarded([&] {

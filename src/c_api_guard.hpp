@@ -2,6 +2,9 @@
 // exceptions to ferry_status (nothing throws across the C ABI).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <string>
 #include <system_error>
 
@@ -59,6 +62,19 @@ void require_size(const Struct& s, const char* what) {
   FERRY_EXPECT(s.struct_size <= sizeof(Struct), std::invalid_argument, what, "->struct_size ",
                s.struct_size, " is larger than this library's ", sizeof(Struct),
                " (built against a newer ferry.h?)");
+}
+
+// A *_init_sized entry point: the defaults `init` gives, written into the first `size` bytes only
+// (the caller's struct, perhaps from an older ferry.h), with struct_size set to what was written.
+template <class Struct>
+void init_prefix(Struct* options, std::size_t size, void (*init)(Struct*)) {
+  static_assert(offsetof(Struct, struct_size) == 0);
+  if (!options || size < sizeof(options->struct_size)) return;
+  Struct full;
+  init(&full);
+  const std::size_t written = std::min(size, sizeof(Struct));
+  full.struct_size = static_cast<decltype(full.struct_size)>(written);
+  std::memcpy(static_cast<void*>(options), &full, written);
 }
 
 inline void set_last_error(std::string message) { last_error = std::move(message); }

@@ -85,6 +85,10 @@ void ferry_kv_options_init(ferry_kv_options* options) {
   options->gpu_path = FERRY_KV_PATH_AUTO;
 }
 
+void ferry_kv_options_init_sized(ferry_kv_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_kv_options_init);
+}
+
 uint64_t ferry_kv_key(const void* bytes, size_t length) {
   return ferry::kv_key({static_cast<const std::byte*>(bytes), bytes ? length : 0});
 }

@@ -94,6 +94,10 @@ void ferry_stream_options_init(ferry_stream_options* options) {
   options->io_mode = FERRY_IO_MODE_AUTO;
 }
 
+void ferry_stream_options_init_sized(ferry_stream_options* options, size_t struct_size) {
+  ferry::capi::init_prefix(options, struct_size, ferry_stream_options_init);
+}
+
 ferry_status ferry_weight_stream_create(const ferry_stream_tensor* tensors,
                                         const size_t* tensor_counts, size_t group_count,
                                         unsigned prefetch, const ferry_stream_options* options,

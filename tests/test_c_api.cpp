@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "ferry/ferry.h"
 #include "ferry/tensor_digest.hpp"
@@ -47,6 +48,50 @@ TEST_F(CApi, ListsTensors) {
   EXPECT_EQ(std::string(info.file), (dir / "m.safetensors").string());
   EXPECT_EQ(ferry_checkpoint_tensor_info(checkpoint, 3, &info), FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ferry_last_error()).find("out of range"), std::string::npos);
+}
+
+// What a host built against an older ferry.h holds: the struct up to `fields_end`, then its own
+// memory. The sized init writes the defaults into that prefix and nothing beyond it.
+template <class Options>
+Options init_as_older_host(std::size_t fields_end, void (*init_sized)(Options*, size_t)) {
+  constexpr unsigned char kCanary = 0xA5;
+  std::vector<unsigned char> memory(sizeof(Options) + 64, kCanary);
+  init_sized(reinterpret_cast<Options*>(memory.data()), fields_end);
+  for (std::size_t i = fields_end; i < memory.size(); ++i)
+    EXPECT_EQ(memory[i], kCanary) << "byte " << i << " past a " << fields_end << "-byte struct";
+  Options out;
+  std::memset(&out, 0, sizeof out);
+  std::memcpy(&out, memory.data(), fields_end);
+  EXPECT_EQ(out.struct_size, fields_end);
+  return out;
+}
+
+TEST_F(CApi, SizedInitWritesNoFurtherThanTheHostsStruct) {
+  const ferry_load_options old_load = init_as_older_host(
+      offsetof(ferry_load_options, page_cache_pin_bytes), ferry_load_options_init_sized);
+  EXPECT_STREQ(old_load.device, "cpu");
+  EXPECT_EQ(old_load.io_mode, FERRY_IO_MODE_AUTO);
+  // The library reads only what that host's struct holds: the load works.
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &old_load, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_loaded_free(loaded);
+  init_as_older_host(offsetof(ferry_transfer_options, durable), ferry_transfer_options_init_sized);
+  init_as_older_host(sizeof(size_t) + sizeof(void*), ferry_kv_options_init_sized);
+  init_as_older_host(sizeof(size_t) + sizeof(void*), ferry_stream_options_init_sized);
+  init_as_older_host(offsetof(ferry_fanout_options, device_count), ferry_fanout_options_init_sized);
+  // The whole struct: the same as the plain init.
+  ferry_load_options whole, plain;
+  std::memset(&whole, 0, sizeof whole);  // padding alike, whatever the inits leave in it
+  std::memset(&plain, 0, sizeof plain);
+  ferry_load_options_init_sized(&whole, sizeof whole);
+  ferry_load_options_init(&plain);
+  EXPECT_EQ(std::memcmp(&whole, &plain, sizeof whole), 0);
+  // Too small to hold struct_size, or no struct: nothing is written.
+  unsigned char tiny[2] = {7, 7};
+  ferry_load_options_init_sized(reinterpret_cast<ferry_load_options*>(tiny), sizeof tiny);
+  EXPECT_EQ(tiny[0], 7);
+  ferry_load_options_init_sized(nullptr, sizeof whole);
 }
 
 TEST_F(CApi, LoadsAllAndReportsStats) {
@@ -225,6 +270,18 @@ TEST_F(CApi, EngineSettingsGoThroughTheOneMapping) {
       << file.reason;
   ferry_loaded_free(loaded);
   options.page_cache_pin_bytes = 0;
+
+  // The device memory cache serves GPU loads; a host load takes host memory as before, and
+  // releasing a cache no load used is a no-op.
+  options.cache_device_memory = 1;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_loaded_free(loaded);
+  options.cache_device_memory = 0;
+  std::uint64_t still_held = 1;
+  ASSERT_EQ(ferry_release_cached_device_memory(&still_held), FERRY_STATUS_OK);
+  EXPECT_EQ(still_held, 0u);
+  EXPECT_EQ(ferry_release_cached_device_memory(nullptr), FERRY_STATUS_OK);
 
   options.reader_threads = 100000;
   EXPECT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_INVALID_ARGUMENT);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
@@ -138,6 +139,74 @@ TEST_F(Gpu, PageCacheDmaLoadsTwiceBitExactTheSecondFromTheKeptRegistration) {
     }
   }
   EXPECT_EQ(release_page_cache_registrations(), 0u);  // nothing in flight holds one
+}
+
+// The device memory cache: a freed load's memory stays in the cache and serves the next load
+// (the cache does not grow), bit-exact on the staged path and with page-cache DMA; releasing it
+// hands back all but what a live load holds.
+TEST_F(Gpu, DeviceMemoryCacheServesTheNextLoadUntilReleased) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, mixed_specs(), 45);
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  options.cache_device_memory = true;
+  std::uint64_t cached = 0;
+  for (std::uint64_t pin : {std::uint64_t{0}, std::uint64_t{1} << 30}) {
+    options.page_cache_pin_bytes = pin;
+    for (int round = 0; round < 3; ++round) {
+      auto loaded = load(ckpt, options);
+      for (const auto& t : loaded.tensors())
+        ASSERT_EQ(tensor_digest(loaded, t), bytes_digest(written.at(t.info->name)))
+            << t.info->name << " pin=" << pin << " round " << round;
+      const std::uint64_t held = detail::device_memory_cache_bytes();
+      EXPECT_GE(held, loaded.stats().allocated_bytes);
+      if (cached == 0) cached = held;
+      EXPECT_EQ(held, cached) << "a later load took new memory instead of the cached";
+    }
+    EXPECT_EQ(detail::device_memory_cache_bytes(), cached);  // freed into the cache, kept
+  }
+  {
+    auto alive = load(ckpt, options);
+    EXPECT_GE(release_cached_device_memory(), alive.stats().allocated_bytes);
+    for (const auto& t : alive.tensors())  // the live load's bytes untouched by the release
+      ASSERT_EQ(tensor_digest(alive, t), bytes_digest(written.at(t.info->name))) << t.info->name;
+  }
+  EXPECT_EQ(release_cached_device_memory(), 0u);
+  EXPECT_EQ(detail::device_memory_cache_bytes(), 0u);
+  options.cache_device_memory = false;  // loads without the cache never fill it
+  auto plain = load(ckpt, options);
+  EXPECT_EQ(detail::device_memory_cache_bytes(), 0u);
+}
+
+// load_into refills a load's own memory: the first load's tensors again, bit-exact (the weight
+// refresh of `ferry load --refill`), with and without page-cache DMA.
+TEST_F(Gpu, LoadIntoRefillsAnEarlierLoadsTensors) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  auto written = test::write_random_checkpoint(file, mixed_specs(), 46);
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  auto first = load(ckpt, options);
+  std::vector<TensorDestination> refill;
+  for (const auto& t : first.tensors()) refill.push_back({t.info->name, t.data, t.info->size});
+  for (std::uint64_t pin : {std::uint64_t{0}, std::uint64_t{1} << 30}) {
+    options.page_cache_pin_bytes = pin;
+    // Scribble over the first load so that only a refill can restore its bytes.
+    auto& d = shim::CudaDriver::get();
+    ASSERT_EQ(d.cuMemsetD8Async(reinterpret_cast<shim::cu::DevicePtr>(first.memory().get()), 0xA5,
+                                first.stats().allocated_bytes, nullptr),
+              shim::cu::kSuccess);
+    ASSERT_EQ(d.cuStreamSynchronize(nullptr), shim::cu::kSuccess);
+    const LoadStats s = load_into(*ckpt, refill, options);
+    EXPECT_EQ(s.tensor_bytes, first.stats().tensor_bytes);
+    EXPECT_EQ(s.allocated_bytes, 0u);
+    for (const auto& t : first.tensors())
+      ASSERT_EQ(tensor_digest(first, t), bytes_digest(written.at(t.info->name)))
+          << t.info->name << " pin=" << pin;
+  }
 }
 
 TEST_F(Gpu, MissingDeviceIsAClearError) {

@@ -1,5 +1,5 @@
-// The KV store's journal and checkpoint readers against one hand-made defect per class, and
-// the in-memory index against a plain map.
+// The KV store's journal and checkpoint readers against one hand-made defect per class, the
+// in-memory index against a plain map, and each build of the block checksum against xxHash's.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "ferry/error.hpp"
+#include "kv/checksum.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
 #include "kv_test_support.hpp"
@@ -40,6 +41,39 @@ void expect_format_error(F&& f, const std::string& name, const std::string& what
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+// Every build of XXH3 this CPU runs (AVX2 where it has it) gives the library's digest, one-shot
+// and streamed in uneven parts at odd addresses, over the sizes where XXH3 changes its code path
+// (0-16, 17-128, 129-240 bytes, one stripe, one block of stripes) and larger.
+TEST(KvChecksum, EveryBuildGivesTheLibrarysDigest) {
+  const auto kernels = checksum_kernels();
+  const ChecksumKernel& library = *kernels.back();
+  EXPECT_EQ(checksum_kernel_name(library), "default");
+  EXPECT_EQ(&checksum_kernel(), kernels.front());
+  std::mt19937_64 random(13);
+  std::vector<std::byte> bytes((3u << 20) + 64);
+  for (auto& b : bytes) b = static_cast<std::byte>(random());
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 300; ++n) sizes.push_back(n);
+  for (std::size_t n : {1023u, 1024u, 1025u, 4095u, 65536u, 262145u, 1u << 20, 3u << 20})
+    sizes.push_back(n);
+  for (const ChecksumKernel* kernel : kernels) {
+    SCOPED_TRACE(std::string(checksum_kernel_name(*kernel)));
+    for (std::size_t size : sizes) {
+      const std::byte* data = bytes.data() + size % 61;  // unaligned too
+      const std::uint64_t expected = checksum(data, size, library);
+      ASSERT_EQ(checksum(data, size, *kernel), expected) << size << " bytes";
+      StreamingHash streamed(*kernel);
+      for (std::size_t at = 0; at < size;) {
+        const std::size_t part = std::min<std::size_t>(size - at, 1 + random() % 70000);
+        streamed.update(data + at, part);
+        at += part;
+      }
+      ASSERT_EQ(streamed.bytes(), size);
+      ASSERT_EQ(streamed.digest(), expected) << size << " bytes streamed";
+    }
   }
 }
 
@@ -114,8 +148,8 @@ TEST(KvJournal, ImpossibleRecordsAreErrorsNamingFileAndOffset) {
   Record empty = put_record(1, 10, 0);
   empty.length = 0;
   expect_format_error(
-      [&] { scan_records(journal_of(0, {empty}), kJournalHeaderSize, 0, kLimits, "/s/j"); },
-      "/s/j", "length 0");
+      [&] { scan_records(journal_of(0, {empty}), kJournalHeaderSize, 0, kLimits, "/s/j"); }, "/s/j",
+      "length 0");
   Record unknown = put_record(1, 10, 0);
   unknown.kind = static_cast<RecordKind>(7);
   expect_format_error(
@@ -164,8 +198,11 @@ TEST(KvCheckpoint, EachDefectIsAnErrorNamingTheFile) {
   auto bad_header = good;
   bad_header[24] ^= std::byte{1};
   expect_format_error(decode(bad_header), name, "header checksum");
-  expect_format_error([&] { decode_checkpoint(good, Limits{32, 4096}, name); }, name,
-                      "but the store has 32");
+  expect_format_error(
+      [&] {
+        decode_checkpoint(good, Limits{32, 4096}, name);
+      },
+      name, "but the store has 32");
   IndexSnapshot repeated_slot = sample_checkpoint();
   repeated_slot.entries[1].slot = 3;
   const auto rs = encode_checkpoint(repeated_slot, kLimits);
@@ -249,8 +286,8 @@ TEST_F(KvStoreFiles, JournalNewerThanCheckpointIsAnError) {
 
 TEST_F(KvStoreFiles, StaleJournalAfterACheckpointIsReplaced) {
   const auto old_journal = read("journal");  // epoch 0, four records
-  open().checkpoint();                        // checkpoint epoch 1 holds them
-  write("journal", old_journal);              // as if the crash hit between the renames
+  open().checkpoint();                       // checkpoint epoch 1 holds them
+  write("journal", old_journal);             // as if the crash hit between the renames
   auto store = open();
   EXPECT_EQ(store.keys(), (std::vector<KVKey>{1, 2, 3, 4}));
   EXPECT_EQ(store.stats().journal_records, 0u);
@@ -285,9 +322,9 @@ TEST_F(KvStoreFiles, CheckpointRepeatingASlotOrAKeyNamesTheFile) {
 
 TEST_F(KvStoreFiles, ManifestThatIsNotJsonNamesTheFile) {
   const std::string text = "{ not json";
-  write("manifest.json", std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
-                                                reinterpret_cast<const std::byte*>(text.data()) +
-                                                    text.size()));
+  write("manifest.json",
+        std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
+                               reinterpret_cast<const std::byte*>(text.data()) + text.size()));
   expect_open_error("manifest.json", "not JSON");
 }
 

@@ -31,6 +31,7 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   set_load_option(o, "copy_streams", "2");
   set_load_option(o, "profile", "true");
   set_load_option(o, "page_cache_pin", "4GiB");
+  set_load_option(o, "cache_device_memory", "true");
   EXPECT_EQ(o.device, Device::cuda(1));
   EXPECT_EQ(o.io, IoMode::Direct);
   EXPECT_EQ(o.backend, Backend::Cufile);
@@ -42,7 +43,8 @@ TEST(LoadOptions, EveryKeySetsItsField) {
   EXPECT_EQ(o.copy_streams, 2u);
   EXPECT_TRUE(o.profile);
   EXPECT_EQ(o.page_cache_pin_bytes, 4ull << 30);
-  EXPECT_EQ(load_option_keys().size(), 11u);
+  EXPECT_TRUE(o.cache_device_memory);
+  EXPECT_EQ(load_option_keys().size(), 12u);
   set_load_option(o, "page_cache_pin", "0");  // off
   EXPECT_EQ(o.page_cache_pin_bytes, 0u);
 }
@@ -85,6 +87,7 @@ TEST(LoadOptions, BadValuesNameTheOptionAndTheValue) {
            {"profile", "yes"},
            {"copy_streams", "1000"},
            {"page_cache_pin", "lots"},
+           {"cache_device_memory", "maybe"},
            {"page_cache_pin", "-4GiB"},
            {"page_cache_pin", "2000000TiB"},
        }) {

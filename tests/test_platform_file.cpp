@@ -14,6 +14,7 @@
 #include "ferry/utf8_path.hpp"
 #include "io/file_descriptor.hpp"
 #include "platform/file.hpp"
+#include "platform/file_ranges.hpp"
 #include "platform/system.hpp"
 #ifdef _WIN32
 #include "platform/windows/storage_verdicts.hpp"
@@ -176,6 +177,37 @@ TEST(FileDescriptor, WritesAndReadsAtOffsetsInBinary) {
   detail::read_exact(fd, back.data(), back.size(), 0, path);
   EXPECT_EQ(back, bytes);
   EXPECT_THROW(detail::read_exact(fd, back.data(), 10, bytes.size() - 5, path), FormatError);
+}
+
+// The sampled residency probe agrees with the full one where that is sure: a resident range
+// looks resident, and a range whose first page is not never does (the first page is sampled).
+TEST(FileRanges, TheSampledResidencyProbeAgreesWithTheFullOne) {
+  TempDir dir;
+  const auto path = dir / "cached.bin";
+  const std::vector<std::byte> bytes(24 << 20, std::byte{7});
+  {
+    const auto fd = detail::create_for_writing(path);
+    detail::write_exact(fd, bytes.data(), bytes.size(), 0, path);
+  }
+  const auto fd = detail::open_for_reading(path);
+  std::vector<std::byte> back(bytes.size());
+  detail::read_exact(fd, back.data(), back.size(), 0, path);  // in the page cache now
+  for (const auto& [offset, length] : {std::pair<std::uint64_t, std::uint64_t>{0, 24 << 20},
+                                       {4095, (20 << 20) + 3},
+                                       {1 << 20, 4096},
+                                       {0, 0}}) {
+    for (const unsigned windows : {0u, 2u, 8u, 64u}) {
+      if (detail::range_resident(fd.get(), offset, length)) {
+        EXPECT_TRUE(detail::range_resident_sampled(fd.get(), offset, length, windows))
+            << offset << "+" << length << ", " << windows << " windows";
+      }
+    }
+  }
+  detail::drop_cached_pages(fd.get());
+  for (const unsigned windows : {2u, 64u})
+    if (!detail::range_resident(fd.get(), 0, 4096)) {
+      EXPECT_FALSE(detail::range_resident_sampled(fd.get(), 0, 24 << 20, windows));
+    }
 }
 
 // The storage facts doctor prints: each one of its allowed values and a reason, whatever the

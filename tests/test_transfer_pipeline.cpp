@@ -19,6 +19,7 @@
 #include "test_support.hpp"
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
+#include "transfer/staged_units.hpp"
 #include "transfer/worker_pool.hpp"
 
 namespace ferry {
@@ -197,6 +198,44 @@ TEST(StagedPlan, RoundRobinTakesEachExtentsNextPieceInTurn) {
   for (std::uint64_t i = 0; i < 16; ++i)
     small.push_back({0, i * (256 << 10), {{Device::cpu(), nullptr, 256 << 10}}});
   EXPECT_EQ(detail::plan_staged(small, chunk, 0, 0, true).groups.size(), 1u);
+}
+
+// An observed read's units: no extent crosses two, every group is in one, and they are given up
+// where a few large extents would leave workers idle.
+TEST(StagedUnits, NoExtentCrossesTwoUnitsAndFewLargeExtentsTakeRounds) {
+  std::vector<Extent> extents;
+  std::uint64_t file_at = 0;
+  // Small extents back to back (sharing groups), ones of several chunks, an empty one.
+  const std::uint64_t sizes[] = {1 << 20, 1 << 20, 9 << 20, 0, 64 << 10, 6 << 20, 1 << 20, 4097};
+  for (int copy = 0; copy < 8; ++copy)
+    for (const std::uint64_t size : sizes) {
+      extents.push_back({0, file_at, {{Device::cpu(), nullptr, size}}});
+      file_at += (size + 4095) / 4096 * 4096;
+    }
+  const detail::StagedPlan plan = detail::plan_staged(extents, 4 << 20, 0, 0, false);
+  const std::vector<std::size_t> units = detail::observed_units(plan, 4);
+  ASSERT_GE(units.size(), 2u);
+  EXPECT_EQ(units.front(), 0u);
+  EXPECT_EQ(units.back(), plan.groups.size());
+  std::vector<std::size_t> unit_of(extents.size(), SIZE_MAX);
+  for (std::size_t u = 0; u + 1 < units.size(); ++u) {
+    ASSERT_LT(units[u], units[u + 1]);
+    for (std::size_t g = units[u]; g < units[u + 1]; ++g)
+      for (std::uint32_t i = plan.groups[g].first; i < plan.groups[g].first + plan.groups[g].count;
+           ++i) {
+        const std::uint32_t e = plan.pieces[i].extent;
+        if (unit_of[e] == SIZE_MAX) unit_of[e] = u;
+        EXPECT_EQ(unit_of[e], u) << "extent " << e << " crosses units";
+      }
+  }
+  // 4 extents of 16 MiB: 4 workers take one each; 16 workers would mostly wait.
+  std::vector<Extent> large;
+  for (std::uint64_t i = 0; i < 4; ++i)
+    large.push_back({0, i << 24, {{Device::cpu(), nullptr, 1 << 24}}});
+  const detail::StagedPlan large_plan = detail::plan_staged(large, 4 << 20, 0, 0, false);
+  EXPECT_EQ(detail::observed_units(large_plan, 4).size(), 5u);
+  EXPECT_TRUE(detail::observed_units(large_plan, 16).empty());
+  EXPECT_TRUE(detail::observed_units(large_plan, 3).empty());  // one worker does two
 }
 
 // A submission's workers are posted as one batch: every copy runs, on the pool's threads, or on

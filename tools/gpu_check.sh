@@ -17,10 +17,14 @@
 #   the transfer core's tests with a GPU (page-cache DMA's included) and loads after the first of
 #   the Qwen3-0.6B shape (where their time goes, GPU copy busy time, beside pinned H2D and
 #   bench/staged_bound: the machine's bound for a warm staged load), then with page-cache DMA
-#   (first load, which registers, and later ones; by threads and copy streams), ending in one
-#   table: pinned H2D, later loads default, first and later loads with page-cache DMA;
-#   core-full: the same plus the transfer benchmark, the copy probe (pinned copies by size,
-#   streams and source alignment), a sweep of threads, read sizes, slots and copy streams, and
+#   (first load, which registers, and later ones), then later loads in each form a process meets
+#   them (each freed right before the next, beside pinned H2D right after such a free; every load
+#   kept, --keep; refilled into the first load's memory, --refill; freed into the opt-in device
+#   memory cache, --cache-device-memory; their hashes beside a cpu
+#   load first), ending in one table: pinned H2D, each form on the defaults and with page-cache
+#   DMA; core-full: the same plus the transfer benchmark, the copy probe (pinned copies by size,
+#   streams and source alignment), a sweep of threads, read sizes, slots and copy streams (with
+#   page-cache DMA by threads and copy streams too), and
 #   moe-16x64 warm by the commit in .before beside this one (carry .before);
 #   kv (not in the default): the KV store's tests (GPU ones included), its Python tests on cuda:0,
 #   `ferry kv bench` on cuda:0 beside raw O_DIRECT and pinned copies, torch.save/torch.load of the
@@ -275,11 +279,23 @@ core_checks() {
   tail -3 "$OUT/ctest-core.log" | tee -a "$OUT/summary.txt"
   ninja -C /tmp/build transfer_bench staged_bound >>"$OUT/build.log" 2>&1 || { status=1; return; }
   local sweep=""
-  [ "${1:-}" = full ] && sweep="--sweep"
-  log "transfer core: loads after the first in one process, page-cache DMA (bench/second_load.py --page-cache-pin 4GiB)"
+  [ "${1:-}" = full ] && sweep="--sweep --page-cache-sweep"
   models=qwen3-0.6b checkpoints
+  log "transfer core: later loads kept (--keep), refilled (--refill) and from the device memory cache (--cache-device-memory) land the bytes of a cpu load"
+  mkdir -p /tmp/hashes
+  "$ferry" load "$ckpts/qwen3-0.6b" --device cpu --hash >/tmp/hashes/cpu-qwen3-0.6b.txt 2>/dev/null
+  for form in --keep --refill --cache-device-memory; do
+    same_hashes "$ckpts/qwen3-0.6b" /tmp/hashes/cpu-qwen3-0.6b.txt "qwen3-0.6b cuda:0 --repeat 3 $form" \
+      --device cuda:0 --repeat 3 $form
+    same_hashes "$ckpts/qwen3-0.6b" /tmp/hashes/cpu-qwen3-0.6b.txt "qwen3-0.6b cuda:0 --repeat 3 $form, page-cache DMA" \
+      --device cuda:0 --repeat 3 $form --page-cache-pin 4GiB
+  done
+  FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_cli_repeat.py \
+    >"$OUT/pytest-cli-repeat.log" 2>&1 || { status=1; tail -30 "$OUT/pytest-cli-repeat.log"; }
+  tail -1 "$OUT/pytest-cli-repeat.log" | sed 's/^/tests\/python\/test_cli_repeat.py (cuda:0): /' | tee -a "$OUT/summary.txt"
+  log "transfer core: loads after the first in one process: freed before, kept, refilled; defaults and page-cache DMA (bench/second_load.py --page-cache-pin 4GiB --forms)"
   (cd bench && python3 second_load.py --ferry "$ferry" "$ckpts/qwen3-0.6b" --device cuda:0 \
-    --bound /tmp/build/staged_bound --page-cache-pin 4GiB --page-cache-sweep $sweep \
+    --bound /tmp/build/staged_bound --page-cache-pin 4GiB --forms $sweep \
     --json "$OUT/second_load.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   [ "${1:-}" = full ] || return 0
   log "transfer core: bench/transfer_bench"

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   ENTRY(ferry_checkpoint_free)
   ENTRY(ferry_checkpoint_tensor_count)
   ENTRY(ferry_checkpoint_tensor_info)
-  ENTRY(ferry_load_options_init)
+  ENTRY(ferry_load_options_init_sized)
   ENTRY(ferry_checkpoint_load)
   ENTRY(ferry_loaded_tensor_digest)
   ENTRY(ferry_loaded_free)
@@ -63,8 +63,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "dynamic_host: %s\n", p_ferry_last_error());
     return 1;
   }
+  /* The library found at run time may be newer than this header: the sized init writes no more
+   * than this program's struct holds. */
   ferry_load_options options;
-  p_ferry_load_options_init(&options);
+  p_ferry_load_options_init_sized(&options, sizeof options);
   ferry_loaded* loaded = NULL;
   if (p_ferry_checkpoint_load(checkpoint, &options, &loaded) != FERRY_STATUS_OK) {
     fprintf(stderr, "dynamic_host: %s\n", p_ferry_last_error());

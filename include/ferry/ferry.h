@@ -63,7 +63,11 @@ typedef struct ferry_tensor_info {
 
 /* Structs that grow (options and statistics) start with struct_size: the size of the struct as
  * the caller compiled it. ferry reads and writes only the fields that lie inside it, so a host
- * built against an older header keeps working when fields are added at the end. */
+ * built against an older header keeps working when fields are added at the end.
+ * ferry_X_options_init(o) fills the struct as this header lays it out, which a newer library
+ * lays out longer: a host that may run with a newer library than its header calls
+ * ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6), which writes no more than
+ * that size and sets struct_size to it. */
 typedef struct ferry_load_options {
   uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
@@ -80,6 +84,12 @@ typedef struct ferry_load_options {
    * registered with the GPU driver and copied straight from there; 0: off (the default). The
    * option "page_cache_pin" of the CLI and Python. Each file's stats say which path it took. */
   uint64_t page_cache_pin_bytes;
+  /* Nonzero (GPU destinations): the load's memory comes from a process-wide per-device cache that
+   * keeps what loads free for later loads (the driver's work after freeing a large allocation
+   * slows the next load's copies). Off by default: it holds freed memory from other allocators
+   * until ferry_release_cached_device_memory. The option "cache_device_memory" of the CLI and
+   * Python. */
+  int32_t cache_device_memory;
 } ferry_load_options;
 
 typedef struct ferry_file_stats {
@@ -126,6 +136,7 @@ FERRY_API ferry_status ferry_checkpoint_tensor_info(const ferry_checkpoint* chec
 
 /* Fills `options` with the defaults (all tensors to "cpu", automatic tuning) and struct_size. */
 FERRY_API void ferry_load_options_init(ferry_load_options* options);
+FERRY_API void ferry_load_options_init_sized(ferry_load_options* options, size_t struct_size);
 /* Loads into one new allocation on options->device (defaults if options is NULL).
  * Returns OK, INVALID_ARGUMENT (also for a struct_size of 0 or larger than this library knows),
  * NOT_FOUND, IO_ERROR, FORMAT_ERROR, CUDA_ERROR or OUT_OF_MEMORY. */
@@ -134,6 +145,10 @@ FERRY_API ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                              ferry_loaded** out);
 /* Releases the loaded memory; NULL is ignored. */
 FERRY_API void ferry_loaded_free(ferry_loaded* loaded);
+/* Hands back to the driver the device memory the cache of options->cache_device_memory keeps for
+ * later loads (that of loads still alive stays); `still_held` (may be NULL) gets the bytes the
+ * cache still holds. Returns OK or CUDA_ERROR. */
+FERRY_API ferry_status ferry_release_cached_device_memory(uint64_t* still_held);
 /* Address of a loaded tensor (device address for CUDA). Returns OK or INVALID_ARGUMENT (not
  * loaded, or NULL arguments). */
 FERRY_API ferry_status ferry_loaded_tensor_data(const ferry_loaded* loaded, const char* name,
@@ -195,6 +210,8 @@ typedef struct ferry_transfer_options {
 
 /* Fills `options` with the defaults. */
 FERRY_API void ferry_transfer_options_init(ferry_transfer_options* options);
+FERRY_API void ferry_transfer_options_init_sized(ferry_transfer_options* options,
+                                                 size_t struct_size);
 /* A new, empty file set; max_open 0 chooses (a quarter of ulimit -n). Returns OK or
  * INVALID_ARGUMENT. */
 FERRY_API ferry_status ferry_file_set_create(size_t max_open, ferry_file_set** out);
@@ -319,6 +336,7 @@ typedef struct ferry_kv_stats {
 typedef void (*ferry_kv_callback)(void* user_data, const ferry_kv_result* results, size_t count);
 
 FERRY_API void ferry_kv_options_init(ferry_kv_options* options);
+FERRY_API void ferry_kv_options_init_sized(ferry_kv_options* options, size_t struct_size);
 /* The XXH3-64 key of a byte string. */
 FERRY_API uint64_t ferry_kv_key(const void* bytes, size_t length);
 /* Opens (a writer creates) the namespace's store under `root`. Returns OK, INVALID_ARGUMENT (bad
@@ -411,6 +429,7 @@ typedef enum ferry_eviction_policy {
 } ferry_eviction_policy;
 
 FERRY_API void ferry_stream_options_init(ferry_stream_options* options);
+FERRY_API void ferry_stream_options_init_sized(ferry_stream_options* options, size_t struct_size);
 /* `group_count` groups; group i holds tensor_counts[i] tensors, all groups' tensors back to back
  * in `tensors`. Returns OK (the stream in *out), INVALID_ARGUMENT (no groups, an empty group, a
  * prefetch of 0 or beyond the group count, a file range outside its file, bad options),
@@ -543,6 +562,7 @@ typedef struct ferry_fanout_device_stats {
 
 /* Fills `options` with the defaults (replicas, no devices) and struct_size. */
 FERRY_API void ferry_fanout_options_init(ferry_fanout_options* options);
+FERRY_API void ferry_fanout_options_init_sized(ferry_fanout_options* options, size_t struct_size);
 /* Loads the checkpoint onto every listed device. Returns OK, INVALID_ARGUMENT (no device, one
  * listed twice, cpu mixed with cuda, an unknown shard_mode, a spec naming no tensor or a split
  * the tensor cannot take, a struct_size of 0 or larger than this library knows), NOT_FOUND,

@@ -43,12 +43,14 @@ struct KVBenchTimes {
   double move = 0, sync = 0, journal = 0;  // KVStats put_*/get_move_seconds
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // staged workers' thread-s
   double setup = 0;                                                  // (KVStats staged_*)
+  double transfer = 0, span = 0, copies = 0;  // KVStats staged_transfer_seconds, _thread_span_*
 };
 
 struct KVBenchRow {
   std::uint64_t block_bytes = 0, blocks = 0;
   std::uint64_t batch = 0;            // blocks per put/get call
   std::string path;                   // the route the blocks took: host, staged, cufile-*
+  std::string checksum;               // the XXH3 build that checksummed them: avx2 or default
   double put_gbps = 0;                // durable
   double get_cold_gbps = 0;           // slabs not in the page cache
   double get_warm_gbps = 0;           // slabs read into the page cache first
@@ -58,6 +60,10 @@ struct KVBenchRow {
   unsigned rounds = 0;                              // the figures are medians of this many
   // Pinned copies of max(256 MiB, a batch's bytes) in this row's run; 0 for host memory.
   double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;
+  // XXH3 of a batch's blocks computed by the GPU that holds them (its digests checked against the
+  // host's first); 0 with the reason in the note where it cannot run; 0 for host memory.
+  double gpu_checksum_gbps = 0;
+  std::string gpu_checksum_note;
   // The lowest share of the slabs' bytes found in the page cache after a warm pass (1: the
   // warm gets were all served from it); 0 also where that cannot be told (Windows).
   double warm_resident = 0;

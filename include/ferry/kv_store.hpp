@@ -179,6 +179,9 @@ struct KVStats {
   double staged_io_seconds = 0, staged_copy_wait_seconds = 0, staged_queue_seconds = 0,
          staged_hash_seconds = 0, staged_hash_wait_seconds = 0;
   double staged_setup_seconds = 0;  // the workers' staging leases and copy streams, per job
+  // The staged transfers' wall time, that times their worker count, and the copies they queued.
+  double staged_transfer_seconds = 0, staged_thread_span_seconds = 0;
+  std::uint64_t staged_copies = 0;
   // Page-cache DMA (KVStoreOptions::page_cache_pin_bytes): bytes gets copied from registered
   // page-cache windows, windows this store registered and the seconds that took (mapping,
   // populating, registering), and blocks whose window was found stale (checksum mismatch on

@@ -55,6 +55,12 @@ struct LoadOptions {
   // Page-cache DMA (see TransferOptions::page_cache_pin_bytes): the most bytes of files kept
   // registered for copies straight from the page cache to the GPU; 0: off.
   std::uint64_t page_cache_pin_bytes = 0;
+  // load() onto a GPU (not load_into or load_fanout): take the load's memory from a process-wide per-device cache (a
+  // stream-ordered memory pool) that keeps what loads free for later loads, rather than from and
+  // back to the driver, whose work after a large free slows the next load's copies (~8%). Off by
+  // default: the cache keeps freed memory from every other allocator (PyTorch's too) until
+  // release_cached_device_memory() (loaded_checkpoint.hpp).
+  bool cache_device_memory = false;
   // Called from reader threads, one at a time, after each chunk lands.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
   // Called by the waiting thread about every 50 ms; returning false stops the load (workers stop
@@ -67,8 +73,9 @@ struct LoadOptions {
 // ABI and Python's keywords offer the same settings with the same checks. Keys: device, io,
 // backend, allow_compat (true/false/1/0), staging_bytes, chunk_bytes (an integer of bytes, or a
 // number with a unit: "1.5MiB", "4GiB"), threads, slots, copy_streams, profile (true/false),
-// page_cache_pin (bytes, as chunk_bytes; 0: off). Throws std::invalid_argument naming the key and
-// the value for an unknown key, a malformed value or one out of range.
+// page_cache_pin (bytes, as chunk_bytes; 0: off), cache_device_memory (true/false). Throws
+// std::invalid_argument naming the key and the value for an unknown key, a malformed value or one
+// out of range.
 void set_load_option(LoadOptions& options, std::string_view key, std::string_view value);
 
 // The keys set_load_option takes, in the order above.

@@ -49,6 +49,11 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
 // staging_bytes of the largest load). The next load allocates it again.
 void release_staging_memory();
 
+// Hands back to the driver the device memory the device memory cache keeps for later loads
+// (LoadOptions::cache_device_memory); the memory of loads still alive stays. Returns the bytes the
+// cache still holds (theirs). 0 and nothing done where no load used the cache.
+std::uint64_t release_cached_device_memory();
+
 // A caller-owned destination for one tensor: `capacity` bytes at `data` on options.device.
 struct TensorDestination {
   std::string name;

@@ -104,6 +104,7 @@ struct TransferStats {
   // In options.observer, and waiting there for an extent's earlier bytes (staged path).
   double observe_thread_seconds = 0, observe_wait_thread_seconds = 0;
   std::uint64_t bytes_moved = 0;     // file bytes read or written (alignment included)
+  std::uint64_t copies = 0;          // staged path: copies queued between staging and memory
   std::vector<FileLoadStats> files;  // the files touched
   PipelineTimes pipeline;            // the staged path's timeline
   // Page-cache DMA: bytes copied from registered page-cache mappings, and the seconds this

@@ -43,7 +43,8 @@ class Loaded:
 
 # Engine keywords (any of them, None for the default): io: str, backend: str, allow_compat: bool,
 # staging_bytes: int | str ("256MiB"), chunk_bytes: int | str, threads: int, slots: int,
-# copy_streams: int, profile: bool, page_cache_pin: int | str ("4GiB"; page-cache DMA, 0 = off).
+# copy_streams: int, profile: bool, page_cache_pin: int | str ("4GiB"; page-cache DMA, 0 = off),
+# cache_device_memory: bool (GPU memory from a cache kept for later loads; off by default).
 def load(checkpoint: Checkpoint, device: str = "cpu", names: Optional[Sequence[str]] = None,
          progress: Optional[Callable[[int, int], None]] = None, **engine: Any) -> Loaded: ...
 def load_into(checkpoint: Checkpoint, destinations: Sequence[Tuple[str, int, int]], device: str = "cpu",
@@ -104,6 +105,9 @@ def release_staging_memory() -> None: ...
 # Page-cache DMA (page_cache_pin): unregisters the registrations no load uses; returns the bytes
 # still registered.
 def release_page_cache_registrations() -> int: ...
+# The device memory cache (cache_device_memory=True): hands back to the driver the memory no load
+# uses; returns the bytes it still holds.
+def release_cached_device_memory() -> int: ...
 # (name, safetensors dtype, shape, address, bytes, device) per tensor; metadata as (key, value) pairs
 def save_file(path: str, tensors: Sequence[Tuple[str, str, Sequence[int], int, int, str]],
               metadata: Optional[Sequence[Tuple[str, str]]], direct: bool = True, staging_bytes: int = ...,

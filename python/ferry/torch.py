@@ -43,9 +43,11 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
                     **engine) -> Tuple[Dict[str, torch.Tensor], dict]:
     """Loads a checkpoint (a file, a shard directory or an index); returns (tensors, statistics).
     `engine` takes io, backend, allow_compat, staging_bytes, chunk_bytes, threads, slots,
-    copy_streams, profile and page_cache_pin (as `ferry load` does; page_cache_pin="4GiB" keeps
-    files wholly in the page cache registered with the GPU driver for copies straight from
-    there, reused by later loads in the process)."""
+    copy_streams, profile, page_cache_pin and cache_device_memory (as `ferry load` does;
+    page_cache_pin="4GiB" keeps files wholly in the page cache registered with the GPU driver for
+    copies straight from there, reused by later loads in the process; cache_device_memory=True
+    takes GPU memory from a cache that keeps what loads free for later loads, until
+    ferry.release_cached_device_memory())."""
     checkpoint = open_checkpoint(path)
     target = normalize_device(device)
     loaded = _ferry.load(checkpoint, engine_device(target), list(names) if names is not None else None,

@@ -161,7 +161,8 @@ LoadOptions make_options(const std::string& device, std::optional<std::vector<st
   // The waiting thread looks for signals (Ctrl-C) while the load runs without the GIL; a pending
   // KeyboardInterrupt cancels the load and is raised in its place.
   o.keep_going = [] {
-    if (!InterpreterExit::get().enter()) return true;  // Python is exiting: no GIL to take
+    // Python is exiting: no GIL to take, and the load stops so the exit need not wait for it.
+    if (!InterpreterExit::get().enter()) return false;
     struct Leave {
       ~Leave() { InterpreterExit::get().leave(); }
     } leave;
@@ -511,6 +512,9 @@ NB_MODULE(_ferry, m) {
   m.def("release_staging_memory", &release_staging_memory);
   // Page-cache DMA's registrations no load is using (page_cache_pin); returns the bytes still held.
   m.def("release_page_cache_registrations", &release_page_cache_registrations);
+  // The device memory cache's memory no load is using (cache_device_memory); returns the bytes
+  // it still holds.
+  m.def("release_cached_device_memory", &release_cached_device_memory);
   bind_save(m);
   bind_kv(m);
   bind_stream(m);

@@ -1,7 +1,5 @@
 #include "kv/block_hasher.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <optional>
 
@@ -12,10 +10,6 @@ namespace ferry::detail::kv {
 namespace {
 
 constexpr std::uint64_t kChunkBytes = 4ull << 20;
-
-struct StateDeleter {
-  void operator()(XXH3_state_t* s) const noexcept { XXH3_freeState(s); }
-};
 
 // The device's context, made current: the members made after it belong to it.
 const PrimaryContext& current(int ordinal) {
@@ -37,27 +31,6 @@ struct BlockHasher::DeviceState {
   unsigned next = 0;
 };
 
-struct StreamingHash::State {
-  XXH3_state_t* xxh;
-};
-
-void StreamingHash::Free::operator()(State* state) const noexcept {
-  XXH3_freeState(state->xxh);
-  delete state;
-}
-
-StreamingHash::StreamingHash() : _state(new State{XXH3_createState()}) {
-  if (!_state->xxh) throw std::bad_alloc();
-  XXH3_64bits_reset(_state->xxh);
-}
-
-void StreamingHash::update(const void* data, std::uint64_t size) {
-  if (size) XXH3_64bits_update(_state->xxh, data, size);
-  _bytes += size;
-}
-
-std::uint64_t StreamingHash::digest() const { return XXH3_64bits_digest(_state->xxh); }
-
 BlockHasher::BlockHasher() = default;
 BlockHasher::~BlockHasher() = default;
 
@@ -69,9 +42,7 @@ BlockHasher::DeviceState& BlockHasher::device(int ordinal) {
 }
 
 std::uint64_t BlockHasher::hash(std::span<const BlockSpan> pieces, void* after_event) {
-  std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
-  if (!state) throw std::bad_alloc();
-  XXH3_64bits_reset(state.get());
+  StreamingHash state;
   // A chunk copied down but not hashed yet.
   struct Pending {
     DeviceState* device;
@@ -83,8 +54,7 @@ std::uint64_t BlockHasher::hash(std::span<const BlockSpan> pieces, void* after_e
     if (!pending) return;
     pending->device->context.make_current();
     pending->device->landed[pending->buffer].synchronize();
-    XXH3_64bits_update(state.get(), pending->device->buffers[pending->buffer].data(),
-                       pending->size);
+    state.update(pending->device->buffers[pending->buffer].data(), pending->size);
     pending.reset();
   };
   std::map<int, bool> ordered;  // devices whose stream already waits for after_event
@@ -92,7 +62,7 @@ std::uint64_t BlockHasher::hash(std::span<const BlockSpan> pieces, void* after_e
     for (const BlockSpan& piece : pieces) {
       if (!piece.device.is_cuda()) {
         flush();
-        if (piece.size) XXH3_64bits_update(state.get(), piece.data, piece.size);
+        state.update(piece.data, piece.size);
         continue;
       }
       for (std::uint64_t at = 0; at < piece.size; at += kChunkBytes) {
@@ -121,7 +91,7 @@ std::uint64_t BlockHasher::hash(std::span<const BlockSpan> pieces, void* after_e
     }
     throw;
   }
-  return XXH3_64bits_digest(state.get());
+  return state.digest();
 }
 
 }  // namespace ferry::detail::kv

@@ -12,27 +12,9 @@
 #include <span>
 
 #include "kv/block_io.hpp"
+#include "kv/checksum.hpp"
 
 namespace ferry::detail::kv {
-
-// XXH3-64 of bytes handed over in order: the digest one call over all of them gives.
-class StreamingHash {
- public:
-  StreamingHash();  // throws std::bad_alloc
-  void update(const void* data, std::uint64_t size);
-  std::uint64_t bytes() const { return _bytes; }
-  std::uint64_t digest() const;
-
- private:
-  // xxHash's streaming state, defined beside xxhash.h: under XXH_INLINE_ALL (the Windows build)
-  // its type has another name than the one a forward declaration here could give.
-  struct State;
-  struct Free {
-    void operator()(State* state) const noexcept;
-  };
-  std::unique_ptr<State, Free> _state;
-  std::uint64_t _bytes = 0;
-};
 
 class BlockHasher {
  public:

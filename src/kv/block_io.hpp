@@ -47,6 +47,10 @@ struct PageCacheCounters {
 struct StagedTimes {
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // queue includes hash
   double setup = 0;  // staging leases and copy streams taken per job
+  // The transfers' wall time (submit to the last worker's end), that times their workers (the
+  // thread-seconds the workers had), and the copies they queued.
+  double transfer = 0, span = 0;
+  std::uint64_t copies = 0;
 };
 
 class BlockIo {

@@ -1,7 +1,5 @@
 #include "kv/host_block_io.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -17,6 +15,7 @@
 
 #include "ferry/error.hpp"
 #include "kv/block_hasher.hpp"
+#include "kv/checksum.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/system.hpp"
 #include "transfer/worker_pool.hpp"
@@ -26,9 +25,9 @@ namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 
-constexpr std::size_t kMaxInFlight = 16;                // blocks of a batch moving at once
-constexpr std::uint64_t kBounceBytes = 256ull << 20;    // the most bounce memory one batch uses
-constexpr std::uint64_t kKeptBytes = 64ull << 20;       // the most bounce memory kept between calls
+constexpr std::size_t kMaxInFlight = 16;              // blocks of a batch moving at once
+constexpr std::uint64_t kBounceBytes = 256ull << 20;  // the most bounce memory one batch uses
+constexpr std::uint64_t kKeptBytes = 64ull << 20;     // the most bounce memory kept between calls
 
 std::uint64_t total(std::span<const BlockSpan> pieces) {
   std::uint64_t sum = 0;
@@ -42,9 +41,8 @@ bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kAlig
 
 // The block's one piece, where it can go straight between the caller's memory and O_DIRECT.
 const BlockSpan* direct_piece(const BlockRequest& r) {
-  return r.pieces.size() == 1 && r.pieces[0].size > 0 && aligned(r.pieces[0].data)
-             ? &r.pieces[0]
-             : nullptr;
+  return r.pieces.size() == 1 && r.pieces[0].size > 0 && aligned(r.pieces[0].data) ? &r.pieces[0]
+                                                                                   : nullptr;
 }
 
 // Several pieces that O_DIRECT can take as they are (vLLM's per-layer pages of a page-aligned
@@ -59,8 +57,8 @@ bool direct_pieces(const BlockRequest& r) {
 // Whether the block moves without the bounce buffer.
 bool straight(const BlockRequest& r) { return direct_piece(r) || direct_pieces(r); }
 
-std::uint64_t checksum(std::span<const BlockSpan> pieces) {
-  if (pieces.size() == 1) return XXH3_64bits(pieces[0].data, pieces[0].size);
+std::uint64_t block_checksum(std::span<const BlockSpan> pieces) {
+  if (pieces.size() == 1) return checksum(pieces[0].data, pieces[0].size);
   StreamingHash hash;
   for (const BlockSpan& p : pieces) hash.update(p.data, p.size);
   return hash.digest();
@@ -137,9 +135,9 @@ int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> piece
 
 void fail_request(BlockRequest& request, const SlabFiles& slabs, int error, const char* what) {
   request.outcome = BlockOutcome::io_error;
-  request.message = detail::concat(slabs.name(request.slab), ": ", what, " at offset ",
-                                   request.offset, " failed: ",
-                                   std::generic_category().message(error));
+  request.message =
+      detail::concat(slabs.name(request.slab), ": ", what, " at offset ", request.offset,
+                     " failed: ", std::generic_category().message(error));
 }
 
 void mismatch(BlockRequest& request, const SlabFiles& slabs) {
@@ -194,7 +192,8 @@ void HostBlockIo::for_each_block(std::span<BlockRequest> batch, bool bounces, On
   if (batch.empty()) return;
   std::size_t threads = std::min(kMaxInFlight, batch.size());
   if (bounces)
-    threads = std::min<std::size_t>(threads, std::max<std::uint64_t>(1, kBounceBytes / _slot_bytes));
+    threads =
+        std::min<std::size_t>(threads, std::max<std::uint64_t>(1, kBounceBytes / _slot_bytes));
   auto state = std::make_shared<Batch>(batch.size());
   // Each block's outcome is set whatever happens; a pool thread gives its buffer back before
   // the block that lets the caller return is counted, so it never touches `this` after.
@@ -209,8 +208,8 @@ void HostBlockIo::for_each_block(std::span<BlockRequest> batch, bool bounces, On
         one(batch[i], bounce);
       } catch (const std::exception& e) {  // no bounce memory: this block fails alone
         batch[i].outcome = BlockOutcome::io_error;
-        batch[i].message = concat(_slabs.name(batch[i].slab), ": block at offset ",
-                                  batch[i].offset, " was not moved: ", e.what());
+        batch[i].message = concat(_slabs.name(batch[i].slab), ": block at offset ", batch[i].offset,
+                                  " was not moved: ", e.what());
       }
       const std::size_t j = state->next.fetch_add(1);
       if (j >= state->size && buffer) give_buffer(std::move(buffer));
@@ -236,13 +235,13 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
   int error = 0;
   if (!_slabs.direct(request.slab)) {
     // Through the page cache: straight from the pieces; the sync makes them durable.
-    request.checksum = checksum(request.pieces);
+    request.checksum = block_checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset);
   } else if (direct_pieces(request)) {
-    request.checksum = checksum(request.pieces);
+    request.checksum = block_checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset, true);
   } else if (const BlockSpan* piece = direct_piece(request)) {
-    request.checksum = XXH3_64bits(piece->data, length);
+    request.checksum = checksum(piece->data, length);
     auto* data = static_cast<std::byte*>(piece->data);
     const std::uint64_t body = length / kAlign * kAlign;
     if (body) error = transfer<true>(_slabs, request.slab, data, body, request.offset);
@@ -261,7 +260,7 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
     }
     const std::uint64_t padded = round_up(length);
     std::memset(at, 0, padded - length);
-    request.checksum = XXH3_64bits(buffer, length);
+    request.checksum = checksum(buffer, length);
     error = transfer<true>(_slabs, request.slab, buffer, padded, request.offset);
   }
   if (error != 0)
@@ -279,15 +278,15 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
   const BlockSpan* piece = direct_piece(request);
   if (!_slabs.direct(request.slab) || cached) {
     // From the page cache (or a slab that refuses O_DIRECT): straight into the pieces.
-    if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
-                                                 request.offset))
+    if (const int error =
+            transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset))
       return fail_request(request, _slabs, error, "read of a block");
-    if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
+    if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (direct_pieces(request)) {
-    if (const int error = transfer_pieces<false>(_slabs, request.slab, request.pieces,
-                                                 request.offset, true))
+    if (const int error =
+            transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset, true))
       return fail_request(request, _slabs, error, "read of a block");
-    if (checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
+    if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (piece) {
     auto* data = static_cast<std::byte*>(piece->data);
     const std::uint64_t body = length / kAlign * kAlign;
@@ -298,13 +297,13 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
       if (!error) std::memcpy(data + body, page, length - body);
     }
     if (error != 0) return fail_request(request, _slabs, error, "read of a block");
-    if (XXH3_64bits(data, length) != request.checksum) return mismatch(request, _slabs);
+    if (checksum(data, length) != request.checksum) return mismatch(request, _slabs);
   } else {
     std::byte* buffer = bounce();
     if (const int error =
             transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset))
       return fail_request(request, _slabs, error, "read of a block");
-    if (XXH3_64bits(buffer, length) != request.checksum) return mismatch(request, _slabs);
+    if (checksum(buffer, length) != request.checksum) return mismatch(request, _slabs);
     const std::byte* from = buffer;
     for (const BlockSpan& p : request.pieces) {
       if (p.size == 0) continue;
@@ -318,9 +317,8 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
 void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
   bool bounces = false;
   for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
-  for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
-    write_one(request, bounce);
-  });
+  for_each_block(batch, bounces,
+                 [&](BlockRequest& request, const auto& bounce) { write_one(request, bounce); });
 }
 
 void HostBlockIo::read(std::span<BlockRequest> batch) {

@@ -8,8 +8,10 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
 #include "cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
+#include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/thread_barrier.hpp"
@@ -104,6 +106,36 @@ std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
   return {d2h, time(true)};
 }
 
+// Median GB/s of the GPU checksum over `batch` blocks of `block` bytes in device memory, after
+// checking its digests against the host's on the same bytes; 0 and the reason where it cannot run.
+std::pair<double, std::string> gpu_checksum_rate(int ordinal, std::uint64_t block,
+                                                 std::uint64_t batch) {
+  if (std::string why = detail::gpu_checksum_unavailable(ordinal); !why.empty()) return {0, why};
+  auto context = std::make_shared<detail::PrimaryContext>(ordinal);
+  const std::uint64_t bytes = block * batch;
+  auto device = detail::allocate_device_memory(context, bytes);
+  std::vector<std::byte> host(bytes);
+  for (std::uint64_t i = 0; i < bytes; ++i) host[i] = std::byte(i * 2654435761u >> 13);
+  detail::Stream stream;
+  const auto base = reinterpret_cast<shim::cu::DevicePtr>(device.get());
+  FERRY_CU(cuMemcpyHtoDAsync, base, host.data(), bytes, stream.get());
+  std::vector<detail::DeviceBytes> blocks;
+  for (std::uint64_t b = 0; b < batch; ++b) blocks.push_back({base + b * block, block});
+  const std::vector<std::uint64_t> digests = detail::gpu_checksums(ordinal, blocks, stream.get());
+  for (std::uint64_t b = 0; b < batch; ++b)
+    FERRY_EXPECT(digests[b] == detail::kv::checksum(host.data() + b * block, block),
+                 std::runtime_error, "the GPU checksum of block ", b, " (", block,
+                 " bytes) differs from the host's");
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const auto start = Clock::now();
+    detail::gpu_checksums(ordinal, blocks, stream.get());
+    rates.push_back(double(bytes) / seconds_since(start) / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], ""};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -157,6 +189,9 @@ KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
   t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
   t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
   t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
+  t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
+  t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
+  t.copies = double(b.staged_copies - a.staged_copies);
   return t;
 }
 
@@ -171,6 +206,9 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.setup += t.setup * weight;
   into.hash += t.hash * weight;
   into.hash_wait += t.hash_wait * weight;
+  into.transfer += t.transfer * weight;
+  into.span += t.span * weight;
+  into.copies += t.copies * weight;
 }
 
 // Reads a file through the page cache.
@@ -291,6 +329,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   }
   const std::vector<KVBlock> sources(in.begin(), in.end()), targets(out.begin(), out.end());
   KVBenchRow row;
+  row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
   row.block_bytes = block;
   row.blocks = count;
   row.batch = batch;
@@ -318,8 +357,8 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
                                  : store.get(std::span(keys).first(n), std::span(targets).first(n));
         for (const KVResult& r : results) {
           FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
-                       "kv bench ", put ? "put" : "get", " of ", block, "-byte blocks: ",
-                       to_string(r.status), ": ", r.message);
+                       "kv bench ", put ? "put" : "get", " of ", block,
+                       "-byte blocks: ", to_string(r.status), ": ", r.message);
           row.path = to_string(r.route);
         }
       }
@@ -395,9 +434,16 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
     row.get_warm_registered_gbps = gb / median(registered_s);
     row.page_cache_register_seconds = median(register_s);
   }
-  if (o.device.is_cuda())
+  if (o.device.is_cuda()) {
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
         pinned_copies(o.device.index, block * batch);
+    try {  // a measurement beside the store's rows: its failure is reported, not fatal
+      std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
+          gpu_checksum_rate(o.device.index, block, batch);
+    } catch (const std::exception& e) {
+      row.gpu_checksum_note = e.what();
+    }
+  }
   return row;
 }
 

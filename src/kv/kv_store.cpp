@@ -470,6 +470,9 @@ KVStats KVStore::stats() {
   out.staged_setup_seconds = staged.setup;
   out.staged_hash_seconds = staged.hash;
   out.staged_hash_wait_seconds = staged.hash_wait;
+  out.staged_transfer_seconds = staged.transfer;
+  out.staged_thread_span_seconds = staged.span;
+  out.staged_copies = staged.copies;
   const PageCacheCounters page_cache = s.io->page_cache_counters();
   out.page_cache_dma_bytes = page_cache.bytes;
   out.page_cache_windows_registered = page_cache.registered;

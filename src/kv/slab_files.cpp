@@ -79,14 +79,20 @@ std::vector<bool> SlabFiles::cached(std::span<const Range> ranges) const {
 }
 
 bool SlabFiles::all_cached(std::span<const Range> ranges) const {
+  // Sampled: probing every page of a 256 MiB batch costs about a millisecond, a fifth of moving
+  // it at pinned H2D speed. A page missed costs a buffered read of it, never a wrong byte.
+  constexpr unsigned kSpanWindows = 64, kRangeWindows = 8;
+  const auto sampled = [&](int slab, std::uint64_t offset, std::uint64_t length, unsigned windows) {
+    return range_resident_sampled(_files[slab]->buffered.get(), offset, length, windows);
+  };
   std::map<int, bool> whole;
   for (const auto& [slab, s] : spans_of(ranges)) {
     if (!worth_one_probe(s)) continue;
-    if (!cached(slab, s.first, s.end - s.first)) return false;
+    if (!sampled(slab, s.first, s.end - s.first, kSpanWindows)) return false;
     whole[slab] = true;
   }
   for (const Range& r : ranges)
-    if (!whole[r.slab] && !cached(r.slab, r.offset, r.length)) return false;
+    if (!whole[r.slab] && !sampled(r.slab, r.offset, r.length, kRangeWindows)) return false;
   return true;
 }
 

@@ -43,7 +43,8 @@ class SlabFiles {
   // cached() of each range, in one probe per slab where the span its ranges cover is resident
   // (a warm batch: no probe per block), else one per range.
   std::vector<bool> cached(std::span<const Range> ranges) const;
-  // Whether every range is cached, probed the same way, stopping at the first that is not.
+  // Whether every range looks cached, probed the same way but from a sample of its pages
+  // (range_resident_sampled), stopping at the first that is not: where to read a get from.
   bool all_cached(std::span<const Range> ranges) const;
 
  private:

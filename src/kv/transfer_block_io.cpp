@@ -345,6 +345,9 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     _times.setup += stats.setup_thread_seconds;
     _times.hash += stats.observe_thread_seconds;
     _times.hash_wait += stats.observe_wait_thread_seconds;
+    _times.transfer += stats.pipeline.done;
+    _times.span += stats.pipeline.done * stats.threads;
+    _times.copies += stats.copies;
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     BlockRequest& b = *blocks[i];

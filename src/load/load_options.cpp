@@ -10,9 +10,9 @@
 namespace ferry {
 namespace {
 
-constexpr std::array<std::string_view, 11> kKeys = {
-    "device",  "io",    "backend",      "allow_compat", "staging_bytes", "chunk_bytes",
-    "threads", "slots", "copy_streams", "profile",      "page_cache_pin"};
+constexpr std::array<std::string_view, 12> kKeys = {
+    "device",  "io",    "backend",      "allow_compat", "staging_bytes",  "chunk_bytes",
+    "threads", "slots", "copy_streams", "profile",      "page_cache_pin", "cache_device_memory"};
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view why) {
   detail::fail<std::invalid_argument>("option ", key, " = \"", value, "\": ", why);
@@ -92,6 +92,8 @@ void set_load_option(LoadOptions& options, std::string_view key, std::string_vie
     options.profile = parse_flag(key, value);
   } else if (key == "page_cache_pin") {
     options.page_cache_pin_bytes = parse_bytes(key, value, kMaxPageCachePinBytes);  // 0: off
+  } else if (key == "cache_device_memory") {
+    options.cache_device_memory = parse_flag(key, value);
   } else {
     std::string known;
     for (std::string_view k : kKeys) known += (known.empty() ? "" : ", ") + std::string(k);

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
 #include "ferry/load_plan.hpp"
 #include "ferry/transfer.hpp"
@@ -154,6 +155,8 @@ std::string_view io_path_name(IoPath path) {
 
 void release_staging_memory() { detail::staging_pool().release_idle(); }
 
+std::uint64_t release_cached_device_memory() { return detail::trim_device_memory_caches(); }
+
 const LoadedTensor* LoadedCheckpoint::find(std::string_view name) const {
   auto it = _by_name.find(std::string(name));
   return it == _by_name.end() ? nullptr : &_tensors[it->second];
@@ -171,8 +174,13 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   result._checkpoint = checkpoint;
   result._device = options.device;
   const auto allocating = Clock::now();
-  result._memory = context ? detail::allocate_device_memory(context, plan.dest_bytes)
-                           : detail::allocate_host_memory(plan.dest_bytes);
+  if (!context) {
+    result._memory = detail::allocate_host_memory(plan.dest_bytes);
+  } else if (options.cache_device_memory) {
+    result._memory = detail::allocate_cached_device_memory(context, plan.dest_bytes);
+  } else {
+    result._memory = detail::allocate_device_memory(context, plan.dest_bytes);
+  }
   result._stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
   const auto base = reinterpret_cast<std::uintptr_t>(result._memory.get());
   std::vector<std::uintptr_t> addresses;

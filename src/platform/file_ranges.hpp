@@ -25,6 +25,12 @@ std::int64_t write_slices_at(NativeDescriptor fd, const IoSlice* slices, std::si
 // Whether every page of [offset, offset + length) of the open file is in the page cache now
 // (mincore over a temporary mapping); false where that cannot be told (Windows).
 bool range_resident(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length) noexcept;
+// range_resident() of a sample: `windows` runs of 16 pages spread evenly over the range (its
+// first and last pages among them), or every page where the range holds no more. A guide for
+// choosing buffered reads, at a small fraction of the full probe's cost on a large range (which
+// pays per page); never a promise.
+bool range_resident_sampled(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length,
+                            unsigned windows) noexcept;
 // Drops the file's clean pages from the page cache (posix_fadvise DONTNEED); nothing on Windows.
 void drop_cached_pages(NativeDescriptor fd) noexcept;
 // The same for the pages of [offset, offset + length) only (pages mapped or pinned stay).

@@ -73,6 +73,16 @@ CudaDriver load_driver() {
   resolve(library, "cuImportExternalSemaphore", d.cuImportExternalSemaphore, optional);
   resolve(library, "cuWaitExternalSemaphoresAsync", d.cuWaitExternalSemaphoresAsync, optional);
   resolve(library, "cuDestroyExternalSemaphore", d.cuDestroyExternalSemaphore, optional);
+  resolve(library, "cuMemPoolCreate", d.cuMemPoolCreate, optional);
+  resolve(library, "cuMemPoolSetAttribute", d.cuMemPoolSetAttribute, optional);
+  resolve(library, "cuMemPoolGetAttribute", d.cuMemPoolGetAttribute, optional);
+  resolve(library, "cuMemPoolTrimTo", d.cuMemPoolTrimTo, optional);
+  resolve(library, "cuMemAllocFromPoolAsync", d.cuMemAllocFromPoolAsync, optional);
+  resolve(library, "cuMemFreeAsync", d.cuMemFreeAsync, optional);
+  resolve(library, "cuCtxSynchronize", d.cuCtxSynchronize, optional);
+  resolve(library, "cuModuleLoadData", d.cuModuleLoadData, optional);
+  resolve(library, "cuModuleGetFunction", d.cuModuleGetFunction, optional);
+  resolve(library, "cuLaunchKernel", d.cuLaunchKernel, optional);
 
   if (cu::Result r = d.cuInit(0); r != cu::kSuccess) {
     const char* name = nullptr;

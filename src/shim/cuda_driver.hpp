@@ -18,6 +18,10 @@ struct StreamState;
 using Stream = StreamState*;
 struct EventState;
 using Event = EventState*;
+struct ModuleState;
+using Module = ModuleState*;
+struct FunctionState;
+using Function = FunctionState*;
 
 inline constexpr Result kSuccess = 0;
 inline constexpr unsigned kMemHostRegisterPortable = 0x01;
@@ -31,6 +35,27 @@ inline constexpr int kAttributePciBusId = 33;
 inline constexpr Result kErrorPeerAccessAlreadyEnabled = 704;
 inline constexpr unsigned kMemoryTypeDevice = 0x02;
 inline constexpr int kStreamCaptureModeRelaxed = 2;
+// Stream-ordered memory pools (CUDA 11.2 and later): ferry's opt-in device memory cache.
+struct MemoryPoolState;
+using MemoryPool = MemoryPoolState*;
+inline constexpr int kMemAllocationTypePinned = 0x1;
+inline constexpr int kMemLocationTypeDevice = 0x1;
+inline constexpr int kMemPoolAttrReleaseThreshold = 4;  // cuuint64_t
+inline constexpr int kMemPoolAttrReservedMemCurrent = 5;
+inline constexpr int kAttributeMemoryPoolsSupported = 115;
+struct MemPoolProps {  // CUmemPoolProps (v1): zero it ({}) before use, as cuda.h asks
+  int allocType = 0;
+  int handleTypes = 0;
+  struct {
+    int type = 0;
+    int id = 0;
+  } location;
+  void* win32SecurityAttributes = nullptr;
+  std::size_t maxSize = 0;
+  unsigned short usage = 0;
+  unsigned char reserved[54] = {};
+};
+static_assert(sizeof(MemPoolProps) == 88);
 struct ArrayState;
 // CUDA_MEMCPY3D_PEER: a strided copy between (or within) devices' memory.
 struct Memcpy3DPeer {
@@ -180,6 +205,22 @@ struct CudaDriver {
                                               const cu::ExternalSemaphoreWaitParams*, unsigned,
                                               cu::Stream) = nullptr;
   cu::Result (*cuDestroyExternalSemaphore)(cu::ExternalSemaphore) = nullptr;
+  // Optional (null where the driver lacks them, before CUDA 11.2): stream-ordered memory pools,
+  // for the opt-in device memory cache (cuda/device_memory_cache.hpp).
+  cu::Result (*cuMemPoolCreate)(cu::MemoryPool*, const cu::MemPoolProps*) = nullptr;
+  cu::Result (*cuMemPoolSetAttribute)(cu::MemoryPool, int, void*) = nullptr;
+  cu::Result (*cuMemPoolGetAttribute)(cu::MemoryPool, int, void*) = nullptr;
+  cu::Result (*cuMemPoolTrimTo)(cu::MemoryPool, std::size_t) = nullptr;
+  cu::Result (*cuMemAllocFromPoolAsync)(cu::DevicePtr*, std::size_t, cu::MemoryPool,
+                                        cu::Stream) = nullptr;
+  cu::Result (*cuMemFreeAsync)(cu::DevicePtr, cu::Stream) = nullptr;
+  cu::Result (*cuCtxSynchronize)() = nullptr;
+  // Optional (null where missing; every driver has them): ferry's one kernel, the GPU checksum
+  // of KV blocks (cuda/gpu_checksum.hpp), loaded from embedded PTX.
+  cu::Result (*cuModuleLoadData)(cu::Module*, const void*) = nullptr;
+  cu::Result (*cuModuleGetFunction)(cu::Function*, cu::Module, const char*) = nullptr;
+  cu::Result (*cuLaunchKernel)(cu::Function, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, cu::Stream, void**, void**) = nullptr;
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for a result code.

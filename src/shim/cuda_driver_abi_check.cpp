@@ -91,6 +91,29 @@ struct Ours<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS> {
   using type = cu::ExternalSemaphoreWaitParams;
 };
 
+template <>
+struct Ours<CUmemoryPool> {
+  using type = cu::MemoryPool;
+};
+template <>
+struct Ours<CUmemPoolProps> {
+  using type = cu::MemPoolProps;
+};
+template <>
+struct Ours<CUmemPool_attribute> {
+  using type = int;
+};
+static_assert(sizeof(CUmemPool_attribute) == sizeof(int));
+
+template <>
+struct Ours<CUmodule> {
+  using type = cu::Module;
+};
+template <>
+struct Ours<CUfunction> {
+  using type = cu::Function;
+};
+
 template <class Real, class Declared>
 constexpr bool same_abi = std::is_same_v<typename Ours<Real>::type, Declared>;
 
@@ -209,6 +232,31 @@ FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, cu::ExternalSemaph
                          params.fence.value);
 FERRY_CHECK_STRUCT_FIELD(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, cu::ExternalSemaphoreWaitParams,
                          flags);
+
+// Stream-ordered memory pools (the device memory cache).
+FERRY_CHECK_ABI(cuMemPoolCreate, cuMemPoolCreate);
+FERRY_CHECK_ABI(cuMemPoolSetAttribute, cuMemPoolSetAttribute);
+FERRY_CHECK_ABI(cuMemPoolGetAttribute, cuMemPoolGetAttribute);
+FERRY_CHECK_ABI(cuMemPoolTrimTo, cuMemPoolTrimTo);
+FERRY_CHECK_ABI(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync);
+FERRY_CHECK_ABI(cuMemFreeAsync, cuMemFreeAsync);
+FERRY_CHECK_ABI(cuCtxSynchronize, cuCtxSynchronize);
+FERRY_CHECK_ABI(cuModuleLoadData, cuModuleLoadData);
+FERRY_CHECK_ABI(cuModuleGetFunction, cuModuleGetFunction);
+FERRY_CHECK_ABI(cuLaunchKernel, cuLaunchKernel);
+static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == cu::kMemAllocationTypePinned);
+static_assert(CU_MEM_LOCATION_TYPE_DEVICE == cu::kMemLocationTypeDevice);
+static_assert(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD == cu::kMemPoolAttrReleaseThreshold);
+static_assert(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT == cu::kMemPoolAttrReservedMemCurrent);
+static_assert(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED == cu::kAttributeMemoryPoolsSupported);
+static_assert(sizeof(CUmemPoolProps) == sizeof(cu::MemPoolProps));
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, allocType);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, handleTypes);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, location.type);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, location.id);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, win32SecurityAttributes);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, maxSize);
+FERRY_CHECK_STRUCT_FIELD(CUmemPoolProps, cu::MemPoolProps, usage);
 
 }  // namespace
 }  // namespace ferry::shim

@@ -22,6 +22,7 @@
 #include "transfer/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
 #include "transfer/staged_run.hpp"
+#include "transfer/staged_units.hpp"
 #include "transfer/ticket_state.hpp"
 #include "transfer/worker_pool.hpp"
 
@@ -150,6 +151,7 @@ class Job {
     s.read_thread_seconds += times.read;
     s.wait_thread_seconds += times.wait;
     s.queue_thread_seconds += times.queue;
+    s.copies += _copies;
   }
 
  private:
@@ -204,9 +206,10 @@ class Job {
     for_spans(
         _t.extents[p.extent], p,
         [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
-          if (s.data)
-            copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
-                                 data + in_piece, n);
+          if (!s.data) return;
+          copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span, data + in_piece,
+                               n);
+          ++_copies;
         });
   }
   void get(const Piece& p, std::byte* data) {
@@ -215,61 +218,72 @@ class Job {
         [&](const MemorySpan& s, std::uint64_t in_span, std::uint64_t in_piece, std::uint64_t n) {
           copier(s.device).get(data + in_piece, reinterpret_cast<std::uintptr_t>(s.data) + in_span,
                                n);
+          ++_copies;
         });
   }
   std::uint64_t file_offset(const Piece& p) const {
     return _t.extents[p.extent].file_offset + p.extent_offset;
   }
 
+  // Takes groups one at a time, or, where the run has units (an observed read: an extent's
+  // groups all in one unit), a unit at a time, its groups in order.
   void read_loop(Times& times, Stopwatch& clock) {
     const auto& groups = _run->plan.groups;
-    for (std::uint64_t k = 0; !cancelled(); ++k) {
-      const std::size_t i = _run->next.fetch_add(1);
-      if (i >= groups.size()) break;
-      const Group& g = groups[i];
-      if (copy_from_page_cache(g)) {
-        times.queue += clock.lap();
-        _timeline.copy_queued(since(_run->started));
-        continue;
-      }
-      if (read_into_host(g)) {
+    const auto& units = _run->units;
+    std::uint64_t k = 0;  // groups read so far: the next slot is k % _slots
+    while (!cancelled()) {
+      const std::size_t u = _run->next.fetch_add(1);
+      const std::size_t first = units.empty() ? u : u + 1 < units.size() ? units[u] : groups.size();
+      const std::size_t last = units.empty() ? u + 1 : u + 1 < units.size() ? units[u + 1] : 0;
+      if (first >= groups.size()) break;
+      for (std::size_t i = first; i < last && !cancelled(); ++i, ++k)
+        read_group(groups[i], k, times, clock);
+    }
+  }
+
+  void read_group(const Group& g, std::uint64_t k, Times& times, Stopwatch& clock) {
+    if (copy_from_page_cache(g)) {
+      times.queue += clock.lap();
+      _timeline.copy_queued(since(_run->started));
+      return;
+    }
+    if (read_into_host(g)) {
+      times.read += clock.lap();
+      _timeline.read_done(since(_run->started));
+      return;
+    }
+    const auto s = static_cast<unsigned>(k % _slots);
+    wait_slot(s);  // the slot's previous copies have finished
+    times.wait += clock.lap();
+    std::uint32_t next_piece = g.first;  // the pieces before it have landed
+    try {
+      SourceFile& f = file(g);
+      if (_t.options.observer && !f.direct() && g.size > kObserveSlice) {
+        read_in_slices(g, s, f, next_piece, times, clock);
+      } else {
+        const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
         times.read += clock.lap();
         _timeline.read_done(since(_run->started));
-        continue;
-      }
-      const auto s = static_cast<unsigned>(k % _slots);
-      wait_slot(s);  // the slot's previous copies have finished
-      times.wait += clock.lap();
-      std::uint32_t next_piece = g.first;  // the pieces before it have landed
-      try {
-        SourceFile& f = file(g);
-        if (_t.options.observer && !f.direct() && g.size > kObserveSlice) {
-          read_in_slices(g, s, f, next_piece, times, clock);
-        } else {
-          const std::byte* data = f.read(*_open, g.file_offset, g.size, slot(s));
-          times.read += clock.lap();
-          _timeline.read_done(since(_run->started));
-          // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
-          // extent even inside a group.
-          for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
-            const Piece& p = _run->plan.pieces[next_piece];
-            const std::byte* bytes = data + (file_offset(p) - g.file_offset);
-            put(p, bytes);
-            _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
-            _t.landed(p.extent, p.size);
-          }
+        // Piece by piece, so that a cancel (say, from the progress callback) stops at the next
+        // extent even inside a group.
+        for (; next_piece < g.first + g.count && !cancelled(); ++next_piece) {
+          const Piece& p = _run->plan.pieces[next_piece];
+          const std::byte* bytes = data + (file_offset(p) - g.file_offset);
+          put(p, bytes);
+          _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
+          _t.landed(p.extent, p.size);
         }
-        fence_slot(s);
-        _timeline.copy_queued(since(_run->started));
-        times.queue += clock.lap();
-      } catch (...) {
-        if (g.count == 1) {
-          _t.fail(_run->plan.pieces[g.first].extent, std::current_exception());
-        } else {
-          read_singly(g, next_piece, s);
-        }
-        clock.lap();
       }
+      fence_slot(s);
+      _timeline.copy_queued(since(_run->started));
+      times.queue += clock.lap();
+    } catch (...) {
+      if (g.count == 1) {
+        _t.fail(_run->plan.pieces[g.first].extent, std::current_exception());
+      } else {
+        read_singly(g, next_piece, s);
+      }
+      clock.lap();
     }
   }
 
@@ -294,6 +308,7 @@ class Job {
     for (const CopyRun& r : runs) {
       try {
         copier(r.device).put(r.memory, r.source, r.size);
+        ++_copies;
       } catch (...) {
         for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
           if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
@@ -315,38 +330,62 @@ class Job {
   }
 
   // A group read from the page cache for an observer, in slices of kObserveSlice bytes (cut at
-  // file offsets that are multiples of it): each slice's copies are queued and its bytes observed
-  // right after it lands, while they are still in the CPU's cache, rather than after the whole
-  // group went through it (the observer's pass would then read them from memory again). The
-  // bytes sit in the slot where one read of the group would put them. `next_piece` follows the
-  // pieces landed, for read_singly() after a failure (whose observer calls then skip the bytes
-  // seen already: the observer sees such an extent only in part).
+  // file offsets that are multiples of it), each observed right after it lands, while it is still
+  // in the CPU's cache (after the whole group, the observer would read it from memory again).
+  // The group's copies are queued once it is all in the slot, one per run of bytes contiguous in
+  // memory (add_copy_runs), not one per slice: each copy is a driver call, and the DMA engine
+  // moves small copies well below its rate. The bytes sit in the slot where one read of the group
+  // would put them. A copy the driver refuses fails the extents of the pieces it carried; a read
+  // that fails leaves `next_piece` at the group's first piece, for read_singly() (whose observer
+  // calls then skip the bytes seen already: see TicketState::observe).
   void read_in_slices(const Group& g, unsigned s, SourceFile& f, std::uint32_t& next_piece,
                       Times& times, Stopwatch& clock) {
     const std::uint64_t base = g.file_offset / kDirectAlignment * kDirectAlignment;
     const std::uint64_t end = g.file_offset + g.size;
+    const std::byte* group = nullptr;  // the group's first byte in the slot
+    std::uint32_t seen = g.first;      // the first piece not wholly observed
     for (std::uint64_t at = g.file_offset; at < end && !cancelled();) {
       const std::uint64_t to = std::min(end, (at / kObserveSlice + 1) * kObserveSlice);
       const std::uint64_t page = at / kDirectAlignment * kDirectAlignment;
       const std::byte* data = f.read(*_open, at, to - at, slot(s) + (page - base));
+      if (!group) group = data;
       times.read += clock.lap();
       _timeline.read_done(since(_run->started));
-      for (; next_piece < g.first + g.count; ++next_piece) {
-        const Piece& p = _run->plan.pieces[next_piece];
+      for (; seen < g.first + g.count; ++seen) {
+        const Piece& p = _run->plan.pieces[seen];
         const std::uint64_t from = std::max(file_offset(p), at);
         const std::uint64_t until = std::min(file_offset(p) + p.size, to);
-        if (from < until) {
-          const Piece part{p.extent, p.extent_offset + (from - file_offset(p)), until - from};
-          const std::byte* bytes = data + (from - at);
-          put(part, bytes);
-          _t.observe(part.extent, part.extent_offset, bytes, part.size);
-        }
+        if (from < until)
+          _t.observe(p.extent, p.extent_offset + (from - file_offset(p)), data + (from - at),
+                     until - from);
         if (file_offset(p) + p.size > to) break;  // its rest is in the next slice
-        _t.landed(p.extent, p.size);
       }
       times.queue += clock.lap();
       at = to;
     }
+    if (cancelled()) return;
+    std::vector<CopyRun>& runs = _copy_runs;
+    runs.clear();
+    for (std::uint32_t i = g.first; i < g.first + g.count; ++i) {
+      const Piece& p = _run->plan.pieces[i];
+      add_copy_runs(_t.extents[p.extent], p, i, group + (file_offset(p) - g.file_offset), runs);
+    }
+    std::vector<bool>& failed = _failed_pieces;
+    failed.assign(g.count, false);
+    for (const CopyRun& r : runs) {
+      try {
+        copier(r.device).put(r.memory, r.source, r.size);
+        ++_copies;
+      } catch (...) {
+        for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
+          if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
+          failed[i - g.first] = true;
+        }
+      }
+    }
+    for (; next_piece < g.first + g.count; ++next_piece)
+      if (!failed[next_piece - g.first])
+        _t.landed(_run->plan.pieces[next_piece].extent, _run->plan.pieces[next_piece].size);
   }
 
   // A group of one piece that lands in one span of host memory is read straight into it (no
@@ -483,9 +522,10 @@ class Job {
   std::shared_ptr<const PlatformFile> _open;
   Timeline _timeline;
   std::vector<std::pair<double, double>> _copy_times;
-  // copy_from_page_cache's, kept to reuse their memory.
+  // copy_from_page_cache's and read_in_slices', kept to reuse their memory.
   std::vector<CopyRun> _copy_runs;
   std::vector<bool> _failed_pieces;
+  std::uint64_t _copies = 0;  // queued
 };
 
 class StagedBackend final : public TransferBackend {
@@ -516,8 +556,20 @@ class StagedBackend final : public TransferBackend {
     std::uint64_t edge_chunk = std::max<std::uint64_t>(
         wanted.chunk / 4 / kDirectAlignment * kDirectAlignment, kMinEdgeChunk);
     if (t.options.interleave) edge_chunk = std::max(edge_chunk, smallest_spread_piece(t));
-    run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
-                            edge_chunk, t.options.interleave);
+    const auto plan = [&](bool rounds) {
+      run->plan = plan_staged(t.extents, wanted.chunk, std::uint64_t{wanted.threads} * wanted.chunk,
+                              edge_chunk, rounds);
+    };
+    // An interleaved read for an observer: extent by extent, in units (staged_units.hpp), where
+    // they keep every worker busy; else in rounds.
+    const bool in_units = t.options.interleave && t.options.observer &&
+                          t.direction == Direction::FileToMemory && !mapped_only;
+    plan(t.options.interleave && !in_units);
+    if (in_units) {
+      run->units =
+          observed_units(run->plan, configure(t.options, t.direction, wanted, run->plan).threads);
+      if (run->units.empty()) plan(true);
+    }
     for (std::size_t e = 0; e < t.extents.size(); ++e)
       t.records[e].pieces_left = run->plan.pieces_per_extent[e];
     if (mapped_only) {
@@ -527,6 +579,9 @@ class StagedBackend final : public TransferBackend {
                        std::min(wanted.chunk, std::max<std::uint64_t>(run->plan.largest_group, 1))};
     } else {
       run->settings = configure(t.options, t.direction, wanted, run->plan);
+      if (!run->units.empty())  // no worker without a unit
+        run->settings.threads = static_cast<unsigned>(
+            std::min<std::size_t>(run->settings.threads, run->units.size() - 1));
     }
     const bool writing = t.direction == Direction::MemoryToFile;
     run->files.resize(t.files->size());

@@ -38,9 +38,12 @@ struct StagedRun {
   // Page-cache DMA: per file, the mapping its groups copy from, or why not (null: option off).
   // Held until the last job ends, after its copies drained.
   std::unique_ptr<PageCacheFile[]> page_cache;
-  bool staging_needed = true;        // some group is read into staging (not from a mapping)
-  std::atomic<std::size_t> next{0};  // the next group to take
-  std::atomic<unsigned> workers{0};  // jobs started, each one's index
+  bool staging_needed = true;  // some group is read into staging (not from a mapping)
+  // Where a unit of work starts in plan.groups, and the end: an observed read's groups in units
+  // that no extent crosses (staged_units.hpp); empty: groups are taken one by one.
+  std::vector<std::size_t> units;
+  std::atomic<std::size_t> next{0};             // the next group (or unit) to take
+  std::atomic<unsigned> workers{0};             // jobs started, each one's index
   std::unique_ptr<CopyStreams> shared_streams;  // options.copy_streams > 0
   Clock::time_point started = Clock::now();
   // Profiling: a timed event recorded before any copy, on the first job's stream of gpus[0].

@@ -21,7 +21,8 @@ struct TicketState {
     std::atomic<std::uint64_t> bytes{0};
     std::atomic<std::uint32_t> pieces_left{0};
     std::exception_ptr error;  // under TicketState::mutex
-    std::atomic<std::uint64_t> observed{0};  // the extent's bytes options.observer has seen
+    // The extent's bytes options.observer has seen, or kObservingAbandoned.
+    std::atomic<std::uint64_t> observed{0};
   };
 
   TicketState(std::shared_ptr<const FileSet> files, Direction direction,
@@ -51,6 +52,12 @@ struct TicketState {
   bool job_lost = false;  // a job stopped early: observers stop waiting for its bytes
   // Nanoseconds workers spent in options.observer, and waiting for an extent's earlier bytes.
   std::atomic<std::uint64_t> observing_ns{0}, observe_waiting_ns{0};
+  // Workers waiting in observe(): only then does a worker that moved an extent's observation on
+  // take the mutex to wake them (not once per observed slice).
+  std::atomic<unsigned> observe_waiters{0};
+  // An extent whose bytes were seen only in part (a group redone after a failed read, whose
+  // pieces the observer saw in part): nothing more of it is observed, nobody waits for it.
+  static constexpr std::uint64_t kObservingAbandoned = ~std::uint64_t{0};
   std::vector<PooledEvent> queued;  // recorded behind each job's last copies (GPU jobs)
   TransferStats stats;
 
@@ -60,8 +67,10 @@ struct TicketState {
   void landed(std::size_t e, std::uint64_t bytes);
   // Hands `size` bytes of extent `e` from `offset`, now at `data` in host memory, to
   // options.observer, in extent order: waits until the bytes before `offset` were seen, and
-  // skips where the extent failed or the transfer was cancelled first.
+  // skips where the extent failed or the transfer was cancelled first, or where these bytes were
+  // seen already (a group redone); bytes seen in part abandon the extent's observation.
   void observe(std::size_t e, std::uint64_t offset, const std::byte* data, std::uint64_t size);
+  void wake_observers();                           // after an extent's observation moved on
   void job_queued(std::vector<PooledEvent> ends);  // once per job
   void job_finished();
   void wait() const;

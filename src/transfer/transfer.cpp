@@ -54,19 +54,36 @@ void TicketState::observe(std::size_t e, std::uint64_t offset, const std::byte* 
     // order, and observed in order within one), so they come, or their extent fails.
     {
       std::unique_lock lock(mutex);
+      observe_waiters.fetch_add(1);  // before the check: see the store's side below
       while (!(r.observed.load() >= offset || r.error || cancel.load() || job_lost))
         changed.wait_for(lock, std::chrono::milliseconds(20));
+      observe_waiters.fetch_sub(1);
     }
     const auto now = Clock::now();
     observe_waiting_ns.fetch_add(nanoseconds(start, now), std::memory_order_relaxed);
     start = now;
   }
-  // Past `offset`: seen already (a group redone piece by piece after its write failed).
-  if (r.observed.load(std::memory_order_acquire) != offset) return;
+  const std::uint64_t seen = r.observed.load(std::memory_order_acquire);
+  if (seen != offset) {
+    // Seen already (a group redone piece by piece after a failure), or in part: then the rest
+    // of the extent is never observed, and nobody waits for it.
+    if (seen != kObservingAbandoned && seen > offset && seen < offset + size) {
+      r.observed.store(kObservingAbandoned);
+      wake_observers();
+    }
+    return;
+  }
   options.observer(e, offset, data, size);
   observing_ns.fetch_add(nanoseconds(start, Clock::now()), std::memory_order_relaxed);
-  r.observed.store(offset + size, std::memory_order_release);
-  { std::lock_guard lock(mutex); }  // a waiter between its check and its wait sees the store
+  r.observed.store(offset + size);  // sequentially consistent with the waiters' count
+  wake_observers();
+}
+
+void TicketState::wake_observers() {
+  // A waiter counts itself under the mutex before it checks; either it sees the store made
+  // before this call, or this sees it counted and takes the mutex (it then waits already).
+  if (observe_waiters.load() == 0) return;
+  { std::lock_guard lock(mutex); }
   changed.notify_all();
 }
 

@@ -48,6 +48,19 @@ def test_page_cache_pin_is_accepted_and_each_file_says_which_path_it_took(checkp
     assert ferry.release_page_cache_registrations() == 0  # no load holds one now
 
 
+def test_cache_device_memory_keeps_freed_memory_until_released(checkpoint):
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    for _ in range(2):
+        tensors, stats = ferry.torch.load_with_stats(checkpoint, device=device,
+                                                     cache_device_memory=True)
+        assert torch.equal(tensors["a"].cpu(), torch.arange(4096, dtype=torch.float32))
+        assert torch.equal(tensors["b"].cpu(), torch.ones(3, 5))
+        if device != "cpu":  # held by the tensors alive
+            assert ferry.release_cached_device_memory() >= stats["allocated_bytes"]
+        del tensors
+    assert ferry.release_cached_device_memory() == 0  # no load holds any now
+
+
 def test_cufile_without_gds_is_refused_unless_allowed(checkpoint):
     with pytest.raises(Exception, match="(?i)cufile|gpu|cuda"):
         ferry.torch.load_with_stats(checkpoint, device="cuda:0" if torch.cuda.is_available() else "cpu",
@@ -61,6 +74,7 @@ def test_cufile_without_gds_is_refused_unless_allowed(checkpoint):
     ("speed", 3, "unknown load option"),
     ("backend", "gds", "gds"),
     ("page_cache_pin", "lots", "page_cache_pin"),
+    ("cache_device_memory", "maybe", "cache_device_memory"),
 ])
 def test_bad_settings_raise_naming_them(checkpoint, key, value, words):
     with pytest.raises(ValueError, match=words):

@@ -73,6 +73,18 @@ def test_interpreter_exit_during_a_load_with_progress_does_not_abort(tmp_path):
         assert "terminate" not in r.stderr and "FATAL" not in r.stderr, r.stderr
 
 
+def test_interpreter_exit_during_a_long_load_is_clean(tmp_path):
+    # 4 KiB reads of 128 MiB: the load is still under way when the interpreter exits, so the exit
+    # handler cancels it and waits for it before the process runs its exit handlers.
+    path = write_safetensors(tmp_path / "big.safetensors",
+                             {f"t{i}": ("uint8", [16 << 20]) for i in range(8)})
+    r = subprocess.run([sys.executable, "-c", EXIT_DURING_LOAD, str(path), "0.1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    for noise in ("terminate", "FATAL", "nanobind: leaked"):
+        assert noise not in r.stderr, r.stderr[-500:]
+
+
 LOAD_IN_LATE_ATEXIT = """
 import atexit, sys
 path = sys.argv[1]

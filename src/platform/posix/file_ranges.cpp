@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace ferry::detail {
@@ -40,6 +41,32 @@ bool range_resident(NativeDescriptor fd, std::uint64_t offset, std::uint64_t len
     }
   } catch (...) {
     all = false;  // no memory for the answer: not known to be cached
+  }
+  ::munmap(map, bytes);
+  return all;
+}
+
+bool range_resident_sampled(NativeDescriptor fd, std::uint64_t offset, std::uint64_t length,
+                            unsigned windows) noexcept {
+  constexpr std::uint64_t kWindowPages = 16;
+  static const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t first = offset / page * page;
+  const std::uint64_t bytes = offset + length - first;
+  const std::uint64_t pages = (bytes + page - 1) / page;
+  if (length == 0 || windows < 2 || pages <= windows * kWindowPages)
+    return range_resident(fd, offset, length);
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(first));
+  if (map == MAP_FAILED) return false;
+  bool all = true;
+  unsigned char resident[kWindowPages];
+  for (unsigned w = 0; w < windows && all; ++w) {
+    const std::uint64_t at = w * (pages - kWindowPages) / (windows - 1);  // in pages
+    const std::uint64_t n = std::min(kWindowPages * page, bytes - at * page);
+    if (::mincore(static_cast<unsigned char*>(map) + at * page, n, resident) != 0) {
+      all = false;
+      break;
+    }
+    for (std::uint64_t i = 0; i < (n + page - 1) / page; ++i) all = all && (resident[i] & 1);
   }
   ::munmap(map, bytes);
   return all;

@@ -32,6 +32,9 @@ std::int64_t write_slices_at(NativeDescriptor fd, const IoSlice* slices, std::si
 
 // Windows cannot report page-cache residency (platform/windows/file.cpp says the same).
 bool range_resident(NativeDescriptor, std::uint64_t, std::uint64_t) noexcept { return false; }
+bool range_resident_sampled(NativeDescriptor, std::uint64_t, std::uint64_t, unsigned) noexcept {
+  return false;
+}
 
 void drop_cached_pages(NativeDescriptor) noexcept {}
 void drop_cached_range(NativeDescriptor, std::uint64_t, std::uint64_t) noexcept {}

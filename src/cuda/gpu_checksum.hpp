@@ -1,0 +1,30 @@
+// The KV store's block checksum (XXH3-64, kv/checksum.hpp) computed by the GPU that holds the
+// blocks: 8 threads per block (xxh3_lanes.hpp), many blocks at once. It checks the bytes where
+// they landed, whatever path brought them (a DMA the CPU never saw included).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::detail {
+
+struct DeviceBytes {
+  shim::cu::DevicePtr data = 0;
+  std::uint64_t size = 0;
+};
+
+// Why the GPU checksum cannot run on device `ordinal` in this process ("" where it can): a build
+// without nvcc has no kernel, a driver may lack the module calls or refuse the PTX.
+std::string gpu_checksum_unavailable(int ordinal);
+
+// XXH3-64 of each range (all in device `ordinal`'s memory, at most 2^32 - 1 of them), computed
+// on that GPU in order on `stream`, after the work queued there; returns once they are known.
+// Throws CudaError where it cannot run (see gpu_checksum_unavailable).
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream);
+
+}  // namespace ferry::detail

@@ -1,0 +1,79 @@
+// The GPU checksum kernel (src/cuda/gpu_checksum.cpp) against libxxhash on the same bytes: many
+// blocks per call, every length class, aligned and not. Skips without a GPU or a kernel.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+
+#include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
+#include "ferry/error.hpp"
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::detail {
+namespace {
+
+class GpuChecksum : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!shim::CudaDriver::get().usable)
+      GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+    if (const std::string why = gpu_checksum_unavailable(0); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+// Copies `host` to the GPU and checks the digests of (offset, length) ranges of it.
+void check(const std::vector<unsigned char>& host,
+           const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges) {
+  device_context(0).make_current();
+  auto memory = allocate_device_memory(std::make_shared<PrimaryContext>(0), host.size());
+  const auto base = reinterpret_cast<shim::cu::DevicePtr>(memory.get());
+  Stream stream;
+  FERRY_CU(cuMemcpyHtoDAsync, base, host.data(), host.size(), stream.get());
+  std::vector<DeviceBytes> on_gpu;
+  for (const auto& [offset, length] : ranges) on_gpu.push_back({base + offset, length});
+  const std::vector<std::uint64_t> got = gpu_checksums(0, on_gpu, stream.get());
+  ASSERT_EQ(got.size(), ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    ASSERT_EQ(got[i], XXH3_64bits(host.data() + ranges[i].first, ranges[i].second))
+        << ranges[i].second << " bytes at +" << ranges[i].first;
+}
+
+TEST_F(GpuChecksum, EveryShortLengthAndBlockEdgeMatchesTheLibrary) {
+  const auto host = random_bytes(8192, 11);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (std::uint64_t len = 0; len <= 2100; ++len) ranges.push_back({0, len});
+  for (std::uint64_t start = 1; start < 9; ++start)  // unaligned starts take the bytewise loads
+    for (std::uint64_t len : {5ull, 100ull, 241ull, 1024ull, 1025ull, 4096ull})
+      ranges.push_back({start, len});
+  check(host, ranges);
+}
+
+TEST_F(GpuChecksum, ManyKvSizedBlocksInOneCallMatchTheLibrary) {
+  const std::uint64_t block = 1 << 20;
+  const auto host = random_bytes(64 * block, 12);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (std::uint64_t b = 0; b < 64; ++b) ranges.push_back({b * block, block - (b % 3) * 4096});
+  ranges.push_back({0, 64 * block});  // one long block beside the others
+  check(host, ranges);
+}
+
+TEST_F(GpuChecksum, NoRangesIsNoDigests) {
+  Stream stream;
+  EXPECT_TRUE(gpu_checksums(0, {}, stream.get()).empty());
+}
+
+}  // namespace
+}  // namespace ferry::detail
