@@ -82,6 +82,12 @@ std::string gpu_checksum_unavailable(int ordinal) { return kernel(ordinal).why_n
 
 std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
                                          shim::cu::Stream stream) {
+  GpuChecksumScratch scratch;
+  return gpu_checksums(ordinal, ranges, stream, scratch);
+}
+
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream, GpuChecksumScratch& scratch) {
   const Loaded& k = kernel(ordinal);
   FERRY_EXPECT(k.why_not.empty(), CudaError, "the GPU checksum cannot run on cuda:", ordinal, ": ",
                k.why_not);
@@ -93,9 +99,13 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
   for (std::size_t i = 0; i < ranges.size(); ++i) jobs[i] = {ranges[i].data, ranges[i].size};
   const std::uint64_t job_bytes = jobs.size() * sizeof(Job);
   device_context(ordinal).make_current();
-  const std::shared_ptr<void> scratch = allocate_device_memory(
-      std::make_shared<PrimaryContext>(ordinal), job_bytes + digests.size() * sizeof(std::uint64_t));
-  auto jobs_on_gpu = reinterpret_cast<shim::cu::DevicePtr>(scratch.get());
+  const std::uint64_t need = job_bytes + digests.size() * sizeof(std::uint64_t);
+  if (scratch.bytes < need) {
+    scratch.memory.reset();
+    scratch.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), need);
+    scratch.bytes = need;
+  }
+  auto jobs_on_gpu = reinterpret_cast<shim::cu::DevicePtr>(scratch.memory.get());
   shim::cu::DevicePtr digests_on_gpu = jobs_on_gpu + job_bytes;
   FERRY_CU(cuMemcpyHtoDAsync, jobs_on_gpu, jobs.data(), job_bytes, stream);
   auto count = static_cast<unsigned>(jobs.size());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,5 +27,15 @@ std::string gpu_checksum_unavailable(int ordinal);
 // Throws CudaError where it cannot run (see gpu_checksum_unavailable).
 std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
                                          shim::cu::Stream stream);
+
+// Device memory a caller keeps for the calls it makes on one stream of one device (grown as
+// needed): a pipeline of calls then allocates nothing per call, and frees nothing (a free waits
+// for the whole device, the other streams' copies included).
+struct GpuChecksumScratch {
+  std::shared_ptr<void> memory;
+  std::uint64_t bytes = 0;
+};
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream, GpuChecksumScratch& scratch);
 
 }  // namespace ferry::detail
