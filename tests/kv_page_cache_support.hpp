@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -63,6 +64,22 @@ inline bool write_behind(const std::filesystem::path& root, std::uint64_t offset
   std::free(aligned);
   ::close(fd);
   return ok;
+}
+
+// Replaces `bytes` at `offset` of the slab behind the store so that a registered window over them
+// is left stale, whatever the file system: the range is punched out first (which takes its pages
+// out of the page cache even where a registration pins them: those keep the old bytes), then
+// written through the page cache into fresh pages. False where the file system cannot punch
+// holes. `offset` and the size are multiples of 4 KiB.
+inline bool replace_behind(const std::filesystem::path& root, std::uint64_t offset,
+                           const std::vector<std::byte>& bytes) {
+  const int fd = ::open(slab_path(root).c_str(), O_WRONLY);
+  if (fd < 0) return false;
+  const bool punched =
+      ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(bytes.size())) == 0;
+  ::close(fd);
+  return punched && write_behind(root, offset, bytes, false);
 }
 
 // A block's bytes padded to its 4 KiB slot (what O_DIRECT writes).

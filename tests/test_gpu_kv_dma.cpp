@@ -1,11 +1,17 @@
 // KV gets by page-cache DMA on a real GPU (KVStoreOptions::page_cache_pin_bytes; the CUDA
-// driver's registrar): round trips bit-exact against the bytes put for 4 KiB..16 MiB blocks and
-// per-layer pieces, the route and reason per key, host destinations on the host path, a put into
-// a registered window then a get, a corrupt slab byte a miss, a window written behind the store
-// (O_DIRECT, as another process's put) read back right. Skipped without a GPU.
+// driver's registrar; each block checked by the GPU checksum where it landed): round trips
+// bit-exact against the bytes put for 4 KiB..16 MiB blocks (several chunks, both streams) and
+// per-layer pieces (through the device bounce buffer) beside single-piece blocks in one get, the
+// route and reason per key, host destinations on the host path, a put into a registered window
+// then a get, a corrupt slab byte a miss, a window written behind the store (O_DIRECT, as
+// another process's put) read back right, and a window made stale on purpose (its pages punched
+// out of the page cache while pinned) found by the GPU checksum and re-read from the file, for
+// single- and multi-piece blocks. Skipped without a GPU (and, where this build has no GPU
+// checksum, all but the test of the reason given then).
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
 #include "ferry/error.hpp"
 #include "kv_page_cache_support.hpp"
 #include "shim/cuda_driver.hpp"
@@ -27,7 +33,10 @@ class GpuKvDma : public ::testing::Test {
       GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
     context = std::make_shared<detail::PrimaryContext>(0);
     context->make_current();
+    no_gpu_checksum = detail::gpu_checksum_unavailable(0);
   }
+  // Page-cache DMA needs the GPU checksum: the tests of what it serves skip without it.
+  bool dma_unavailable() const { return !no_gpu_checksum.empty(); }
   KVStore open(std::uint64_t capacity, std::uint64_t block) {
     return KVStore::open(dir.path(), kv_namespace(), capacity, block, page_cache_options(kPin));
   }
@@ -51,9 +60,14 @@ class GpuKvDma : public ::testing::Test {
   }
   TempDir dir;
   std::shared_ptr<detail::PrimaryContext> context;
+  std::string no_gpu_checksum;  // why the GPU checksum cannot run ("" where it can)
 };
 
+#define SKIP_WITHOUT_GPU_CHECKSUM() \
+  if (dma_unavailable()) GTEST_SKIP() << "no GPU checksum: " << no_gpu_checksum
+
 TEST_F(GpuKvDma, RoundTripsThroughRegisteredWindowsAreBitExact) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
   for (std::uint64_t size : {4 * kKiB, 4 * kKiB + 100, 256 * kKiB, 1 * kMiB, 16 * kMiB}) {
     SCOPED_TRACE(size);
     TempDir here;
@@ -90,26 +104,33 @@ TEST_F(GpuKvDma, RoundTripsThroughRegisteredWindowsAreBitExact) {
   }
 }
 
+// Per-layer K and V pieces land in the bounce buffer, are checked there and scattered; a
+// single-piece block of the same get lands in its destination.
 TEST_F(GpuKvDma, PerLayerPiecesAreCopiedFromTheWindow) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
   // 8 layers x K, V in two device buffers (as a paged cache's K and V tensors) plus an odd tail.
   const std::uint64_t piece = 24 * kKiB + 512, tail = 1000;
   const std::uint64_t size = 16 * piece + tail;
   auto store = open(4 * ((size + 4095) / 4096 * 4096), size);
-  const KVKey key = 5;
-  const auto bytes = kv_bytes(key, size);
-  ASSERT_TRUE(put_one(store, key, bytes).ok());
+  const std::vector<KVKey> keys{5, 6};
+  for (KVKey key : keys) ASSERT_TRUE(put_one(store, key, kv_bytes(key, size)).ok());
   warm_slab(dir.path());
-  auto k = device(8 * piece), v = device(8 * piece + tail);
+  const auto bytes = kv_bytes(5, size);
+  auto k = device(8 * piece), v = device(8 * piece + tail), whole = device(size);
   std::vector<KVPiece> pieces;
   for (int layer = 0; layer < 8; ++layer) {
     pieces.push_back({static_cast<std::byte*>(k.get()) + layer * piece, piece, Device::cuda(0)});
     pieces.push_back({static_cast<std::byte*>(v.get()) + layer * piece, piece, Device::cuda(0)});
   }
   pieces.push_back({static_cast<std::byte*>(v.get()) + 8 * piece, tail, Device::cuda(0)});
-  KVBlock block(pieces);
-  const auto r = store.get(std::span(&key, 1), std::span(&block, 1))[0];
-  ASSERT_TRUE(r.ok()) << r.message;
-  EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
+  const KVPiece single{whole.get(), size, Device::cuda(0)};
+  const std::vector<KVBlock> blocks{KVBlock(pieces), KVBlock(&single, 1)};
+  const auto results = store.get(keys, blocks);
+  for (const KVResult& r : results) {
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
+    EXPECT_TRUE(has(r.route_reason, "GPU checksum")) << r.route_reason;
+  }
   const auto got_k = download(k.get(), 8 * piece), got_v = download(v.get(), 8 * piece + tail);
   std::uint64_t at = 0;
   for (int layer = 0; layer < 8; ++layer) {
@@ -121,6 +142,8 @@ TEST_F(GpuKvDma, PerLayerPiecesAreCopiedFromTheWindow) {
     at += piece;
   }
   EXPECT_TRUE(std::equal(bytes.begin() + at, bytes.end(), got_v.begin() + 8 * piece));
+  EXPECT_EQ(download(whole.get(), size), kv_bytes(6, size));
+  EXPECT_EQ(store.stats().page_cache_dma_bytes, 2 * size);
 }
 
 TEST_F(GpuKvDma, HostDestinationsTakeTheHostPathAndSaySo) {
@@ -138,6 +161,7 @@ TEST_F(GpuKvDma, HostDestinationsTakeTheHostPathAndSaySo) {
 }
 
 TEST_F(GpuKvDma, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
   const std::uint64_t size = 256 * kKiB;
   auto store = open(2 * size, size);  // two slots: the third put evicts the first's
   ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
@@ -160,6 +184,7 @@ TEST_F(GpuKvDma, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
 }
 
 TEST_F(GpuKvDma, ACorruptSlabByteIsAMiss) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
   const std::uint64_t size = 64 * kKiB;
   auto store = open(4 * size, size);
   ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
@@ -177,8 +202,11 @@ TEST_F(GpuKvDma, ACorruptSlabByteIsAMiss) {
 
 // Another process's put goes around the page cache (O_DIRECT) into a slot of a window this one
 // has registered: whatever the kernel does with the pinned pages (keeps them stale, or writes
-// through them), the get returns the new bytes.
+// through them), the get returns the new bytes. (It once returned the old ones with an OK status,
+// when the checksum was taken from the CPU's mapping, which showed the new page while the GPU
+// had copied the old pinned one: now the bytes that landed are checked.)
 TEST_F(GpuKvDma, AWindowWrittenBehindTheStoreIsReadBackRight) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
   const std::uint64_t size = 64 * kKiB;
   auto store = open(4 * size, size);
   ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
@@ -196,6 +224,75 @@ TEST_F(GpuKvDma, AWindowWrittenBehindTheStoreIsReadBackRight) {
     EXPECT_TRUE(has(r.route_reason, "stale")) << r.route_reason;
     EXPECT_EQ(store.stats().page_cache_stale_rereads, 1u);
   }
+}
+
+// A window made stale on purpose: slot 1 holds other bytes when the window is registered, then
+// its pages are punched out of the page cache (the registration keeps the old ones pinned) and
+// key 2's bytes written in fresh pages. The DMA still reads the pinned pages: the GPU checksum
+// of what landed finds them stale, the block is re-read from the file, right, and the next get
+// registers the window afresh. One piece (checked in the destination) and per-layer pieces
+// (checked in the bounce buffer, never scattered).
+TEST_F(GpuKvDma, AStaleWindowIsFoundOnTheGpuAndTheBlockReReadRight) {
+  SKIP_WITHOUT_GPU_CHECKSUM();
+  for (bool pieces : {false, true}) {
+    SCOPED_TRACE(pieces ? "per-layer pieces" : "one piece");
+    TempDir here;
+    const std::uint64_t size = 64 * kKiB;
+    auto store =
+        KVStore::open(here.path(), kv_namespace(), 4 * size, size, page_cache_options(kPin));
+    ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
+    ASSERT_TRUE(put_one(store, 2, kv_bytes(2, size)).ok());
+    ASSERT_TRUE(write_behind(here.path(), size, slot_image(kv_bytes(9, size)), false));
+    warm_slab(here.path());
+    const KVResult first = get_to_gpu(store, 1, size).first;
+    ASSERT_TRUE(first.ok()) << first.message;
+    ASSERT_EQ(first.route, KVRoute::page_cache_dma) << first.route_reason;  // window registered
+    if (!replace_behind(here.path(), size, slot_image(kv_bytes(2, size))))
+      GTEST_SKIP() << "no hole punching on " << here.path();
+    const auto get = [&] {
+      auto memory = device(size);
+      std::vector<KVPiece> parts;
+      const std::uint64_t part = pieces ? size / 8 : size;
+      for (std::uint64_t at = 0; at < size; at += part)
+        parts.push_back({static_cast<std::byte*>(memory.get()) + at, part, Device::cuda(0)});
+      const KVBlock block(parts);
+      const KVKey key = 2;
+      const KVResult r = store.get(std::span(&key, 1), std::span(&block, 1))[0];
+      return std::pair(r, download(memory.get(), size));
+    };
+    const auto [r, got] = get();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(got, kv_bytes(2, size));
+    EXPECT_NE(r.route, KVRoute::page_cache_dma);
+    EXPECT_TRUE(has(r.route_reason, "stale")) << r.route_reason;
+    KVStats stats = store.stats();
+    EXPECT_EQ(stats.page_cache_stale_rereads, 1u);
+    EXPECT_EQ(stats.corrupt_dropped, 0u);
+    warm_slab(here.path());
+    const auto [again, got_again] = get();
+    ASSERT_TRUE(again.ok()) << again.message;
+    EXPECT_EQ(again.route, KVRoute::page_cache_dma) << again.route_reason;
+    EXPECT_TRUE(has(again.route_reason, "registered by this get")) << again.route_reason;
+    EXPECT_EQ(got_again, kv_bytes(2, size));
+    EXPECT_EQ(store.stats().page_cache_stale_rereads, 1u);
+  }
+}
+
+// Where this build or driver cannot run the GPU checksum, page-cache DMA serves nothing and each
+// block says why (runs only there: elsewhere the tests above cover the route).
+TEST_F(GpuKvDma, WithoutTheGpuChecksumBlocksTakeTheUsualPathAndSayWhy) {
+  if (!dma_unavailable()) GTEST_SKIP() << "the GPU checksum runs here";
+  const std::uint64_t size = 64 * kKiB;
+  auto store = open(4 * size, size);
+  ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
+  warm_slab(dir.path());
+  const auto [r, got] = get_to_gpu(store, 1, size);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(got, kv_bytes(1, size));
+  EXPECT_EQ(r.route, KVRoute::staged);
+  EXPECT_TRUE(has(r.route_reason, "GPU checksum")) << r.route_reason;
+  EXPECT_TRUE(has(r.route_reason, no_gpu_checksum.c_str())) << r.route_reason;
+  EXPECT_EQ(store.stats().page_cache_windows_registered, 0u);
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 // each range at registration, as the pages a registration pins keep their bytes when a write
 // goes around the page cache. Checked: bit-exact round trips (4 KiB..16 MiB, per-layer pieces),
 // the route and reason per key, a put into a registered window, a corrupt slab byte (a miss), a
-// window written behind the store (re-read right), the budget's LRU eviction, and host memory on
-// the host path where the registrar serves only GPUs.
+// window written behind the store (re-read right), the budget's LRU eviction, host memory on
+// the host path where the registrar serves only GPUs. Each block is checked where it landed
+// (the destination, or the bounce buffer of a multi-piece block, scattered only once it
+// matched), never in the mapping.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -16,8 +16,9 @@
 // (cuFile, straight between the slab files and device memory), chosen by KVStoreOptions::gpu_path.
 // Opt-in page-cache DMA (KVStoreOptions::page_cache_pin_bytes): a get into GPU memory whose
 // slab window is wholly in the page cache copies straight from the page cache's registered
-// pages, then checks the checksum from the same pages. Every result names the path its block
-// took (and, with page-cache DMA on, why).
+// pages, then checks the checksum of the bytes where they landed, on that GPU (a mismatch, such
+// as a window another writer left stale, re-reads the block on the usual path). Every result
+// names the path its block took (and, with page-cache DMA on, why).
 //
 // Sharing: one writer process per namespace (an flock on writer.lock) and any number of reader
 // processes (options.read_only), which pick up the writer's commits from the journal before
@@ -191,6 +192,11 @@ struct KVStats {
   double page_cache_register_seconds = 0;
   std::uint64_t page_cache_stale_rereads = 0;
   std::uint64_t page_cache_pin_bytes = 0;  // as opened
+  // Its device seconds (the streams' events; a get's chunks overlap on two streams, so these
+  // can add up to more than its wall time): the copies out of the page cache, the GPU checksums
+  // of the bytes that landed, the scatters of multi-piece blocks from the bounce buffer.
+  double page_cache_dma_seconds = 0, page_cache_checksum_seconds = 0,
+         page_cache_scatter_seconds = 0;
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
   KVPath gpu_path = KVPath::Auto;         // as opened
   bool read_only = false;

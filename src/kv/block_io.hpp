@@ -41,6 +41,10 @@ struct PageCacheCounters {
   std::uint64_t registered = 0;     // windows registered
   double register_seconds = 0;      // mapping, populating and registering them
   std::uint64_t stale_rereads = 0;  // blocks re-read after a mismatch on the DMA path
+  // Device time (the streams' events, summed over the chunks of each get: chunks on two
+  // streams overlap, so these may add up to more than the gets' wall time): the copies out of
+  // the page cache, the GPU checksums of what landed, the scatters of multi-piece blocks.
+  double dma_seconds = 0, checksum_seconds = 0, scatter_seconds = 0;
 };
 
 // Thread-seconds of the staged path's workers, summed over its transfers (TransferStats).

@@ -479,6 +479,9 @@ KVStats KVStore::stats() {
   out.page_cache_register_seconds = page_cache.register_seconds;
   out.page_cache_stale_rereads = page_cache.stale_rereads;
   out.page_cache_pin_bytes = s.options.page_cache_pin_bytes;
+  out.page_cache_dma_seconds = page_cache.dma_seconds;
+  out.page_cache_checksum_seconds = page_cache.checksum_seconds;
+  out.page_cache_scatter_seconds = page_cache.scatter_seconds;
   out.gpu_path = s.options.gpu_path;
   out.read_only = s.options.read_only;
   return out;

@@ -1,33 +1,61 @@
 #include "kv/page_cache_gets.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <set>
 #include <string>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
 #include "ferry/error.hpp"
+#include "kv/checksum.hpp"
 #include "platform/file_ranges.hpp"
-#include "transfer/copier.hpp"
 #include "transfer/page_cache_registry.hpp"
-#include "transfer/worker_pool.hpp"
 
 namespace ferry::detail::kv {
 namespace {
 
-// Hashing workers per get: enough to keep up with one device's DMA (XXH3 runs at about a
-// quarter of it per core), few enough to leave the machine's other work its cores.
-constexpr unsigned kHashWorkers = 8;
+// A chunk's copies, then its checksums, go on one stream while the next chunk's copies go on
+// the other: large enough that a chunk's fixed costs (a kernel launch, its events, one wait)
+// stay small beside its ~1 ms of DMA, small enough that a batch of a few hundred MiB has
+// several to overlap.
+constexpr std::uint64_t kChunkBytes = 32ull << 20;
+constexpr std::uint64_t kBounceAlign = 256;  // a gathered block's start in the bounce buffer
+constexpr int kHost = -1;                    // "ordinal" of host memory (tests' stand-ins)
 
 std::uint64_t total(const BlockRequest& r) {
   std::uint64_t sum = 0;
   for (const BlockSpan& p : r.pieces) sum += p.size;
   return sum;
+}
+
+// The block's one piece with bytes, or null where it has several (they land in a bounce
+// buffer, then are scattered) or none.
+const BlockSpan* only_piece(const BlockRequest& r) {
+  const BlockSpan* only = nullptr;
+  for (const BlockSpan& p : r.pieces) {
+    if (p.size == 0) continue;
+    if (only) return nullptr;
+    only = &p;
+  }
+  return only;
+}
+
+// The device all the block's bytes go to (kHost for host memory); false where its pieces lie on
+// several (a block is verified where it lands, on one device) or it has no bytes.
+bool one_device(const BlockRequest& r, int& ordinal) {
+  bool found = false;
+  for (const BlockSpan& p : r.pieces) {
+    if (p.size == 0) continue;
+    const int here = p.device.is_cuda() ? p.device.index : kHost;
+    if (found && here != ordinal) return false;
+    ordinal = here;
+    found = true;
+  }
+  return found;
 }
 
 std::string milliseconds(double seconds) {
@@ -36,78 +64,39 @@ std::string milliseconds(double seconds) {
   return text;
 }
 
-// A block served from a window: its lease, where its bytes sit in the mapping, the events
-// behind its copies, and what the hash found.
-struct Served {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+// A block served from a window: its lease (held until its copies are done), where its bytes sit
+// in the mapping, and what the checksum of the bytes that landed found.
+struct PageCacheGets::Served {
   BlockRequest* request = nullptr;
   PageCacheRegistry::Lease lease;
   const std::byte* source = nullptr;
   std::uint64_t length = 0;
-  std::vector<std::pair<int, PooledEvent>> ends;  // (device ordinal, event) per GPU copier used
+  int ordinal = kHost;
   std::string reason;
   enum class Verdict { pending, match, mismatch, failed } verdict = Verdict::pending;
   std::string failure;  // where failed: why, for the usual path's reason
 };
 
-// Waits for the block's copies, then hashes it from the mapping.
-void verify(Served& s) {
-  try {
-    if (!s.ends.empty()) {
-      RelaxedCaptureMode relaxed;
-      for (auto& [ordinal, end] : s.ends) {
-        device_context(ordinal).make_current();
-        end->synchronize();
-      }
-    }
-    const bool same = XXH3_64bits(s.source, s.length) == s.request->checksum;
-    s.verdict = same ? Served::Verdict::match : Served::Verdict::mismatch;
-  } catch (const std::exception& e) {
-    s.failure = e.what();
-    s.verdict = Served::Verdict::failed;
-  }
-}
-
-// verify() of every block, on up to kHashWorkers threads of the process's transfer pool (the
-// caller's among them), blocks taken in copy order. A helper that starts only after the caller
-// finished returns at once: the get never waits for pool threads busy with other work.
-void verify_all(std::vector<Served>& served) {
-  if (served.empty()) return;
-  struct Shared {
-    std::atomic<std::size_t> next{0};
-    std::mutex mutex;
-    std::condition_variable idle;
-    unsigned active = 0;
-    bool closed = false;
+// Per device: two lanes (a stream each, its bounce buffer for multi-piece blocks and its
+// checksum scratch), used by one get at a time.
+struct PageCacheGets::Lanes {
+  struct Lane {
+    Stream stream;
+    std::shared_ptr<void> bounce;
+    std::uint64_t bounce_bytes = 0;
+    GpuChecksumScratch scratch;
   };
-  auto shared = std::make_shared<Shared>();
-  Served* blocks = served.data();
-  const std::size_t count = served.size();
-  const auto work = [blocks, count](Shared& sh) {
-    for (std::size_t i; (i = sh.next.fetch_add(1)) < count;)
-      if (blocks[i].verdict == Served::Verdict::pending) verify(blocks[i]);
-  };
-  unsigned helpers = static_cast<unsigned>(std::min<std::size_t>(kHashWorkers, count) - 1);
-  if (helpers > 0) helpers = std::min(helpers, transfer_workers().reserve(helpers));
-  if (helpers > 0)
-    transfer_workers().post(
-        [shared, work] {
-          {
-            std::lock_guard lock(shared->mutex);
-            if (shared->closed) return;
-            ++shared->active;
-          }
-          work(*shared);
-          std::lock_guard lock(shared->mutex);
-          if (--shared->active == 0) shared->idle.notify_all();
-        },
-        helpers);
-  work(*shared);
-  std::unique_lock lock(shared->mutex);
-  shared->closed = true;
-  shared->idle.wait(lock, [&] { return shared->active == 0; });
-}
-
-}  // namespace
+  explicit Lanes(int ordinal) : context(std::make_shared<PrimaryContext>(ordinal)) {}
+  std::shared_ptr<PrimaryContext> context;  // first: outlives the streams
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Lane>> lanes;  // two, made at first use
+};
 
 PageCacheGets::PageCacheGets(const SlabFiles& slabs, std::uint64_t slot_bytes,
                              std::uint64_t slab_bytes, std::uint64_t budget_bytes)
@@ -120,6 +109,8 @@ PageCacheGets::PageCacheGets(const SlabFiles& slabs, std::uint64_t slot_bytes,
     _files.push_back(PlatformFile::open(slabs.path(static_cast<int>(i)), FileAccess::Read, false));
 }
 
+PageCacheGets::~PageCacheGets() = default;
+
 std::uint64_t PageCacheGets::window_size(const Window& w) const {
   const std::uint64_t offset = w.index * _window_bytes;
   return std::min(_window_bytes, _slab_bytes - std::min(offset, _slab_bytes));
@@ -128,6 +119,13 @@ std::uint64_t PageCacheGets::window_size(const Window& w) const {
 void PageCacheGets::release(const Window& w) {
   page_cache_registry().release_range(_files[w.slab].identity(), w.index * _window_bytes,
                                       window_size(w), true);
+}
+
+PageCacheGets::Lanes& PageCacheGets::lanes(int ordinal) {
+  std::lock_guard lock(_mutex);
+  auto& l = _lanes[ordinal];
+  if (!l) l = std::make_unique<Lanes>(ordinal);
+  return *l;
 }
 
 PageCacheGets::Writing PageCacheGets::writing(std::span<const BlockRequest> batch) {
@@ -158,34 +156,218 @@ PageCacheGets::Writing::~Writing() {
   }
 }
 
+void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Times& times) {
+  Lanes& device = lanes(ordinal);
+  std::lock_guard lock(device.mutex);
+  RelaxedCaptureMode relaxed;  // our own streams' waits: never part of another thread's capture
+  device.context->make_current();
+  while (device.lanes.size() < 2) device.lanes.push_back(std::make_unique<Lanes::Lane>());
+
+  struct Chunk {
+    std::vector<Served*> blocks;
+    std::uint64_t bytes = 0;
+    std::vector<std::uint64_t> at;  // multi-piece blocks: where in the lane's bounce buffer
+    Lanes::Lane* lane = nullptr;
+    Event start{true}, copied{true}, hashed{true}, scattered{true};
+    bool queued = false, finished = false;
+  };
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  for (Served* s : blocks) {
+    if (chunks.empty() || chunks.back()->bytes >= kChunkBytes)
+      chunks.push_back(std::make_unique<Chunk>());
+    chunks.back()->blocks.push_back(s);
+    chunks.back()->bytes += s->length;
+  }
+  const auto fail_chunk = [](Chunk& c, const std::exception& e) {
+    for (Served* s : c.blocks)
+      if (s->verdict == Served::Verdict::pending) {
+        s->verdict = Served::Verdict::failed;
+        s->failure = e.what();
+      }
+  };
+  // Whatever happens, no copy into a destination (or out of a leased window) is still running
+  // when this returns: the usual path may rewrite the destination, the leases may go.
+  struct Drain {
+    Lanes& device;
+    ~Drain() {
+      for (auto& lane : device.lanes) try {
+          lane->stream.synchronize();
+        } catch (const std::exception&) {
+          // A broken context: the usual path reports it for the blocks it re-reads.
+        }
+    }
+  } drain{device};
+
+  // The copies out of the page cache, into each block's destination or the bounce buffer.
+  const auto queue = [&](Chunk& c, Lanes::Lane& lane) {
+    c.lane = &lane;
+    std::uint64_t need = 0;
+    c.at.assign(c.blocks.size(), 0);
+    for (std::size_t i = 0; i < c.blocks.size(); ++i)
+      if (!only_piece(*c.blocks[i]->request)) {
+        c.at[i] = need;
+        need += (c.blocks[i]->length + kBounceAlign - 1) / kBounceAlign * kBounceAlign;
+      }
+    if (need > lane.bounce_bytes) {
+      lane.stream.synchronize();  // the chunk before on this lane scatters from it
+      lane.bounce.reset();
+      lane.bounce_bytes = 0;
+      lane.bounce = allocate_device_memory(device.context, need);
+      lane.bounce_bytes = need;
+    }
+    const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
+    c.start.record(lane.stream);
+    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+      const Served& s = *c.blocks[i];
+      const BlockSpan* only = only_piece(*s.request);
+      const shim::cu::DevicePtr to =
+          only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i];
+      FERRY_CU(cuMemcpyHtoDAsync, to, s.source, s.length, lane.stream.get());
+    }
+    c.copied.record(lane.stream);
+    c.queued = true;
+  };
+  // After the copies, on their stream: the checksums of the bytes where they landed, then the
+  // scatter of the multi-piece blocks that matched (the others' pieces are left untouched).
+  const auto finish = [&](Chunk& c) {
+    Lanes::Lane& lane = *c.lane;
+    const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
+    std::vector<DeviceBytes> landed(c.blocks.size());
+    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+      const BlockSpan* only = only_piece(*c.blocks[i]->request);
+      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i],
+                   c.blocks[i]->length};
+    }
+    const std::vector<std::uint64_t> sums =
+        gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch);
+    c.hashed.record(lane.stream);
+    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
+      const BlockRequest& r = *c.blocks[i]->request;
+      if (sums[i] != r.checksum || only_piece(r)) continue;
+      shim::cu::DevicePtr from = bounce + c.at[i];
+      for (const BlockSpan& p : r.pieces) {
+        if (p.size == 0) continue;
+        FERRY_CU(cuMemcpyDtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(p.data), from, p.size,
+                 lane.stream.get());
+        from += p.size;
+      }
+    }
+    c.scattered.record(lane.stream);
+    // Verdicts only once every scatter is queued: a failure before leaves the chunk's blocks
+    // pending, so they are failed and re-read.
+    for (std::size_t i = 0; i < c.blocks.size(); ++i)
+      c.blocks[i]->verdict = sums[i] == c.blocks[i]->request->checksum ? Served::Verdict::match
+                                                                       : Served::Verdict::mismatch;
+    c.finished = true;
+  };
+  const auto attempt = [&](Chunk& c, const auto& step) {
+    try {
+      step();
+    } catch (const std::exception& e) {
+      fail_chunk(c, e);
+    }
+  };
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    if (k == 0) attempt(*chunks[0], [&] { queue(*chunks[0], *device.lanes[0]); });
+    if (k + 1 < chunks.size())
+      attempt(*chunks[k + 1], [&] { queue(*chunks[k + 1], *device.lanes[(k + 1) % 2]); });
+    if (chunks[k]->queued) attempt(*chunks[k], [&] { finish(*chunks[k]); });
+  }
+  try {
+    for (auto& lane : device.lanes) lane->stream.synchronize();
+  } catch (const std::exception& e) {
+    // A copy or scatter failed after it was queued: no block of this get is trusted.
+    for (Served* s : blocks) {
+      s->verdict = Served::Verdict::failed;
+      s->failure = e.what();
+    }
+    return;
+  }
+  // The checksum's share includes the wait of this thread for it (its digests come back first).
+  for (const auto& c : chunks) {
+    if (!c->finished) continue;
+    times.dma += Event::elapsed_seconds(c->start, c->copied);
+    times.checksum += Event::elapsed_seconds(c->copied, c->hashed);
+    times.scatter += Event::elapsed_seconds(c->hashed, c->scattered);
+  }
+}
+
+void PageCacheGets::land_in_host(std::span<Served* const> blocks, Times& times) {
+  std::vector<std::byte> bounce;
+  for (Served* s : blocks) {
+    try {
+      const BlockSpan* only = only_piece(*s->request);
+      std::byte* landed = only ? static_cast<std::byte*>(only->data) : nullptr;
+      if (!landed) {
+        bounce.resize(s->length);
+        landed = bounce.data();
+      }
+      auto start = std::chrono::steady_clock::now();
+      std::memcpy(landed, s->source, s->length);
+      times.dma += seconds_since(start);
+      start = std::chrono::steady_clock::now();
+      const bool same = checksum(landed, s->length) == s->request->checksum;
+      times.checksum += seconds_since(start);
+      s->verdict = same ? Served::Verdict::match : Served::Verdict::mismatch;
+      if (!same || only) continue;
+      start = std::chrono::steady_clock::now();
+      const std::byte* from = landed;
+      for (const BlockSpan& p : s->request->pieces) {
+        std::memcpy(p.data, from, p.size);
+        from += p.size;
+      }
+      times.scatter += seconds_since(start);
+    } catch (const std::exception& e) {
+      s->verdict = Served::Verdict::failed;
+      s->failure = e.what();
+    }
+  }
+}
+
 std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> blocks) {
   PageCacheRegistry& registry = page_cache_registry();
   std::vector<BlockRequest*> rest;
   std::vector<Served> served;
   served.reserve(blocks.size());
+  std::map<int, std::string> no_checksum;  // per device: why the GPU checksum cannot run
   {
     // Leases of this get, one registry call per window; taken under the lock that writing()
     // marks windows under, so no window a put is writing into is registered meanwhile.
     std::map<Window, PageCacheRegistry::Acquired> windows;
     std::lock_guard lock(_mutex);
     for (BlockRequest* r : blocks) {
-      for (const BlockSpan& p : r->pieces) {
-        if (p.size == 0 || registry.serves(p.device)) continue;
-        r->route_reason = p.device.is_cuda()
-                              ? "page-cache DMA (" + registry.registrar_name() +
-                                    ") does not serve " + p.device.to_string()
-                              : "its destination is host memory (page-cache DMA serves GPU "
-                                "memory)";
-        break;
-      }
-      if (!r->route_reason.empty()) {
+      const auto refuse = [&](std::string why) {
+        r->route_reason = std::move(why);
         rest.push_back(r);
+      };
+      int ordinal = kHost;
+      if (!one_device(*r, ordinal)) {
+        refuse(
+            "its pieces lie on more than one device (page-cache DMA verifies a block where it "
+            "lands, on one device)");
         continue;
+      }
+      const Device device = ordinal == kHost ? Device::cpu() : Device::cuda(ordinal);
+      if (!registry.serves(device)) {
+        refuse(device.is_cuda() ? "page-cache DMA (" + registry.registrar_name() +
+                                      ") does not serve " + device.to_string()
+                                : "its destination is host memory (page-cache DMA serves GPU "
+                                  "memory)");
+        continue;
+      }
+      if (device.is_cuda()) {
+        auto why = no_checksum.find(ordinal);
+        if (why == no_checksum.end())
+          why = no_checksum.emplace(ordinal, gpu_checksum_unavailable(ordinal)).first;
+        if (!why->second.empty()) {
+          refuse("page-cache DMA needs the GPU checksum to verify the bytes that land on " +
+                 device.to_string() + ": " + why->second);
+          continue;
+        }
       }
       const Window w = window_of(*r);
       if (_writing.count(w)) {
-        r->route_reason = "a put is writing into its window";
-        rest.push_back(r);
+        refuse("a put is writing into its window");
         continue;
       }
       auto found = windows.find(w);
@@ -197,16 +379,14 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
           _counters.register_seconds += got.register_seconds;
         }
         if (!got.lease)
-          got.why_not = "its window (" + _slabs.name(w.slab) + " bytes " +
-                        std::to_string(offset) + " to " + std::to_string(offset + window_size(w)) +
-                        "): " + got.why_not;
+          got.why_not = "its window (" + _slabs.name(w.slab) + " bytes " + std::to_string(offset) +
+                        " to " + std::to_string(offset + window_size(w)) + "): " + got.why_not;
         found = windows.emplace(w, std::move(got)).first;
       }
       const PageCacheRegistry::Acquired& got = found->second;
       const std::uint64_t length = total(*r);
       if (!got.lease || r->offset + length > got.lease.offset() + got.lease.size()) {
-        r->route_reason = got.lease ? "the block runs past its window" : got.why_not;
-        rest.push_back(r);
+        refuse(got.lease ? "the block runs past its window" : got.why_not);
         continue;
       }
       Served s;
@@ -214,47 +394,37 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
       s.lease = got.lease.share();
       s.source = got.lease.data() + (r->offset - got.lease.offset());
       s.length = length;
-      s.reason = got.registered_now
-                     ? "copied from the page cache's registered pages (its window registered by "
-                       "this get in " + milliseconds(got.register_seconds) + ")"
-                     : "copied from the page cache's registered pages (its window registered "
-                       "earlier)";
+      s.ordinal = ordinal;
+      s.reason = (got.registered_now
+                      ? "copied from the page cache's registered pages (its window registered by "
+                        "this get in " +
+                            milliseconds(got.register_seconds) + ")"
+                      : std::string("copied from the page cache's registered pages (its window "
+                                    "registered earlier)")) +
+                 (device.is_cuda() ? ", checked where it landed by the GPU checksum"
+                                   : ", checked where it landed");
       served.push_back(std::move(s));
     }
   }
 
-  // Every copy queued first (host memory: copied here), each block's end marked per device.
-  std::map<int, std::unique_ptr<Copier>> gpu_copiers;
-  std::unique_ptr<Copier> host_copier;
-  for (Served& s : served) {
+  // Each device's blocks copied and checked where they landed (host memory: tests' stand-ins).
+  std::map<int, std::vector<Served*>> by_device;
+  for (Served& s : served) by_device[s.ordinal].push_back(&s);
+  Times times;
+  for (auto& [ordinal, group] : by_device) {
     try {
-      std::uint64_t at = 0;
-      std::map<int, bool> used;
-      for (const BlockSpan& p : s.request->pieces) {
-        if (p.size == 0) continue;
-        Copier* copier;
-        if (p.device.is_cuda()) {
-          auto& c = gpu_copiers[p.device.index];
-          if (!c) c = make_copier(p.device, 1);
-          copier = c.get();
-          used[p.device.index] = true;
-        } else {
-          if (!host_copier) host_copier = make_copier(p.device, 1);
-          copier = host_copier.get();
-        }
-        copier->put(reinterpret_cast<std::uintptr_t>(p.data), s.source + at, p.size);
-        at += p.size;
-      }
-      for (const auto& [ordinal, yes] : used)
-        s.ends.emplace_back(ordinal, gpu_copiers[ordinal]->mark_end());
+      if (ordinal == kHost)
+        land_in_host(group, times);
+      else
+        land_on_gpu(ordinal, group, times);
     } catch (const std::exception& e) {
-      s.failure = e.what();
-      s.verdict = Served::Verdict::failed;
+      for (Served* s : group)
+        if (s->verdict == Served::Verdict::pending) {
+          s->verdict = Served::Verdict::failed;
+          s->failure = e.what();
+        }
     }
   }
-  // Then each block hashed from the mapping once its copies completed.
-  verify_all(served);
-  for (auto& [ordinal, copier] : gpu_copiers) copier->drain();  // failed blocks' copies too
 
   std::set<Window> stale;
   std::vector<BlockRequest*> reread;
@@ -269,12 +439,12 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
         verified += s.length;
         break;
       case Served::Verdict::mismatch:
-        // Stale pages (another process wrote the slot) or a bad slab: the file decides.
+        // Stale pinned pages (another process wrote the slot) or a bad slab: the file decides.
         stale.insert(window_of(r));
         reread.push_back(&r);
         r.route_reason =
-            "page-cache DMA found its window stale (a checksum mismatch): the window was "
-            "dropped and the block re-read from the file";
+            "page-cache DMA found its window stale (the checksum of the bytes that landed "
+            "differs): the window was dropped and the block re-read from the file";
         rest.push_back(&r);
         break;
       case Served::Verdict::failed:
@@ -295,6 +465,9 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
   std::lock_guard lock(_mutex);
   _counters.bytes += verified;
   _counters.stale_rereads += reread.size();
+  _counters.dma_seconds += times.dma;
+  _counters.checksum_seconds += times.checksum;
+  _counters.scatter_seconds += times.scatter;
   return rest;
 }
 

@@ -2,7 +2,7 @@
 // is wholly in the page cache is copied to its destination straight from the window's pages,
 // mapped read-only and registered with the GPU driver (the process's PageCacheRegistry,
 // transfer/page_cache_registry.hpp): one pass over host memory (the DMA) instead of the staged
-// path's three, plus the checksum's.
+// path's three (read into pinned slots, hash, copy out).
 //
 // Windows: whole slots, about 64 MiB (kWindowTarget), aligned in the slab, so that no block
 // straddles two. Registering costs a fixed driver call plus work per page; 64 MiB amortises the
@@ -10,18 +10,23 @@
 // re-registration of a few milliseconds at the next warm get), and the budget's LRU evicts at
 // that grain rather than whole slabs of gigabytes.
 //
-// Never unverified bytes: each block's copies are queued first, and once they completed (their
-// event), its XXH3 is taken from the same mapping and compared with the index's; a change of
-// the pages between copy and hash shows as a mismatch. Blocks are hashed on several workers, so
-// the tail after the last copy is one block's hash.
+// Never unverified bytes, and verified where they landed: the pages a registration pins can
+// differ from what the mapping shows (a write around the page cache replaces the cached page
+// while the pinned one stays), so the checksum is taken of the bytes the DMA wrote, on the GPU
+// that received them (cuda/gpu_checksum.hpp), in order on the stream of the copies. A block of
+// one piece lands in its destination and is hashed there; a block of several pieces (per-layer
+// K and V) lands in a device bounce buffer, is hashed there, and is scattered device-to-device
+// into its pieces only once it matched. Blocks go in chunks on two streams per device, so one
+// chunk's copies run while the one before is hashed. Where the GPU checksum cannot run (a build
+// without nvcc, a driver without module calls), blocks take the usual path, saying why.
 //
 // Coherence: an O_DIRECT write cannot drop page-cache pages a registration pins (the kernel keeps
 // the stale page), so writes of this store go through writing(): while it lasts gets take no
 // window it overlaps, and those windows are unregistered first (waiting for gets that hold
 // them). Another process's writes can still leave a registered window stale: a mismatch on the
 // DMA path drops the window, drops the block's pages from the page cache and hands the block
-// back for the usual path to re-read from the file (whose checksum decides: a corrupt slab byte
-// is still a miss).
+// back for the usual path to re-read from the file (whose own checksum decides: a corrupt slab
+// byte is still a miss).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +51,7 @@ class PageCacheGets {
   // registered at once (the process's registry, shared with loads, holds them).
   PageCacheGets(const SlabFiles& slabs, std::uint64_t slot_bytes, std::uint64_t slab_bytes,
                 std::uint64_t budget_bytes);
+  ~PageCacheGets();
   PageCacheGets(const PageCacheGets&) = delete;
   PageCacheGets& operator=(const PageCacheGets&) = delete;
 
@@ -71,8 +77,8 @@ class PageCacheGets {
   Writing writing(std::span<const BlockRequest> batch);
 
   // Copies and verifies what it can of `blocks` (checksum set: a get's requests). Those served
-  // end with route page_cache_dma (or a checksum mismatch where the file itself is bad); the
-  // others are returned, untouched but for route_reason (why not), for the usual path.
+  // end with route page_cache_dma; the others (a stale window's blocks among them) are returned
+  // with route_reason set (why not) for the usual path, which decides hit or miss.
   std::vector<BlockRequest*> read(std::span<BlockRequest* const> blocks);
 
   PageCacheCounters counters() const;
@@ -85,12 +91,22 @@ class PageCacheGets {
       return slab != o.slab ? slab < o.slab : index < o.index;
     }
   };
-  Window window_of(const BlockRequest& r) const {
-    return {r.slab, r.offset / _window_bytes};
-  }
+  Window window_of(const BlockRequest& r) const { return {r.slab, r.offset / _window_bytes}; }
   std::uint64_t window_size(const Window& w) const;
   // Stops serving `w` and waits until no registration of it is left (no lease of it held here).
   void release(const Window& w);
+
+  struct Served;  // a block taken from a window (page_cache_gets.cpp)
+  struct Lanes;   // per device: streams, bounce buffers, checksum scratch
+  struct Times {  // device (or host) seconds of one get, added to the counters
+    double dma = 0, checksum = 0, scatter = 0;
+  };
+  Lanes& lanes(int ordinal);
+  // Copies `blocks` (all bound for GPU `ordinal`) out of their windows and checks each where it
+  // landed; sets each one's verdict. Returns with no copy running.
+  void land_on_gpu(int ordinal, std::span<Served* const> blocks, Times& times);
+  // The same for host memory (tests' stand-in registrars serve it): memcpy, then XXH3.
+  void land_in_host(std::span<Served* const> blocks, Times& times);
 
   const SlabFiles& _slabs;
   std::uint64_t _slot_bytes, _slab_bytes, _window_bytes, _budget;
@@ -99,6 +115,7 @@ class PageCacheGets {
   mutable std::mutex _mutex;
   std::map<Window, unsigned> _writing;  // windows puts of this store are writing into
   PageCacheCounters _counters;
+  std::map<int, std::unique_ptr<Lanes>> _lanes;  // under _mutex; each used under its own
 };
 
 }  // namespace ferry::detail::kv
