@@ -32,11 +32,14 @@
 #   about 5 minutes; kvperf: the same without the index, torch.save and CPU rows, 30 s of crash
 #   trials, and with rows of 256 MiB prefixes per call: `tools/gpu_check.sh build kvperf`): run
 #   `tools/gpu_check.sh build`, then `tools/gpu_check.sh kv`);
-#   kvdma (not in the default; about 4 minutes with `build`, which then skips the Python
-#   package): KV gets by page-cache DMA: its tests (GPU and CPU, the registry's and the loader's
-#   page-cache DMA tests beside them) and `ferry kv bench --page-cache-pin` on cuda:0, staged,
-#   batches of 16 and prefixes of 256 MiB: first warm pass (registers the windows; its
-#   registration time apart) and the later warm pass from registered windows, beside pinned H2D;
+#   kvdma (not in the default; about 5 minutes with `build`, which then skips the Python
+#   package): KV gets by page-cache DMA, each block checked by the GPU checksum where it landed:
+#   its tests (GPU and CPU, the GPU checksum's, the registry's and the loader's page-cache DMA
+#   tests beside them) and `ferry kv bench --page-cache-pin` on cuda:0, staged, batches of 16,
+#   prefixes of 256 MiB, and prefixes of per-layer blocks (16 pieces, through the device bounce
+#   buffer): warm gets without page-cache DMA (staged), registering the windows (their
+#   registration time apart) and from registered windows, beside pinned H2D, and where the
+#   registered pass's time went (device ms of DMA, GPU checksum, scatter);
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
 #   stream-bench: the benchmarks alone (about 6 minutes with `build`).
@@ -379,12 +382,12 @@ kv_crash() {
 
 # KV gets by page-cache DMA (KVStoreOptions::page_cache_pin_bytes).
 kv_dma() {
-  log "KV page-cache DMA tests (test_gpu_kv_dma, test_kv_page_cache, test_page_cache_registry, test_page_cache_dma)"
-  for t in test_gpu_kv_dma test_kv_page_cache test_page_cache_registry test_page_cache_dma; do
+  log "KV page-cache DMA tests (test_gpu_kv_dma, test_gpu_checksum, test_kv_page_cache, test_page_cache_registry, test_page_cache_dma)"
+  for t in test_gpu_kv_dma test_gpu_checksum test_kv_page_cache test_page_cache_registry test_page_cache_dma; do
     /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
     grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
   done
-  log "ferry kv bench --page-cache-pin 4G (cuda:0, staged; batches of 16, then 256 MiB prefixes)"
+  log "ferry kv bench --page-cache-pin 4G (cuda:0, staged; batches of 16, 256 MiB prefixes, per-layer prefixes)"
   mkdir -p /tmp/kvbench
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 256K,1M,4M,16M --bytes 1G --rounds 3 \
     --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench.json" 2>&1 |
@@ -392,6 +395,9 @@ kv_dma() {
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M,16M --batch-bytes 256M --bytes 1G \
     --rounds 3 --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench-prefix.json" 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M --pieces 16 --batch-bytes 256M \
+    --bytes 1G --rounds 3 --path staged --page-cache-pin 4G \
+    --json "$OUT/kv-dma-bench-pieces.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }
 

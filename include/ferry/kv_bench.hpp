@@ -32,8 +32,9 @@ struct KVBenchOptions {
   // the same bytes alternating with them (which goes first swaps every round); medians kept.
   unsigned rounds = 3;
   // KVStoreOptions::page_cache_pin_bytes for the stores measured (0: off). With it, each round
-  // has a second warm get pass: the first registers the windows (warm), the second copies from
-  // them (warm registered).
+  // has three warm get passes: one through a reader of the same store without page-cache DMA
+  // (warm staged), one that registers the windows (warm), one that copies from them (warm
+  // registered).
   std::uint64_t page_cache_pin = 0;
 };
 
@@ -75,6 +76,15 @@ struct KVBenchRow {
   double page_cache_register_seconds = 0;
   double page_cache_dma_share = 0;
   std::string warm_registered_path;  // the route of the second pass's blocks
+  // With page_cache_pin: the same warm gets without it (a reader of the store, on the usual
+  // path: staged or cuFile) and its route; where the warm registered pass's time went (seconds
+  // per pass, the mean of the rounds): its wall time, then device time of the copies out of the
+  // page cache, of the GPU checksums of what landed and of multi-piece blocks' scatters
+  // (KVStats page_cache_*_seconds; chunks overlap on two streams).
+  double get_warm_staged_gbps = 0;
+  std::string warm_staged_path;
+  double registered_pass_seconds = 0, page_cache_dma_seconds = 0,
+         page_cache_checksum_seconds = 0, page_cache_scatter_seconds = 0;
 };
 
 // Blocks per put/get call for `block`-byte blocks.

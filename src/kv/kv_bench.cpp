@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
@@ -338,23 +339,36 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   const fs::path dir = o.root / KVStore::directory_name(ns);
   fs::remove_all(dir);
   std::vector<double> put_s, cold_s, warm_s, raw_write_s, raw_cold_s, raw_warm_s;
-  std::vector<double> registered_s, register_s;
+  std::vector<double> registered_s, register_s, staged_s;
   row.page_cache_dma_share = o.page_cache_pin ? 1 : 0;
   {
     // Room for one round's blocks: each round's puts evict the round before's.
     auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
+    // With page-cache DMA: the same store read without it, for the warm gets it is measured
+    // against (a reader follows the writer's commits).
+    std::unique_ptr<KVStore> staged;
+    if (o.page_cache_pin) {
+      KVStoreOptions plain = options;
+      plain.page_cache_pin_bytes = 0;
+      plain.read_only = true;
+      staged = std::make_unique<KVStore>(
+          KVStore::open(o.root, ns, count * round_up(block), block, plain));
+    }
     RawFile raw(o.root / "kv-bench-raw.bin", block, count, batch);
     const std::vector<fs::path> slabs = slabs_of(dir);
     std::vector<KVKey> keys(batch);
-    // One pass over the round's `count` keys, its times added to `times`.
-    const auto run = [&](bool put, std::uint64_t round, KVBenchTimes& times) {
-      const KVStats before = store.stats();
+    // One pass over the round's `count` keys (through `through`: the store, or the reader
+    // without page-cache DMA), its times added to `times`.
+    const auto run = [&](bool put, std::uint64_t round, KVBenchTimes& times,
+                         KVStore* through = nullptr) {
+      KVStore& store_ = through ? *through : store;
+      const KVStats before = store_.stats();
       const auto start = Clock::now();
       for (std::uint64_t i = 0; i < count; i += batch) {
         const std::uint64_t n = std::min(batch, count - i);
         for (std::uint64_t k = 0; k < n; ++k) keys[k] = round * count + i + k + 1;
-        const auto results = put ? store.put(std::span(keys).first(n), std::span(sources).first(n))
-                                 : store.get(std::span(keys).first(n), std::span(targets).first(n));
+        const auto results = put ? store_.put(std::span(keys).first(n), std::span(sources).first(n))
+                                 : store_.get(std::span(keys).first(n), std::span(targets).first(n));
         for (const KVResult& r : results) {
           FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
                        "kv bench ", put ? "put" : "get", " of ", block,
@@ -363,7 +377,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
         }
       }
       const double pass = seconds_since(start);
-      accumulate(times, times_between(before, store.stats(), pass), 1.0 / row.rounds);
+      accumulate(times, times_between(before, store_.stats(), pass), 1.0 / row.rounds);
       return pass;
     };
     const std::uint64_t last = count - (count - 1) / batch * batch;  // blocks in the last batch
@@ -400,6 +414,13 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
           r,
           [&] {
             for (const auto& slab : slabs) warm(slab);
+            if (staged) {
+              KVBenchTimes unused;
+              staged_s.push_back(run(false, r, unused, staged.get()));
+              row.warm_staged_path = row.path;
+              check();
+              target.fill(std::vector<std::byte>(pattern.size()));  // each pass's bytes checked
+            }
             const KVStats before = store.stats();
             warm_s.push_back(run(false, r, row.warm_times));
             row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
@@ -408,11 +429,22 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
             register_s.push_back(registered.page_cache_register_seconds -
                                  before.page_cache_register_seconds);
             check();
+            target.fill(std::vector<std::byte>(pattern.size()));
             KVBenchTimes unused;
             registered_s.push_back(run(false, r, unused));
             row.warm_registered_path = row.path;
-            const double dma = double(store.stats().page_cache_dma_bytes -
-                                      registered.page_cache_dma_bytes);
+            const KVStats after = store.stats();
+            const double share = 1.0 / row.rounds;
+            row.registered_pass_seconds += registered_s.back() * share;
+            row.page_cache_dma_seconds +=
+                (after.page_cache_dma_seconds - registered.page_cache_dma_seconds) * share;
+            row.page_cache_checksum_seconds +=
+                (after.page_cache_checksum_seconds - registered.page_cache_checksum_seconds) *
+                share;
+            row.page_cache_scatter_seconds +=
+                (after.page_cache_scatter_seconds - registered.page_cache_scatter_seconds) * share;
+            const double dma =
+                double(after.page_cache_dma_bytes - registered.page_cache_dma_bytes);
             row.page_cache_dma_share =
                 std::min(row.page_cache_dma_share, dma / (double(count) * double(block)));
           },
@@ -432,6 +464,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   row.raw_warm_read_gbps = gb / median(raw_warm_s);
   if (o.page_cache_pin) {
     row.get_warm_registered_gbps = gb / median(registered_s);
+    row.get_warm_staged_gbps = gb / median(staged_s);
     row.page_cache_register_seconds = median(register_s);
   }
   if (o.device.is_cuda()) {
