@@ -70,6 +70,23 @@ TEST_F(GpuChecksum, ManyKvSizedBlocksInOneCallMatchTheLibrary) {
   check(host, ranges);
 }
 
+// A few large inputs share the GPU's threads by segments of 1 KiB blocks: each alignment class
+// of loads (16, 8, and 1 byte), with short inputs (no segments at all) between them.
+TEST_F(GpuChecksum, FewLargeBlocksAtEveryAlignmentMatchTheLibrary) {
+  const std::uint64_t mib = 1 << 20;
+  const auto host = random_bytes(40 * mib, 13);
+  check(host, {{0, 16 * mib},
+               {16 * mib, 0},
+               {16 * mib + 8, 8 * mib + 3},
+               {3, 100},
+               {25 * mib + 1, 4 * mib},
+               {30 * mib + 4, 2 * mib + 100},
+               {33 * mib, 241},
+               {34 * mib, 1025},
+               {35 * mib + 16, 5 * mib - 16},
+               {7, 5}});
+}
+
 TEST_F(GpuChecksum, NoRangesIsNoDigests) {
   Stream stream;
   EXPECT_TRUE(gpu_checksums(0, {}, stream.get()).empty());

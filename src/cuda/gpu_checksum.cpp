@@ -21,16 +21,20 @@ extern const char kXxh3BlocksPtx[];  // xxh3_blocks.cu built by nvcc (the genera
 
 namespace {
 
-constexpr unsigned kGroupsPerCta = 32;  // xxh3_blocks.cu's
-constexpr unsigned kThreadsPerCta = kGroupsPerCta * xxh3::kLanes;
+constexpr unsigned kGroupsPerCta = 32;  // ferry_xxh3_finish's: 8 threads per input
+constexpr unsigned kFinishThreads = kGroupsPerCta * xxh3::kLanes;
+constexpr unsigned kGainThreads = 256;     // ferry_xxh3_gains': a warp per segment
+constexpr unsigned kBlocksPerSegment = 8;  // 1 KiB blocks per segment, xxh3_blocks.cu's
 
 struct Job {  // xxh3_blocks.cu's, byte for byte
   std::uint64_t data;
   std::uint64_t size;
+  std::uint64_t first_gain;
+  std::uint64_t first_segment;
 };
 
 struct Loaded {
-  shim::cu::Function function = nullptr;
+  shim::cu::Function gains = nullptr, finish = nullptr;
   std::string why_not;  // set where the kernel cannot run
 };
 
@@ -61,9 +65,10 @@ const Loaded& kernel(int ordinal) {
       device_context(ordinal).make_current();
       shim::cu::Module module = nullptr;
       FERRY_CU(cuModuleLoadData, &module, kXxh3BlocksPtx);
-      FERRY_CU(cuModuleGetFunction, &l.function, module, "ferry_xxh3_blocks");
+      FERRY_CU(cuModuleGetFunction, &l.gains, module, "ferry_xxh3_gains");
+      FERRY_CU(cuModuleGetFunction, &l.finish, module, "ferry_xxh3_finish");
     } catch (const std::exception& e) {
-      l.function = nullptr;
+      l.gains = l.finish = nullptr;
       l.why_not = std::string("loading the GPU checksum kernel: ") + e.what();
     }
   }
@@ -95,24 +100,44 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
                " ranges in one GPU checksum call; at most 2^32 - 1");
   std::vector<std::uint64_t> digests(ranges.size());
   if (ranges.empty()) return digests;
+  // Each input's full blocks get a row of 8 gains (64 bytes per KiB of input) and segments of
+  // kBlocksPerSegment blocks, one warp each.
   std::vector<Job> jobs(ranges.size());
-  for (std::size_t i = 0; i < ranges.size(); ++i) jobs[i] = {ranges[i].data, ranges[i].size};
+  std::uint64_t gain_rows = 0, segments = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const std::uint64_t size = ranges[i].size;
+    const std::uint64_t blocks = size > xxh3::kMidSizeMax ? xxh3::scrambled_blocks(size) : 0;
+    jobs[i] = {ranges[i].data, size, gain_rows, segments};
+    gain_rows += blocks;
+    segments += (blocks + kBlocksPerSegment - 1) / kBlocksPerSegment;
+  }
+  const std::uint64_t gain_bytes = gain_rows * xxh3::kLanes * sizeof(std::uint64_t);
   const std::uint64_t job_bytes = jobs.size() * sizeof(Job);
   device_context(ordinal).make_current();
-  const std::uint64_t need = job_bytes + digests.size() * sizeof(std::uint64_t);
+  const std::uint64_t need = gain_bytes + job_bytes + digests.size() * sizeof(std::uint64_t);
   if (scratch.bytes < need) {
     scratch.memory.reset();
     scratch.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), need);
     scratch.bytes = need;
   }
-  auto jobs_on_gpu = reinterpret_cast<shim::cu::DevicePtr>(scratch.memory.get());
+  // Gains first: 16-byte stores need 16-byte alignment, and the allocation's start has it.
+  auto gains_on_gpu = reinterpret_cast<shim::cu::DevicePtr>(scratch.memory.get());
+  shim::cu::DevicePtr jobs_on_gpu = gains_on_gpu + gain_bytes;
   shim::cu::DevicePtr digests_on_gpu = jobs_on_gpu + job_bytes;
   FERRY_CU(cuMemcpyHtoDAsync, jobs_on_gpu, jobs.data(), job_bytes, stream);
   auto count = static_cast<unsigned>(jobs.size());
   xxh3::Keys keys = default_keys();
-  void* params[] = {&jobs_on_gpu, &count, &keys, &digests_on_gpu};
+  if (segments > 0) {
+    const std::uint64_t ctas = (segments * 32 + kGainThreads - 1) / kGainThreads;
+    FERRY_EXPECT(ctas < (1ull << 31), std::invalid_argument, gain_rows,
+                 " KiB in one GPU checksum call; at most 2^37 KiB");
+    void* params[] = {&jobs_on_gpu, &count, &segments, &keys, &gains_on_gpu};
+    FERRY_CU(cuLaunchKernel, k.gains, static_cast<unsigned>(ctas), 1, 1, kGainThreads, 1, 1, 0,
+             stream, params, nullptr);
+  }
+  void* params[] = {&jobs_on_gpu, &count, &keys, &gains_on_gpu, &digests_on_gpu};
   const unsigned ctas = (count + kGroupsPerCta - 1) / kGroupsPerCta;
-  FERRY_CU(cuLaunchKernel, k.function, ctas, 1, 1, kThreadsPerCta, 1, 1, 0, stream, params,
+  FERRY_CU(cuLaunchKernel, k.finish, ctas, 1, 1, kFinishThreads, 1, 1, 0, stream, params,
            nullptr);
   FERRY_CU(cuMemcpyDtoHAsync, digests.data(), digests_on_gpu,
            digests.size() * sizeof(std::uint64_t), stream);

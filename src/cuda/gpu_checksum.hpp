@@ -1,5 +1,7 @@
 // The KV store's block checksum (XXH3-64, kv/checksum.hpp) computed by the GPU that holds the
-// blocks: 8 threads per block (xxh3_lanes.hpp), many blocks at once. It checks the bytes where
+// blocks: the gains of every 1 KiB of every block summed in parallel, then 8 threads per block
+// run its scrambles in order (xxh3_lanes.hpp), so a few large blocks fill the GPU as many small
+// ones do. It checks the bytes where
 // they landed, whatever path brought them (a DMA the CPU never saw included).
 #pragma once
 

@@ -1,11 +1,14 @@
-// XXH3-64 (seed 0) split across the 8 accumulators of its long-input loop, so that 8 GPU threads
-// hash one block together: the KV store's block checksum computed where the block landed. Written
+// XXH3-64 (seed 0) split across the 8 accumulators of its long-input loop and its 1 KiB blocks, so
+// that GPU threads hash one input together: the KV store's block checksum computed where the
+// block landed. Written
 // from the XXH3 specification; compiled by nvcc for the kernel (xxh3_blocks.cu) and by the host
 // compiler for the test that holds it equal to libxxhash for every length class.
 //
 // Why lanes work: in XXH3's long loop accumulator i takes input word i^1 and the product of the
 // halves of (word i ^ key i); the scramble every 1 KiB acts on each accumulator alone. So each
-// accumulator evolves on its own given the bytes, and only the final merge needs all 8.
+// accumulator evolves on its own given the bytes, and only the final merge needs all 8. Within a
+// 1 KiB block the stripes' gains are only added, so the blocks' gains can be summed in parallel
+// and only the scrambles need to run in order (lane_from_gains).
 #pragma once
 
 #include <cstdint>
@@ -151,40 +154,63 @@ FERRY_HD std::uint64_t initial_acc(unsigned lane) {
   return init[lane];
 }
 
-// Accumulator `lane` of a long input's hash (len > 240), before the merge. `word(offset)` reads
-// the 8 input bytes at a byte offset that is a multiple of 8; the last stripe is read bytewise.
+// What one stripe adds to an accumulator: the pair's word, and the product of the halves of its
+// own word with its key.
+FERRY_HD std::uint64_t stripe_gain(std::uint64_t mine, std::uint64_t pair, std::uint64_t key) {
+  const std::uint64_t keyed = mine ^ key;
+  return pair + (keyed & 0xFFFFFFFFull) * (keyed >> 32);
+}
+
+// The scramble after each full 1 KiB block (the last block is never scrambled, even when full).
+FERRY_HD std::uint64_t scramble(std::uint64_t acc, std::uint64_t key) {
+  acc ^= acc >> 47;
+  acc ^= key;
+  return acc * kPrime32_1;
+}
+FERRY_HD std::uint64_t scrambled_blocks(std::uint64_t len) { return (len - 1) / kBlockBytes; }
+
+// What the 1 KiB block at byte `at` adds to accumulator `lane` before its scramble. The gains of
+// different blocks are independent of each other, so many threads can sum them at once; only
+// the scrambles run in order.
+template <class Word>
+FERRY_HD std::uint64_t block_gain(std::uint64_t at, unsigned lane, const Keys& k, Word word) {
+  std::uint64_t sum = 0;
+  for (unsigned s = 0; s < kStripesPerBlock; ++s)
+    sum += stripe_gain(word(at + s * kStripeBytes + 8 * lane),
+                       word(at + s * kStripeBytes + 8 * (lane ^ 1u)), k.stripe[s + lane]);
+  return sum;
+}
+
+// Accumulator `lane` of a long input's hash (len > 240), before the merge, given `gain(b)`, the
+// gain of full block b: the scrambles in order, then the stripes after the last full block and
+// the last stripe. `word(offset)` reads the 8 input bytes at a byte offset that is a multiple of
+// 8; the last stripe, which ends at the input's end wherever that falls, is read bytewise.
+template <class Gain, class Word>
+FERRY_HD std::uint64_t lane_from_gains(const unsigned char* in, std::uint64_t len, unsigned lane,
+                                       const Keys& k, Gain gain, Word word) {
+  std::uint64_t acc = initial_acc(lane);
+  const std::uint64_t scramble_key = k.stripe[16 + lane];
+  const std::uint64_t blocks = scrambled_blocks(len);
+#ifdef __CUDA_ARCH__
+#pragma unroll 8
+#endif
+  for (std::uint64_t b = 0; b < blocks; ++b) acc = scramble(acc + gain(b), scramble_key);
+  const std::uint64_t at = blocks * kBlockBytes;
+  const unsigned stripes = static_cast<unsigned>(((len - 1) - at) / kStripeBytes);
+  const unsigned pair = lane ^ 1u;
+  for (unsigned s = 0; s < stripes; ++s)
+    acc += stripe_gain(word(at + s * kStripeBytes + 8 * lane),
+                       word(at + s * kStripeBytes + 8 * pair), k.stripe[s + lane]);
+  const unsigned char* last = in + len - kStripeBytes;
+  return acc + stripe_gain(load64(last + 8 * lane), load64(last + 8 * pair), k.last[lane]);
+}
+
+// Accumulator `lane`, one thread summing every block's gain itself.
 template <class Word>
 FERRY_HD std::uint64_t lane_accumulator(const unsigned char* in, std::uint64_t len, unsigned lane,
                                         const Keys& k, Word word) {
-  std::uint64_t acc = initial_acc(lane);
-  const unsigned pair = lane ^ 1u;
-  const std::uint64_t scramble_key = k.stripe[16 + lane];
-  std::uint64_t keys[kStripesPerBlock];  // this lane's, in registers once the loop unrolls
-  for (unsigned s = 0; s < kStripesPerBlock; ++s) keys[s] = k.stripe[s + lane];
-  const auto take = [&](std::uint64_t stripe_at, std::uint64_t key) {
-    const std::uint64_t mine = word(stripe_at + 8 * lane);
-    const std::uint64_t keyed = mine ^ key;
-    acc += word(stripe_at + 8 * pair) + (keyed & 0xFFFFFFFFull) * (keyed >> 32);
-  };
-  const std::uint64_t blocks = (len - 1) / kBlockBytes;
-  for (std::uint64_t b = 0; b < blocks; ++b) {
-    const std::uint64_t at = b * kBlockBytes;
-#ifdef __CUDA_ARCH__
-#pragma unroll
-#endif
-    for (unsigned s = 0; s < kStripesPerBlock; ++s) take(at + s * kStripeBytes, keys[s]);
-    acc ^= acc >> 47;
-    acc ^= scramble_key;
-    acc *= kPrime32_1;
-  }
-  const std::uint64_t at = blocks * kBlockBytes;
-  const unsigned stripes = static_cast<unsigned>(((len - 1) - at) / kStripeBytes);
-  for (unsigned s = 0; s < stripes; ++s) take(at + s * kStripeBytes, keys[s]);
-  // The last stripe ends at the input's end, wherever that falls.
-  const unsigned char* last = in + len - kStripeBytes;
-  const std::uint64_t keyed = load64(last + 8 * lane) ^ k.last[lane];
-  acc += load64(last + 8 * pair) + (keyed & 0xFFFFFFFFull) * (keyed >> 32);
-  return acc;
+  const auto gain = [&](std::uint64_t b) { return block_gain(b * kBlockBytes, lane, k, word); };
+  return lane_from_gains(in, len, lane, k, gain, word);
 }
 
 FERRY_HD std::uint64_t merge(const std::uint64_t* acc, std::uint64_t len, const Keys& k) {
