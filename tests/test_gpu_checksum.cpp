@@ -2,6 +2,7 @@
 // blocks per call, every length class, aligned and not. Skips without a GPU or a kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -85,6 +86,43 @@ TEST_F(GpuChecksum, FewLargeBlocksAtEveryAlignmentMatchTheLibrary) {
                {34 * mib, 1025},
                {35 * mib + 16, 5 * mib - 16},
                {7, 5}});
+}
+
+// Copies queued after the checksum are made only for ranges whose digest matched what was
+// expected: aligned ones, ones neither start nor length aligned, ones of several slices.
+TEST_F(GpuChecksum, CopiesAreMadeOnlyWhereTheDigestMatched) {
+  const std::uint64_t kib = 1024;
+  const auto host = random_bytes(1024 * kib, 14);
+  device_context(0).make_current();
+  auto context = std::make_shared<PrimaryContext>(0);
+  auto source = allocate_device_memory(context, host.size());
+  auto target = allocate_device_memory(context, host.size());
+  const auto from = reinterpret_cast<shim::cu::DevicePtr>(source.get());
+  const auto to = reinterpret_cast<shim::cu::DevicePtr>(target.get());
+  Stream stream;
+  FERRY_CU(cuMemcpyHtoDAsync, from, host.data(), host.size(), stream.get());
+  FERRY_CU(cuMemsetD8Async, to, 0, host.size(), stream.get());
+  // Range 0 (the first 512 KiB) matches, range 1 (the rest) is expected to be something else.
+  const std::vector<DeviceBytes> ranges = {{from, 512 * kib}, {from + 512 * kib, 512 * kib}};
+  const std::vector<std::uint64_t> expected = {XXH3_64bits(host.data(), 512 * kib), 42};
+  const std::vector<MatchedCopy> copies = {
+      {from, to, 64 * kib, 0},                                    // aligned, one slice
+      {from + 64 * kib + 3, to + 64 * kib + 5, 200 * kib + 7, 0},  // unaligned, four slices
+      {from + 512 * kib, to + 512 * kib, 256 * kib, 1},            // its range did not match
+  };
+  bool queued = false;
+  GpuChecksumScratch scratch;
+  const std::vector<std::uint64_t> got = gpu_checksums(0, ranges, stream.get(), scratch, expected,
+                                                       copies, [&] { queued = true; });
+  EXPECT_TRUE(queued);
+  ASSERT_EQ(got[0], expected[0]);
+  ASSERT_NE(got[1], expected[1]);
+  std::vector<unsigned char> back(host.size());
+  FERRY_CU(cuMemcpyDtoH, back.data(), to, back.size());
+  std::vector<unsigned char> want(host.size(), 0);
+  std::copy_n(host.begin(), 64 * kib, want.begin());
+  std::copy_n(host.begin() + 64 * kib + 3, 200 * kib + 7, want.begin() + 64 * kib + 5);
+  EXPECT_TRUE(back == want) << "the matched copies landed, and nothing else";
 }
 
 TEST_F(GpuChecksum, NoRangesIsNoDigests) {

@@ -1,8 +1,7 @@
 #include "cuda/gpu_checksum.hpp"
 
-#include <map>
+#include <cstring>
 #include <memory>
-#include <mutex>
 
 #ifndef XXH_INLINE_ALL
 #define XXH_INLINE_ALL
@@ -10,14 +9,11 @@
 #include <xxhash.h>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/device_kernels.hpp"
 #include "cuda/xxh3_lanes.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
-
-#ifdef FERRY_GPU_CHECKSUM_PTX
-extern const char kXxh3BlocksPtx[];  // xxh3_blocks.cu built by nvcc (the generated file)
-#endif
 
 namespace {
 
@@ -33,48 +29,16 @@ struct Job {  // xxh3_blocks.cu's, byte for byte
   std::uint64_t first_segment;
 };
 
-struct Loaded {
-  shim::cu::Function gains = nullptr, finish = nullptr;
-  std::string why_not;  // set where the kernel cannot run
+constexpr unsigned kCopyThreads = 256;             // ferry_copy_matched's, per slice
+constexpr std::uint64_t kSliceBytes = 64 * 1024;  // copy_matched.cu's
+
+struct CopyJob {  // copy_matched.cu's MatchedCopy, byte for byte
+  std::uint64_t from;
+  std::uint64_t to;
+  std::uint64_t size;
+  std::uint64_t block;
+  std::uint64_t first_slice;
 };
-
-std::string why_no_kernel() {
-#ifdef FERRY_GPU_CHECKSUM_PTX
-  const auto& d = shim::CudaDriver::get();
-  if (!d.usable) return d.why_unusable;
-  if (!d.cuModuleLoadData || !d.cuModuleGetFunction || !d.cuLaunchKernel)
-    return "the CUDA driver lacks cuModuleLoadData, cuModuleGetFunction or cuLaunchKernel";
-  return "";
-#else
-  return "this build of ferry has no GPU checksum kernel (nvcc was not found when it was built)";
-#endif
-}
-
-// The kernel, loaded once per device into its primary context (never unloaded: the module lives
-// as long as the process, like the driver).
-const Loaded& kernel(int ordinal) {
-  static std::mutex mutex;
-  static auto* loaded = new std::map<int, Loaded>;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded->find(ordinal); it != loaded->end()) return it->second;
-  Loaded& l = (*loaded)[ordinal];
-  l.why_not = why_no_kernel();
-#ifdef FERRY_GPU_CHECKSUM_PTX
-  if (l.why_not.empty()) {
-    try {
-      device_context(ordinal).make_current();
-      shim::cu::Module module = nullptr;
-      FERRY_CU(cuModuleLoadData, &module, kXxh3BlocksPtx);
-      FERRY_CU(cuModuleGetFunction, &l.gains, module, "ferry_xxh3_gains");
-      FERRY_CU(cuModuleGetFunction, &l.finish, module, "ferry_xxh3_finish");
-    } catch (const std::exception& e) {
-      l.gains = l.finish = nullptr;
-      l.why_not = std::string("loading the GPU checksum kernel: ") + e.what();
-    }
-  }
-#endif
-  return l;
-}
 
 const xxh3::Keys& default_keys() {
   static const xxh3::Keys keys = xxh3::make_keys(XXH3_kSecret);
@@ -83,7 +47,7 @@ const xxh3::Keys& default_keys() {
 
 }  // namespace
 
-std::string gpu_checksum_unavailable(int ordinal) { return kernel(ordinal).why_not; }
+std::string gpu_checksum_unavailable(int ordinal) { return device_kernels_unavailable(ordinal); }
 
 std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
                                          shim::cu::Stream stream) {
@@ -93,11 +57,23 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
 
 std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
                                          shim::cu::Stream stream, GpuChecksumScratch& scratch) {
-  const Loaded& k = kernel(ordinal);
-  FERRY_EXPECT(k.why_not.empty(), CudaError, "the GPU checksum cannot run on cuda:", ordinal, ": ",
-               k.why_not);
+  return gpu_checksums(ordinal, ranges, stream, scratch, {}, {}, {});
+}
+
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
+                                         std::span<const std::uint64_t> expected,
+                                         std::span<const MatchedCopy> copies,
+                                         const std::function<void()>& checksums_queued) {
   FERRY_EXPECT(ranges.size() < (1ull << 32), std::invalid_argument, ranges.size(),
                " ranges in one GPU checksum call; at most 2^32 - 1");
+  FERRY_EXPECT(copies.empty() || expected.size() == ranges.size(), std::invalid_argument,
+               "copies after a GPU checksum need one expected digest per range (", expected.size(),
+               " for ", ranges.size(), ")");
+  FERRY_EXPECT(copies.size() < (1ull << 32), std::invalid_argument, copies.size(),
+               " copies in one GPU checksum call; at most 2^32 - 1");
+  const shim::cu::Function gains_kernel = device_kernel(ordinal, "ferry_xxh3_gains");
+  const shim::cu::Function finish_kernel = device_kernel(ordinal, "ferry_xxh3_finish");
   std::vector<std::uint64_t> digests(ranges.size());
   if (ranges.empty()) return digests;
   // Each input's full blocks get a row of 8 gains (64 bytes per KiB of input) and segments of
@@ -111,20 +87,42 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
     gain_rows += blocks;
     segments += (blocks + kBlocksPerSegment - 1) / kBlocksPerSegment;
   }
+  // Each copy is cut in slices, a CTA each.
+  std::vector<CopyJob> copy_jobs(copies.size());
+  std::uint64_t slices = 0;
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const MatchedCopy& c = copies[i];
+    FERRY_EXPECT(c.block < ranges.size(), std::invalid_argument, "a copy after a GPU checksum ",
+                 "names range ", c.block, " of ", ranges.size());
+    copy_jobs[i] = {c.from, c.to, c.size, c.block, slices};
+    slices += (c.size + kSliceBytes - 1) / kSliceBytes;
+  }
+  FERRY_EXPECT(slices < (1ull << 31), std::invalid_argument, "copies of ", slices,
+               " slices of 64 KiB after one GPU checksum call; fewer than 2^31");
+  // Device scratch: gains (first: 16-byte stores, and the allocation's start is aligned), then
+  // what the host uploads in one copy (jobs, expected digests, copies), then the digests.
   const std::uint64_t gain_bytes = gain_rows * xxh3::kLanes * sizeof(std::uint64_t);
   const std::uint64_t job_bytes = jobs.size() * sizeof(Job);
+  const std::uint64_t expected_bytes = copies.empty() ? 0 : expected.size_bytes();
+  const std::uint64_t copy_bytes = copy_jobs.size() * sizeof(CopyJob);
+  std::vector<std::byte> upload(job_bytes + expected_bytes + copy_bytes);
+  std::memcpy(upload.data(), jobs.data(), job_bytes);
+  if (expected_bytes) std::memcpy(upload.data() + job_bytes, expected.data(), expected_bytes);
+  if (copy_bytes)
+    std::memcpy(upload.data() + job_bytes + expected_bytes, copy_jobs.data(), copy_bytes);
   device_context(ordinal).make_current();
-  const std::uint64_t need = gain_bytes + job_bytes + digests.size() * sizeof(std::uint64_t);
+  const std::uint64_t need = gain_bytes + upload.size() + digests.size() * sizeof(std::uint64_t);
   if (scratch.bytes < need) {
     scratch.memory.reset();
     scratch.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), need);
     scratch.bytes = need;
   }
-  // Gains first: 16-byte stores need 16-byte alignment, and the allocation's start has it.
   auto gains_on_gpu = reinterpret_cast<shim::cu::DevicePtr>(scratch.memory.get());
   shim::cu::DevicePtr jobs_on_gpu = gains_on_gpu + gain_bytes;
-  shim::cu::DevicePtr digests_on_gpu = jobs_on_gpu + job_bytes;
-  FERRY_CU(cuMemcpyHtoDAsync, jobs_on_gpu, jobs.data(), job_bytes, stream);
+  shim::cu::DevicePtr expected_on_gpu = jobs_on_gpu + job_bytes;
+  shim::cu::DevicePtr copies_on_gpu = expected_on_gpu + expected_bytes;
+  shim::cu::DevicePtr digests_on_gpu = jobs_on_gpu + upload.size();
+  FERRY_CU(cuMemcpyHtoDAsync, jobs_on_gpu, upload.data(), upload.size(), stream);
   auto count = static_cast<unsigned>(jobs.size());
   xxh3::Keys keys = default_keys();
   if (segments > 0) {
@@ -132,13 +130,22 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
     FERRY_EXPECT(ctas < (1ull << 31), std::invalid_argument, gain_rows,
                  " KiB in one GPU checksum call; at most 2^37 KiB");
     void* params[] = {&jobs_on_gpu, &count, &segments, &keys, &gains_on_gpu};
-    FERRY_CU(cuLaunchKernel, k.gains, static_cast<unsigned>(ctas), 1, 1, kGainThreads, 1, 1, 0,
-             stream, params, nullptr);
+    FERRY_CU(cuLaunchKernel, gains_kernel, static_cast<unsigned>(ctas), 1, 1, kGainThreads, 1, 1,
+             0, stream, params, nullptr);
   }
-  void* params[] = {&jobs_on_gpu, &count, &keys, &gains_on_gpu, &digests_on_gpu};
-  const unsigned ctas = (count + kGroupsPerCta - 1) / kGroupsPerCta;
-  FERRY_CU(cuLaunchKernel, k.finish, ctas, 1, 1, kFinishThreads, 1, 1, 0, stream, params,
-           nullptr);
+  {
+    void* params[] = {&jobs_on_gpu, &count, &keys, &gains_on_gpu, &digests_on_gpu};
+    const unsigned ctas = (count + kGroupsPerCta - 1) / kGroupsPerCta;
+    FERRY_CU(cuLaunchKernel, finish_kernel, ctas, 1, 1, kFinishThreads, 1, 1, 0, stream, params,
+             nullptr);
+  }
+  if (checksums_queued) checksums_queued();
+  if (slices > 0) {
+    auto copy_count = static_cast<unsigned>(copy_jobs.size());
+    void* params[] = {&copies_on_gpu, &copy_count, &digests_on_gpu, &expected_on_gpu};
+    FERRY_CU(cuLaunchKernel, device_kernel(ordinal, "ferry_copy_matched"),
+             static_cast<unsigned>(slices), 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr);
+  }
   FERRY_CU(cuMemcpyDtoHAsync, digests.data(), digests_on_gpu,
            digests.size() * sizeof(std::uint64_t), stream);
   FERRY_CU(cuStreamSynchronize, stream);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,5 +40,21 @@ struct GpuChecksumScratch {
 };
 std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
                                          shim::cu::Stream stream, GpuChecksumScratch& scratch);
+
+// A device-to-device copy made only where range `block`'s digest equals its expected one.
+struct MatchedCopy {
+  shim::cu::DevicePtr from = 0, to = 0;
+  std::uint64_t size = 0;
+  std::uint64_t block = 0;
+};
+// As above, then on the same stream the copies whose range matched `expected` (one digest per
+// range), with no round trip through the host: per-layer pieces scattered out of a bounce buffer
+// only once their block is known good. `checksums_queued` (may be empty) runs between queuing
+// the checksum and the copies, e.g. to record an event.
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
+                                         std::span<const std::uint64_t> expected,
+                                         std::span<const MatchedCopy> copies,
+                                         const std::function<void()>& checksums_queued);
 
 }  // namespace ferry::detail

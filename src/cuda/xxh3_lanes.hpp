@@ -18,6 +18,11 @@
 #else
 #define FERRY_HD inline
 #endif
+#ifdef __CUDA_ARCH__
+#define FERRY_UNROLL _Pragma("unroll")
+#else
+#define FERRY_UNROLL
+#endif
 
 namespace ferry::xxh3 {
 
@@ -191,10 +196,16 @@ FERRY_HD std::uint64_t lane_from_gains(const unsigned char* in, std::uint64_t le
   std::uint64_t acc = initial_acc(lane);
   const std::uint64_t scramble_key = k.stripe[16 + lane];
   const std::uint64_t blocks = scrambled_blocks(len);
-#ifdef __CUDA_ARCH__
-#pragma unroll 8
-#endif
-  for (std::uint64_t b = 0; b < blocks; ++b) acc = scramble(acc + gain(b), scramble_key);
+  // The gains are read 16 at a time before their scrambles, so a GPU thread waits for memory once
+  // per 16 blocks rather than once per block (the chain of scrambles is the whole critical path).
+  constexpr unsigned kAhead = 16;
+  std::uint64_t b = 0;
+  for (; b + kAhead <= blocks; b += kAhead) {
+    std::uint64_t ahead[kAhead];
+    FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) ahead[i] = gain(b + i);
+    FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) acc = scramble(acc + ahead[i], scramble_key);
+  }
+  for (; b < blocks; ++b) acc = scramble(acc + gain(b), scramble_key);
   const std::uint64_t at = blocks * kBlockBytes;
   const unsigned stripes = static_cast<unsigned>(((len - 1) - at) / kStripeBytes);
   const unsigned pair = lane ^ 1u;

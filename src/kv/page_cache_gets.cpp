@@ -228,36 +228,37 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
     c.queued = true;
   };
   // After the copies, on their stream: the checksums of the bytes where they landed, then the
-  // scatter of the multi-piece blocks that matched (the others' pieces are left untouched).
+  // scatter of the multi-piece blocks that matched, decided on the GPU (the others' pieces are
+  // left untouched).
   const auto finish = [&](Chunk& c) {
     Lanes::Lane& lane = *c.lane;
     const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
     std::vector<DeviceBytes> landed(c.blocks.size());
-    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
-      const BlockSpan* only = only_piece(*c.blocks[i]->request);
-      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i],
-                   c.blocks[i]->length};
-    }
-    const std::vector<std::uint64_t> sums =
-        gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch);
-    c.hashed.record(lane.stream);
+    std::vector<std::uint64_t> expected(c.blocks.size());
+    std::vector<MatchedCopy> scatter;
     for (std::size_t i = 0; i < c.blocks.size(); ++i) {
       const BlockRequest& r = *c.blocks[i]->request;
-      if (sums[i] != r.checksum || only_piece(r)) continue;
+      const BlockSpan* only = only_piece(r);
+      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i],
+                   c.blocks[i]->length};
+      expected[i] = r.checksum;
+      if (only) continue;
       shim::cu::DevicePtr from = bounce + c.at[i];
       for (const BlockSpan& p : r.pieces) {
         if (p.size == 0) continue;
-        FERRY_CU(cuMemcpyDtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(p.data), from, p.size,
-                 lane.stream.get());
+        scatter.push_back({from, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size, i});
         from += p.size;
       }
     }
+    const std::vector<std::uint64_t> sums =
+        gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch, expected, scatter,
+                      [&] { c.hashed.record(lane.stream); });
     c.scattered.record(lane.stream);
-    // Verdicts only once every scatter is queued: a failure before leaves the chunk's blocks
+    // Verdicts only once the scatter is done: a failure before leaves the chunk's blocks
     // pending, so they are failed and re-read.
     for (std::size_t i = 0; i < c.blocks.size(); ++i)
-      c.blocks[i]->verdict = sums[i] == c.blocks[i]->request->checksum ? Served::Verdict::match
-                                                                       : Served::Verdict::mismatch;
+      c.blocks[i]->verdict =
+          sums[i] == expected[i] ? Served::Verdict::match : Served::Verdict::mismatch;
     c.finished = true;
   };
   const auto attempt = [&](Chunk& c, const auto& step) {
