@@ -55,16 +55,14 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
   return gpu_checksums(ordinal, ranges, stream, scratch);
 }
 
-std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
-                                         shim::cu::Stream stream, GpuChecksumScratch& scratch) {
-  return gpu_checksums(ordinal, ranges, stream, scratch, {}, {}, {});
-}
+namespace {
 
-std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
-                                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
-                                         std::span<const std::uint64_t> expected,
-                                         std::span<const MatchedCopy> copies,
-                                         const std::function<void()>& checksums_queued) {
+// Queues everything but the digests' way back; returns where they are on the device.
+shim::cu::DevicePtr queue_on_device(int ordinal, std::span<const DeviceBytes> ranges,
+                                    shim::cu::Stream stream, GpuChecksumScratch& scratch,
+                                    std::span<const std::uint64_t> expected,
+                                    std::span<const MatchedCopy> copies,
+                                    const std::function<void()>& checksums_queued) {
   FERRY_EXPECT(ranges.size() < (1ull << 32), std::invalid_argument, ranges.size(),
                " ranges in one GPU checksum call; at most 2^32 - 1");
   FERRY_EXPECT(copies.empty() || expected.size() == ranges.size(), std::invalid_argument,
@@ -74,8 +72,6 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
                " copies in one GPU checksum call; at most 2^32 - 1");
   const shim::cu::Function gains_kernel = device_kernel(ordinal, "ferry_xxh3_gains");
   const shim::cu::Function finish_kernel = device_kernel(ordinal, "ferry_xxh3_finish");
-  std::vector<std::uint64_t> digests(ranges.size());
-  if (ranges.empty()) return digests;
   // Each input's full blocks get a row of 8 gains (64 bytes per KiB of input) and segments of
   // kBlocksPerSegment blocks, one warp each.
   std::vector<Job> jobs(ranges.size());
@@ -111,8 +107,9 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
   if (copy_bytes)
     std::memcpy(upload.data() + job_bytes + expected_bytes, copy_jobs.data(), copy_bytes);
   device_context(ordinal).make_current();
-  const std::uint64_t need = gain_bytes + upload.size() + digests.size() * sizeof(std::uint64_t);
+  const std::uint64_t need = gain_bytes + upload.size() + ranges.size() * sizeof(std::uint64_t);
   if (scratch.bytes < need) {
+    FERRY_CU(cuStreamSynchronize, stream);  // calls queued before on this stream still use it
     scratch.memory.reset();
     scratch.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), need);
     scratch.bytes = need;
@@ -146,10 +143,32 @@ std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceByte
     FERRY_CU(cuLaunchKernel, device_kernel(ordinal, "ferry_copy_matched"),
              static_cast<unsigned>(slices), 1, 1, kCopyThreads, 1, 1, 0, stream, params, nullptr);
   }
-  FERRY_CU(cuMemcpyDtoHAsync, digests.data(), digests_on_gpu,
-           digests.size() * sizeof(std::uint64_t), stream);
+  return digests_on_gpu;
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                                         shim::cu::Stream stream, GpuChecksumScratch& scratch) {
+  std::vector<std::uint64_t> digests(ranges.size());
+  if (ranges.empty()) return digests;
+  const shim::cu::DevicePtr on_gpu =
+      queue_on_device(ordinal, ranges, stream, scratch, {}, {}, {});
+  FERRY_CU(cuMemcpyDtoHAsync, digests.data(), on_gpu, digests.size() * sizeof(std::uint64_t),
+           stream);
   FERRY_CU(cuStreamSynchronize, stream);
   return digests;
+}
+
+void queue_gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
+                         std::uint64_t* digests, std::span<const std::uint64_t> expected,
+                         std::span<const MatchedCopy> copies,
+                         const std::function<void()>& checksums_queued) {
+  if (ranges.empty()) return;
+  const shim::cu::DevicePtr on_gpu =
+      queue_on_device(ordinal, ranges, stream, scratch, expected, copies, checksums_queued);
+  FERRY_CU(cuMemcpyDtoHAsync, digests, on_gpu, ranges.size() * sizeof(std::uint64_t), stream);
 }
 
 }  // namespace ferry::detail

@@ -47,14 +47,17 @@ struct MatchedCopy {
   std::uint64_t size = 0;
   std::uint64_t block = 0;
 };
-// As above, then on the same stream the copies whose range matched `expected` (one digest per
-// range), with no round trip through the host: per-layer pieces scattered out of a bounce buffer
-// only once their block is known good. `checksums_queued` (may be empty) runs between queuing
-// the checksum and the copies, e.g. to record an event.
-std::vector<std::uint64_t> gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
-                                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
-                                         std::span<const std::uint64_t> expected,
-                                         std::span<const MatchedCopy> copies,
-                                         const std::function<void()>& checksums_queued);
+// Queues the checksums on `stream` and returns at once (a pipeline of them waits for nothing):
+// the digests land in `digests` (one per range, in pinned host memory) once the stream has passed
+// this point; the caller keeps `scratch` and `digests` until then. Then, on the same stream, the
+// copies whose range matched `expected` (one digest per range), decided on the GPU: per-layer
+// pieces scattered out of a bounce buffer only once their block is known good, with no round
+// trip through the host. `checksums_queued` (may be empty) runs between queuing the checksums
+// and the copies, e.g. to record an event.
+void queue_gpu_checksums(int ordinal, std::span<const DeviceBytes> ranges,
+                         shim::cu::Stream stream, GpuChecksumScratch& scratch,
+                         std::uint64_t* digests, std::span<const std::uint64_t> expected = {},
+                         std::span<const MatchedCopy> copies = {},
+                         const std::function<void()>& checksums_queued = {});
 
 }  // namespace ferry::detail

@@ -196,13 +196,19 @@ FERRY_HD std::uint64_t lane_from_gains(const unsigned char* in, std::uint64_t le
   std::uint64_t acc = initial_acc(lane);
   const std::uint64_t scramble_key = k.stripe[16 + lane];
   const std::uint64_t blocks = scrambled_blocks(len);
-  // The gains are read 16 at a time before their scrambles, so a GPU thread waits for memory once
-  // per 16 blocks rather than once per block (the chain of scrambles is the whole critical path).
+  // The gains are read 16 blocks ahead of their scrambles, so a GPU thread's loads are in flight
+  // while it runs the 16 scrambles before them (the chain of scrambles is the critical path).
   constexpr unsigned kAhead = 16;
   std::uint64_t b = 0;
-  for (; b + kAhead <= blocks; b += kAhead) {
+  if (blocks >= kAhead) {
     std::uint64_t ahead[kAhead];
-    FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) ahead[i] = gain(b + i);
+    FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) ahead[i] = gain(i);
+    for (b = kAhead; b + kAhead <= blocks; b += kAhead) {
+      std::uint64_t next[kAhead];
+      FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) next[i] = gain(b + i);
+      FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) acc = scramble(acc + ahead[i], scramble_key);
+      FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) ahead[i] = next[i];
+    }
     FERRY_UNROLL for (unsigned i = 0; i < kAhead; ++i) acc = scramble(acc + ahead[i], scramble_key);
   }
   for (; b < blocks; ++b) acc = scramble(acc + gain(b), scramble_key);

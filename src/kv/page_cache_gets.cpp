@@ -19,10 +19,12 @@ namespace ferry::detail::kv {
 namespace {
 
 // A chunk's copies, then its checksums, go on one stream while the next chunk's copies go on
-// the other: large enough that a chunk's fixed costs (a kernel launch, its events, one wait)
-// stay small beside its ~1 ms of DMA, small enough that a batch of a few hundred MiB has
-// several to overlap.
-constexpr std::uint64_t kChunkBytes = 32ull << 20;
+// the other, all queued at once (the host waits once per get). A get is cut in about
+// kChunksPerGet chunks so that even a small one overlaps its DMA with its checksums, each between
+// kMinChunkBytes (a chunk's fixed costs, a few launches and events, stay small beside its DMA)
+// and kMaxChunkBytes (a bounce buffer's size for per-layer pieces).
+constexpr std::uint64_t kMinChunkBytes = 4ull << 20, kMaxChunkBytes = 32ull << 20;
+constexpr std::uint64_t kChunksPerGet = 4;
 constexpr std::uint64_t kBounceAlign = 256;  // a gathered block's start in the bounce buffer
 constexpr int kHost = -1;                    // "ordinal" of host memory (tests' stand-ins)
 
@@ -92,6 +94,7 @@ struct PageCacheGets::Lanes {
     std::uint64_t bounce_bytes = 0;
     GpuChecksumScratch scratch;
   };
+  HostBuffer digests;  // pinned: where every chunk's digests land
   explicit Lanes(int ordinal) : context(std::make_shared<PrimaryContext>(ordinal)) {}
   std::shared_ptr<PrimaryContext> context;  // first: outlives the streams
   std::mutex mutex;
@@ -162,29 +165,32 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
   RelaxedCaptureMode relaxed;  // our own streams' waits: never part of another thread's capture
   device.context->make_current();
   while (device.lanes.size() < 2) device.lanes.push_back(std::make_unique<Lanes::Lane>());
+  if (device.digests.size() < blocks.size() * sizeof(std::uint64_t))
+    device.digests = HostBuffer(blocks.size() * sizeof(std::uint64_t), device.context.get());
+  auto* digests = reinterpret_cast<std::uint64_t*>(device.digests.data());
 
   struct Chunk {
-    std::vector<Served*> blocks;
+    std::span<Served* const> blocks;
     std::uint64_t bytes = 0;
-    std::vector<std::uint64_t> at;  // multi-piece blocks: where in the lane's bounce buffer
-    Lanes::Lane* lane = nullptr;
+    std::uint64_t* digests = nullptr;  // in the pinned buffer, one per block
     Event start{true}, copied{true}, hashed{true}, scattered{true};
-    bool queued = false, finished = false;
+    bool queued = false;
   };
+  std::uint64_t get_bytes = 0;
+  for (const Served* s : blocks) get_bytes += s->length;
+  const std::uint64_t chunk_bytes =
+      std::clamp(get_bytes / kChunksPerGet, kMinChunkBytes, kMaxChunkBytes);
   std::vector<std::unique_ptr<Chunk>> chunks;
-  for (Served* s : blocks) {
-    if (chunks.empty() || chunks.back()->bytes >= kChunkBytes)
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (chunks.empty() || chunks.back()->bytes >= chunk_bytes) {
       chunks.push_back(std::make_unique<Chunk>());
-    chunks.back()->blocks.push_back(s);
-    chunks.back()->bytes += s->length;
+      chunks.back()->blocks = blocks.subspan(i, 0);
+      chunks.back()->digests = digests + i;
+    }
+    Chunk& c = *chunks.back();
+    c.blocks = blocks.subspan(i - c.blocks.size(), c.blocks.size() + 1);
+    c.bytes += blocks[i]->length;
   }
-  const auto fail_chunk = [](Chunk& c, const std::exception& e) {
-    for (Served* s : c.blocks)
-      if (s->verdict == Served::Verdict::pending) {
-        s->verdict = Served::Verdict::failed;
-        s->failure = e.what();
-      }
-  };
   // Whatever happens, no copy into a destination (or out of a leased window) is still running
   // when this returns: the usual path may rewrite the destination, the leases may go.
   struct Drain {
@@ -198,14 +204,15 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
     }
   } drain{device};
 
-  // The copies out of the page cache, into each block's destination or the bounce buffer.
+  // On the chunk's stream: the copies out of the page cache, into each block's destination or
+  // the lane's bounce buffer; the checksums of the bytes where they landed; the scatter of the
+  // multi-piece blocks that matched, decided on the GPU (the others' pieces are left untouched).
   const auto queue = [&](Chunk& c, Lanes::Lane& lane) {
-    c.lane = &lane;
     std::uint64_t need = 0;
-    c.at.assign(c.blocks.size(), 0);
+    std::vector<std::uint64_t> at(c.blocks.size(), 0);  // multi-piece blocks: in the bounce buffer
     for (std::size_t i = 0; i < c.blocks.size(); ++i)
       if (!only_piece(*c.blocks[i]->request)) {
-        c.at[i] = need;
+        at[i] = need;
         need += (c.blocks[i]->length + kBounceAlign - 1) / kBounceAlign * kBounceAlign;
       }
     if (need > lane.bounce_bytes) {
@@ -216,63 +223,44 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
       lane.bounce_bytes = need;
     }
     const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
-    c.start.record(lane.stream);
-    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
-      const Served& s = *c.blocks[i];
-      const BlockSpan* only = only_piece(*s.request);
-      const shim::cu::DevicePtr to =
-          only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i];
-      FERRY_CU(cuMemcpyHtoDAsync, to, s.source, s.length, lane.stream.get());
-    }
-    c.copied.record(lane.stream);
-    c.queued = true;
-  };
-  // After the copies, on their stream: the checksums of the bytes where they landed, then the
-  // scatter of the multi-piece blocks that matched, decided on the GPU (the others' pieces are
-  // left untouched).
-  const auto finish = [&](Chunk& c) {
-    Lanes::Lane& lane = *c.lane;
-    const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
     std::vector<DeviceBytes> landed(c.blocks.size());
     std::vector<std::uint64_t> expected(c.blocks.size());
     std::vector<MatchedCopy> scatter;
     for (std::size_t i = 0; i < c.blocks.size(); ++i) {
       const BlockRequest& r = *c.blocks[i]->request;
       const BlockSpan* only = only_piece(r);
-      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + c.at[i],
+      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + at[i],
                    c.blocks[i]->length};
       expected[i] = r.checksum;
       if (only) continue;
-      shim::cu::DevicePtr from = bounce + c.at[i];
+      shim::cu::DevicePtr from = bounce + at[i];
       for (const BlockSpan& p : r.pieces) {
         if (p.size == 0) continue;
         scatter.push_back({from, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size, i});
         from += p.size;
       }
     }
-    const std::vector<std::uint64_t> sums =
-        gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch, expected, scatter,
-                      [&] { c.hashed.record(lane.stream); });
-    c.scattered.record(lane.stream);
-    // Verdicts only once the scatter is done: a failure before leaves the chunk's blocks
-    // pending, so they are failed and re-read.
+    c.start.record(lane.stream);
     for (std::size_t i = 0; i < c.blocks.size(); ++i)
-      c.blocks[i]->verdict =
-          sums[i] == expected[i] ? Served::Verdict::match : Served::Verdict::mismatch;
-    c.finished = true;
-  };
-  const auto attempt = [&](Chunk& c, const auto& step) {
-    try {
-      step();
-    } catch (const std::exception& e) {
-      fail_chunk(c, e);
-    }
+      FERRY_CU(cuMemcpyHtoDAsync, landed[i].data, c.blocks[i]->source, c.blocks[i]->length,
+               lane.stream.get());
+    c.copied.record(lane.stream);
+    queue_gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch, c.digests, expected,
+                        scatter, [&] { c.hashed.record(lane.stream); });
+    c.scattered.record(lane.stream);
+    c.queued = true;
   };
   for (std::size_t k = 0; k < chunks.size(); ++k) {
-    if (k == 0) attempt(*chunks[0], [&] { queue(*chunks[0], *device.lanes[0]); });
-    if (k + 1 < chunks.size())
-      attempt(*chunks[k + 1], [&] { queue(*chunks[k + 1], *device.lanes[(k + 1) % 2]); });
-    if (chunks[k]->queued) attempt(*chunks[k], [&] { finish(*chunks[k]); });
+    Chunk& c = *chunks[k];
+    try {
+      queue(c, *device.lanes[k % 2]);
+    } catch (const std::exception& e) {
+      // Not queued whole: its blocks are re-read on the usual path.
+      for (Served* s : c.blocks) {
+        s->verdict = Served::Verdict::failed;
+        s->failure = e.what();
+      }
+    }
   }
   try {
     for (auto& lane : device.lanes) lane->stream.synchronize();
@@ -284,9 +272,12 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
     }
     return;
   }
-  // The checksum's share includes the wait of this thread for it (its digests come back first).
   for (const auto& c : chunks) {
-    if (!c->finished) continue;
+    if (!c->queued) continue;
+    for (std::size_t i = 0; i < c->blocks.size(); ++i)
+      c->blocks[i]->verdict = c->digests[i] == c->blocks[i]->request->checksum
+                                  ? Served::Verdict::match
+                                  : Served::Verdict::mismatch;
     times.dma += Event::elapsed_seconds(c->start, c->copied);
     times.checksum += Event::elapsed_seconds(c->copied, c->hashed);
     times.scatter += Event::elapsed_seconds(c->hashed, c->scattered);
