@@ -240,10 +240,23 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
         from += p.size;
       }
     }
+    // Blocks next to each other in one window that land next to each other (consecutive slots
+    // into consecutive destinations, or into the bounce buffer) go in one copy.
     c.start.record(lane.stream);
-    for (std::size_t i = 0; i < c.blocks.size(); ++i)
-      FERRY_CU(cuMemcpyHtoDAsync, landed[i].data, c.blocks[i]->source, c.blocks[i]->length,
-               lane.stream.get());
+    for (std::size_t i = 0; i < c.blocks.size();) {
+      const Served& first = *c.blocks[i];
+      std::uint64_t bytes = first.length;
+      std::size_t next = i + 1;
+      for (; next < c.blocks.size(); ++next) {
+        const Served& s = *c.blocks[next];
+        if (s.lease.data() != first.lease.data() || s.source != first.source + bytes ||
+            landed[next].data != landed[i].data + bytes)
+          break;
+        bytes += s.length;
+      }
+      FERRY_CU(cuMemcpyHtoDAsync, landed[i].data, first.source, bytes, lane.stream.get());
+      i = next;
+    }
     c.copied.record(lane.stream);
     queue_gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch, c.digests, expected,
                         scatter, [&] { c.hashed.record(lane.stream); });
