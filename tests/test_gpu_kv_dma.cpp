@@ -7,7 +7,8 @@
 // another process's put) read back right, and a window made stale on purpose (its pages punched
 // out of the page cache while pinned) found by the GPU checksum and re-read from the file, for
 // single- and multi-piece blocks. Skipped without a GPU (and, where this build has no GPU
-// checksum, all but the test of the reason given then).
+// checksum, all but the test of the reason given then). Gets expected to find their window warm
+// go through get_warm (kv_page_cache_support.hpp: the kernel may reclaim a few warmed pages).
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_resources.hpp"
@@ -49,13 +50,29 @@ class GpuKvDma : public ::testing::Test {
     FERRY_CU(cuMemcpyDtoH, out.data(), reinterpret_cast<shim::cu::DevicePtr>(from), size);
     return out;
   }
-  // One key's block into a fresh device buffer: the result and the bytes that landed.
+  // Zeroes a destination piece, on the GPU where it lies there.
+  void clear(const KVPiece& piece) {
+    if (!piece.device.is_cuda()) return clear_host_piece(piece);
+    context->make_current();
+    detail::Stream stream;
+    FERRY_CU(cuMemsetD8Async, reinterpret_cast<shim::cu::DevicePtr>(piece.data), 0, piece.size,
+             stream.get());
+    stream.synchronize();
+  }
+  // get_warm (kv_page_cache_support.hpp) into GPU memory: a block whose window was short of
+  // pages is got again, its destination cleared on the GPU first.
+  std::vector<KVResult> get_warm_to_gpu(KVStore& store, std::span<const KVKey> keys,
+                                        std::span<const KVBlock> blocks) {
+    return get_warm(store, keys, blocks, [this](const KVPiece& piece) { clear(piece); });
+  }
+  // One key's block into a fresh device buffer, by get_warm_to_gpu: the result and the bytes
+  // that landed.
   std::pair<KVResult, std::vector<std::byte>> get_to_gpu(KVStore& store, KVKey key,
                                                          std::uint64_t size) {
     auto target = device(size);
     KVPiece piece{target.get(), size, Device::cuda(0)};
     KVBlock block(&piece, 1);
-    auto result = store.get(std::span(&key, 1), std::span(&block, 1))[0];
+    auto result = get_warm_to_gpu(store, std::span(&key, 1), std::span(&block, 1))[0];
     return {result, download(target.get(), size)};
   }
   TempDir dir;
@@ -87,7 +104,7 @@ TEST_F(GpuKvDma, RoundTripsThroughRegisteredWindowsAreBitExact) {
     std::vector<KVBlock> blocks;
     for (const KVPiece& p : pieces) blocks.emplace_back(&p, 1);
     for (const char* pass : {"registered by this get", "registered earlier"}) {
-      const auto results = store.get(keys, blocks);
+      const auto results = get_warm_to_gpu(store, keys, blocks);
       const auto got = download(memory.get(), n * size);
       for (std::size_t i = 0; i < n; ++i) {
         ASSERT_TRUE(results[i].ok()) << results[i].message;
@@ -125,7 +142,7 @@ TEST_F(GpuKvDma, PerLayerPiecesAreCopiedFromTheWindow) {
   pieces.push_back({static_cast<std::byte*>(v.get()) + 8 * piece, tail, Device::cuda(0)});
   const KVPiece single{whole.get(), size, Device::cuda(0)};
   const std::vector<KVBlock> blocks{KVBlock(pieces), KVBlock(&single, 1)};
-  const auto results = store.get(keys, blocks);
+  const auto results = get_warm_to_gpu(store, keys, blocks);
   for (const KVResult& r : results) {
     ASSERT_TRUE(r.ok()) << r.message;
     EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
@@ -257,7 +274,7 @@ TEST_F(GpuKvDma, AStaleWindowIsFoundOnTheGpuAndTheBlockReReadRight) {
         parts.push_back({static_cast<std::byte*>(memory.get()) + at, part, Device::cuda(0)});
       const KVBlock block(parts);
       const KVKey key = 2;
-      const KVResult r = store.get(std::span(&key, 1), std::span(&block, 1))[0];
+      const KVResult r = get_warm_to_gpu(store, std::span(&key, 1), std::span(&block, 1))[0];
       return std::pair(r, download(memory.get(), size));
     };
     const auto [r, got] = get();

@@ -7,7 +7,8 @@
 // window written behind the store (re-read right), the budget's LRU eviction, host memory on
 // the host path where the registrar serves only GPUs. Each block is checked where it landed
 // (the destination, or the bounce buffer of a multi-piece block, scattered only once it
-// matched), never in the mapping.
+// matched), never in the mapping. Gets expected to find their window warm go through get_warm:
+// the kernel may reclaim a few warmed pages before the get looks (kv_page_cache_support.hpp).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -96,7 +97,7 @@ TEST_F(KvPageCache, RoundTripsThroughRegisteredWindowsAreBitExact) {
     for (const KVPiece& p : pieces) blocks.emplace_back(&p, 1);
     for (const char* pass : {"registered by this get", "registered earlier"}) {
       for (auto& o : out) std::fill(o.begin(), o.end(), std::byte{0});
-      const auto results = store.get(keys, blocks);
+      const auto results = get_warm(store, keys, blocks);
       for (std::size_t i = 0; i < n; ++i) {
         ASSERT_TRUE(results[i].ok()) << results[i].message;
         EXPECT_EQ(results[i].route, KVRoute::page_cache_dma) << results[i].route_reason;
@@ -127,7 +128,7 @@ TEST_F(KvPageCache, PerLayerPiecesAreScatteredFromTheWindow) {
   }
   KVBlock block(pieces);
   const KVKey key = 3;
-  const auto r = store.get(std::span(&key, 1), std::span(&block, 1))[0];
+  const auto r = get_warm(store, std::span(&key, 1), std::span(&block, 1))[0];
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
   std::vector<std::byte> joined;
@@ -185,7 +186,7 @@ TEST_F(KvPageCache, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
   warm_slab(dir.path());
   std::vector<std::byte> out(size);
   for (KVKey key : {1, 2}) {
-    const auto r = get_one(store, key, out);
+    const auto r = get_one_warm(store, key, out);
     ASSERT_TRUE(r.ok()) << r.message;
     EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
   }
@@ -194,7 +195,7 @@ TEST_F(KvPageCache, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
   EXPECT_EQ(driver.unregistered, 1) << "the put released the window it wrote into";
   warm_slab(dir.path());
   for (KVKey key : {3, 2}) {
-    const auto r = get_one(store, key, out);
+    const auto r = get_one_warm(store, key, out);
     ASSERT_TRUE(r.ok()) << key << ": " << r.message;
     EXPECT_EQ(out, kv_bytes(key, size)) << key;
     EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
@@ -204,10 +205,13 @@ TEST_F(KvPageCache, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
 }
 
 // Corrupted before the window is registered (both the window and the file are bad) and after
-// (the mapping shows the change): a miss either way, never a hit.
+// (the mapping shows the change): a miss either way, never a hit. Where the get of the corrupt
+// block found its window short of pages the test had warmed (window_was_short_of_pages), the
+// usual path read the file and found the corruption (a miss too) but page-cache DMA was never
+// tried; the block is gone by then, so the case runs again from a fresh store.
 TEST_F(KvPageCache, ACorruptSlabByteIsAMiss) {
-  for (bool registered_first : {false, true}) {
-    SCOPED_TRACE(registered_first);
+  const auto corrupt_then_get = [&](bool registered_first, bool last_attempt,
+                                    bool& short_of_pages) {
     use();
     TempDir here;
     const std::uint64_t size = 64 * kKiB;
@@ -218,7 +222,7 @@ TEST_F(KvPageCache, ACorruptSlabByteIsAMiss) {
     std::vector<std::byte> out(size);
     if (registered_first) {
       warm_slab(here.path());
-      ASSERT_EQ(get_one(store, 1, out).route, KVRoute::page_cache_dma);
+      ASSERT_EQ(get_one_warm(store, 1, out).route, KVRoute::page_cache_dma);
     }
     auto bad = slot_image(kv_bytes(1, size));
     bad[4321] ^= std::byte{0x40};
@@ -229,14 +233,26 @@ TEST_F(KvPageCache, ACorruptSlabByteIsAMiss) {
     EXPECT_TRUE(has(r.message, "checksum")) << r.message;
     const KVStats stats = store.stats();
     EXPECT_EQ(stats.corrupt_dropped, 1u);
-    EXPECT_EQ(stats.page_cache_stale_rereads, 1u);  // the file decided
     EXPECT_FALSE(store.contains(std::vector<KVKey>{1})[0]);
+    if (window_was_short_of_pages(r) && !last_attempt) {
+      short_of_pages = true;
+      return;
+    }
+    EXPECT_EQ(stats.page_cache_stale_rereads, 1u) << r.route_reason;  // the file decided
     // The window's other block is still served, from a window registered afresh.
     warm_slab(here.path());
-    const auto other = get_one(store, 2, out);
+    const auto other = get_one_warm(store, 2, out);
     ASSERT_TRUE(other.ok()) << other.message;
     EXPECT_EQ(other.route, KVRoute::page_cache_dma) << other.route_reason;
     EXPECT_EQ(out, kv_bytes(2, size));
+  };
+  for (bool registered_first : {false, true}) {
+    SCOPED_TRACE(registered_first);
+    for (int attempt = 1; attempt <= kWarmGetAttempts; ++attempt) {
+      bool short_of_pages = false;
+      corrupt_then_get(registered_first, attempt == kWarmGetAttempts, short_of_pages);
+      if (HasFatalFailure() || !short_of_pages) break;
+    }
   }
 }
 
@@ -253,7 +269,7 @@ TEST_F(KvPageCache, AWindowChangedByAnotherWriterIsReReadCorrectly) {
   ASSERT_TRUE(write_behind(dir.path(), size, slot_image(kv_bytes(9, size)), false));
   warm_slab(dir.path());
   std::vector<std::byte> out(size);
-  ASSERT_EQ(get_one(store, 1, out).route, KVRoute::page_cache_dma);  // registers the window
+  ASSERT_EQ(get_one_warm(store, 1, out).route, KVRoute::page_cache_dma);  // registers the window
   ASSERT_TRUE(write_behind(dir.path(), size, slot_image(kv_bytes(2, size)), false));
   const auto r = get_one(store, 2, out);
   ASSERT_TRUE(r.ok()) << r.message;
@@ -265,7 +281,7 @@ TEST_F(KvPageCache, AWindowChangedByAnotherWriterIsReReadCorrectly) {
   EXPECT_EQ(store.stats().corrupt_dropped, 0u);
   // Registered afresh at the next warm get, with the new bytes.
   warm_slab(dir.path());
-  const auto again = get_one(store, 2, out);
+  const auto again = get_one_warm(store, 2, out);
   ASSERT_TRUE(again.ok()) << again.message;
   EXPECT_EQ(again.route, KVRoute::page_cache_dma) << again.route_reason;
   EXPECT_TRUE(has(again.route_reason, "registered by this get")) << again.route_reason;
@@ -287,7 +303,7 @@ TEST_F(KvPageCache, TheBudgetEvictsTheLeastRecentlyUsedWindow) {
   }
   std::vector<std::byte> out(size);
   const auto get = [&](std::size_t s) {
-    const auto r = get_one(stores[s], 1, out);
+    const auto r = get_one_warm(stores[s], 1, out);
     EXPECT_TRUE(r.ok()) << r.message;
     EXPECT_EQ(out, kv_bytes(1, size));
     return r;
