@@ -241,31 +241,33 @@ std::size_t PageCacheRegistry::release_range(const FileIdentity& file, std::uint
 void PageCacheRegistry::register_locked(const PlatformFile& file, const FileIdentity& now,
                                         std::uint64_t offset, std::uint64_t size, bool window,
                                         std::uint64_t budget_bytes, Acquired& got) {
+  const auto start = std::chrono::steady_clock::now();
+  ReadOnlyMapping::Result mapped;
+  try {
+    mapped = ReadOnlyMapping::map_resident(file, offset, size);
+  } catch (...) {
+    got.why_not = exception_text(std::current_exception());
+    return;
+  }
+  if (!mapped.mapping) {
+    got.why_not = std::move(mapped.refusal);
+    return;
+  }
+  // Only a range found resident makes room: a get of one that is not flushes nothing.
   evict_idle_until(size, budget_bytes);
   if (_live_bytes->load() + size > budget_bytes) {
     got.why_not = "the budget (" + bytes_text(budget_bytes) +
                   ") is held by registrations in use (" + bytes_text(_live_bytes->load()) + ")";
     return;
   }
-  const auto start = std::chrono::steady_clock::now();
   auto r = std::make_shared<Registration>();
   r->identity = now;
   r->offset = offset;
   r->window = window;
   r->registrar = _registrar;
   r->live_bytes = _live_bytes;
-  try {
-    auto mapped = ReadOnlyMapping::map_resident(file, offset, size);
-    if (!mapped.mapping) {
-      got.why_not = std::move(mapped.refusal);
-      return;
-    }
-    r->mapping = std::move(mapped.mapping);
-    _live_bytes->fetch_add(size);
-  } catch (...) {
-    got.why_not = exception_text(std::current_exception());
-    return;
-  }
+  r->mapping = std::move(mapped.mapping);
+  _live_bytes->fetch_add(size);
   try {
     _registrar->register_range(r->mapping.data(), r->mapping.size());
     r->registered = true;
