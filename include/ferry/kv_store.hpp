@@ -74,9 +74,10 @@ struct KVStoreOptions {
   // Page-cache DMA for gets into GPU memory: the most bytes of slab windows (64 MiB of whole
   // slots each) kept mapped and registered with the GPU driver at once, least recently used
   // evicted; 0: off. A window is registered only where all of it is in the page cache; every
-  // block copied out is checked against its checksum from the same pages after the copy; a
-  // put first unregisters the windows it writes into. Else, and for host memory, the usual
-  // path (each result says why).
+  // block copied out is checked by the GPU that received it (XXH3 of the bytes that landed;
+  // per-layer pieces are scattered only once they match); a put first unregisters the windows
+  // it writes into. Else, for host memory, and where ferry was built without nvcc (no GPU
+  // checksum kernel), the usual path (each result says why).
   std::uint64_t page_cache_pin_bytes = 0;
 };
 

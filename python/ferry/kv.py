@@ -104,7 +104,7 @@ class KVStore:
     compatibility mode). read_only: a reader sharing the namespace with one writer process.
     page_cache_pin: bytes (int, or a size such as "4GiB") of slab windows kept registered for
     page-cache DMA: gets into GPU memory whose 64 MiB window is wholly in the page cache copy
-    straight from it, checked against the checksum after the copy (0: off)."""
+    straight from it, each block checked by the GPU that received it (0: off)."""
 
     def __init__(self, root, *, model: str, dtype: str, capacity_bytes: int, block_bytes: int,
                  block_layout: str = "", tp_rank: int = 0, world_size: int = 1,
