@@ -1,5 +1,6 @@
-// What the jobs of one staged submission share (staged_backend.cpp), and the end of the run:
-// the last job turns the jobs' statistics into the ticket's (staged_run_finish.cpp).
+// What the jobs of one staged submission share (staged_backend.cpp plans it, staged_job.cpp
+// runs each job), and the end of the run: the last job turns the jobs' statistics into the
+// ticket's (staged_run_finish.cpp).
 #pragma once
 
 #include <atomic>
@@ -58,5 +59,8 @@ struct StagedRun {
 // The last job of a run: durability (memory -> file), per-file statistics, the copy timeline,
 // completion of the ticket's statistics.
 void finish_run(StagedRun& run);
+
+// One worker of the run (staged_job.cpp): leases its slots and cycles through its groups.
+void run_staged_job(const std::shared_ptr<StagedRun>& run);
 
 }  // namespace ferry::detail
