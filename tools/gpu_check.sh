@@ -57,6 +57,18 @@
 #   `sizes`; each stage builds and writes checkpoints first where a fresh machine lacks them.
 #   Each benchmark stage leaves $OUT/results-STAGE.json; bench/report.py merges them into
 #   BENCHMARKS.md and the chart.
+#   firstload (not in the default; about 7 minutes with `build`, which then builds only the CLI
+#   and the Python package): the first load of a fresh process (issue 27, bench/first_load.py):
+#   each loader in a process of its own, its first load after torch.cuda.init() beside its later
+#   loads and pinned H2D: ferry.torch, the CLI, InstantTensor (default and BUFFERED),
+#   fastsafetensors and safetensors on one 8.3 GB file, an 11.5 GB MoE of 3,155 tensors in 4
+#   shards, and that MoE on /dev/shm; firstload-cold: the same two on disk with the page cache
+#   dropped before every load, beside a raw O_DIRECT read of the files (ferry, the CLI,
+#   InstantTensor); firstload4 (2+ GPUs): one process per GPU with a process group (after one
+#   warm-up all_reduce) on the Llama-3-8B shape: ferry replicas and tensor parallel, the CLI's
+#   replicas, InstantTensor's process_group mode (default and BUFFERED), beside ferry's
+#   single-GPU first load. FIRST_LOAD_SCALE (default 1) scales the checkpoints' bytes,
+#   FIRST_LOAD_LATER (default 2) the later loads, FIRST_LOAD_LOADERS picks loaders.
 # Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
 #   header/static dependencies; Python wheels of the test tools and of the peer loaders).
 set -euo pipefail
@@ -98,7 +110,12 @@ build() {
   cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
-  ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # The first-load stages need only the CLI and the Python package.
+  local targets=""
+  case "$(echo $stages)" in
+    "build firstload"* | firstload*) targets=ferry_cli ;;
+  esac
+  ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
     "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma) nopip=1 ;;
@@ -494,7 +511,42 @@ mgpu() {
     $args --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
+# The first load of a fresh process beside later ones, pinned H2D and the peers (issue 27).
+# $1: warm (one GPU), cold (one GPU, page cache dropped, beside raw O_DIRECT) or group (a
+# process per GPU).
+first_load() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local dir=/tmp/first-load common
+  mkdir -p "$dir"
+  common="--dir $dir --ferry-bin $ferry --scale ${FIRST_LOAD_SCALE:-1} --later ${FIRST_LOAD_LATER:-2}"
+  case $1 in
+    warm)
+      log "first loads, one GPU, warm (bench/first_load.py)"
+      (cd bench && python3 first_load.py $common --cases one-file,moe,shm --temps warm \
+        ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load.json") 2>&1 |
+        tee -a "$OUT/summary.txt" || status=1 ;;
+    cold)
+      log "first loads, one GPU, cold (bench/first_load.py; raw O_DIRECT in the same run)"
+      (cd bench && python3 first_load.py $common --cases one-file,moe --temps cold \
+        --loaders ${FIRST_LOAD_LOADERS:-ferry,ferry-cli,instanttensor,instanttensor-buffered} \
+        --json "$OUT/first_load_cold.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
+    group)
+      local gpus
+      gpus=$(nvidia-smi -L | wc -l)
+      log "first loads, a process per GPU on $gpus GPUs, warm (bench/first_load.py --nproc $gpus)"
+      (cd bench && python3 first_load.py $common --cases llama --temps warm --nproc "$gpus" \
+        ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load_group.json") 2>&1 |
+        tee -a "$OUT/summary.txt" || status=1
+      log "the same checkpoint's single-GPU first load"
+      (cd bench && python3 first_load.py $common --cases llama --temps warm --loaders ferry,ferry-cli \
+        --json "$OUT/first_load_single.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
+  esac
+}
+
 if want build || [ ! -x "$ferry" ]; then build; fi
+want firstload && first_load warm
+want firstload-cold && first_load cold
+want firstload4 && first_load group
 want tests && tests
 want compare && compare
 want python && python_benches
