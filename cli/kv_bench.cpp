@@ -1,5 +1,5 @@
-// `ferry kv bench` (ferry/kv_bench.hpp): timings for reporting only, never for tests.
-#include "ferry/kv_bench.hpp"
+// `ferry kv bench` (kv_bench.hpp): timings for reporting only, never for tests.
+#include "kv_bench.hpp"
 
 #include <algorithm>
 #include <atomic>
