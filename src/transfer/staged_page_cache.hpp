@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/load_stats.hpp"
+#include "ferry/device.hpp"
+#include "ferry/io_types.hpp"
 #include "transfer/page_cache_registry.hpp"
 #include "transfer/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
