@@ -16,7 +16,7 @@
 #include "shim/cuda_driver.hpp"
 #include "staging_limit.hpp"
 #include "test_support.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 
 namespace ferry {
 namespace {

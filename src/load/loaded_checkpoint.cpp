@@ -12,7 +12,7 @@
 #include "load/settings.hpp"
 #include "load/ticket_wait.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry {

@@ -15,7 +15,7 @@
 #include "shim/cufile.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -26,7 +26,7 @@
 #include "transfer/copier.hpp"
 #include "transfer/dstorage_bridge.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -13,7 +13,7 @@
 #include "transfer/staged_run.hpp"
 #include "transfer/staged_units.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -19,7 +19,7 @@
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
 #include "transfer/copier.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 #include "transfer/staged_plan.hpp"
 #include "transfer/staged_units.hpp"
 #include "transfer/ticket_state.hpp"

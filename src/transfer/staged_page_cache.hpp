@@ -11,7 +11,7 @@
 
 #include "ferry/device.hpp"
 #include "ferry/io_types.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 #include "transfer/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
 
