@@ -17,7 +17,7 @@
 #include "platform/file_mapping.hpp"
 #include "test_support.hpp"
 #include "services/page_cache_registry.hpp"
-#include "transfer/staged_page_cache.hpp"
+#include "transfer/staged/staged_page_cache.hpp"
 
 namespace ferry {
 namespace {

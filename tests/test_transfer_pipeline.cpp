@@ -18,8 +18,8 @@
 #include "staging_limit.hpp"
 #include "test_support.hpp"
 #include "services/pinned_pool.hpp"
-#include "transfer/staged_plan.hpp"
-#include "transfer/staged_units.hpp"
+#include "transfer/staged/staged_plan.hpp"
+#include "transfer/staged/staged_units.hpp"
 #include "services/worker_pool.hpp"
 
 namespace ferry {

@@ -17,7 +17,7 @@
 
 #include "ferry/device.hpp"
 #include "ferry/fanout_load.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 
 namespace ferry::detail {
 

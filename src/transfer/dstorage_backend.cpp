@@ -23,7 +23,7 @@
 #include "platform/windows/win32.hpp"
 #include "shim/dstorage.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 #include "transfer/dstorage_bridge.hpp"
 #include "transfer/ticket_state.hpp"
 #include "services/worker_pool.hpp"

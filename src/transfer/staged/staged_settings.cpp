@@ -1,4 +1,4 @@
-#include "transfer/staged_settings.hpp"
+#include "transfer/staged/staged_settings.hpp"
 
 #include <algorithm>
 #include <thread>
