@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "transfer/backend.hpp"
 #include "services/page_cache_registry.hpp"
