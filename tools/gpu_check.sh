@@ -67,7 +67,9 @@
 #   InstantTensor); firstload4 (2+ GPUs): one process per GPU with a process group (after one
 #   warm-up all_reduce) on the Llama-3-8B shape: ferry replicas and tensor parallel, the CLI's
 #   replicas, InstantTensor's process_group mode (default and BUFFERED), beside ferry's
-#   single-GPU first load. FIRST_LOAD_SCALE (default 1) scales the checkpoints' bytes,
+#   single-GPU first load; firstload-tests (about 5 minutes with `build`): the transfer core's
+#   tests (CPU and GPU), the torch.distributed tests (gloo and NCCL), the benchmark's smoke test
+#   and the comparisons with safetensors. FIRST_LOAD_SCALE (default 1) scales the checkpoints' bytes,
 #   FIRST_LOAD_LATER (default 2) the later loads, FIRST_LOAD_LOADERS picks loaders.
 # Carry: .deps and .whl, made here by tools/fetch_gpu_deps.sh (Debian .debs of the build's
 #   header/static dependencies; Python wheels of the test tools and of the peer loaders).
@@ -113,6 +115,8 @@ build() {
   # The first-load stages need only the CLI and the Python package.
   local targets=""
   case "$(echo $stages)" in
+    "build firstload-tests" | firstload-tests)
+      targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
     "build firstload"* | firstload*) targets=ferry_cli ;;
   esac
   ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
@@ -530,9 +534,20 @@ first_load() {
       (cd bench && python3 first_load.py $common --cases one-file,moe --temps cold \
         --loaders ${FIRST_LOAD_LOADERS:-ferry,ferry-cli,instanttensor,instanttensor-buffered} \
         --json "$OUT/first_load_cold.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
+    tests)
+      log "first-load tests: staging pinned slot by slot (transfer core, CPU and GPU), process-group loads, the benchmark's smoke run"
+      (cd /tmp/build && ctest -R "PinnedPool|Transfer|Pipeline|Engine|Gpu\." --output-on-failure \
+        >"$OUT/ctest-firstload.log" 2>&1) || { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-firstload.log" | head -80; }
+      tail -3 "$OUT/ctest-firstload.log" | tee -a "$OUT/summary.txt"
+      FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py \
+        tests/python/test_first_load_bench.py tests/python/test_vs_safetensors.py >"$OUT/pytest-firstload.log" 2>&1 || status=1
+      tail -5 "$OUT/pytest-firstload.log" | tee -a "$OUT/summary.txt" ;;
     group)
       local gpus
       gpus=$(nvidia-smi -L | wc -l)
+      log "torch.distributed loads, gloo and NCCL on $gpus GPUs (tests/python/test_distributed.py)"
+      FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py 2>&1 |
+        tail -3 | tee -a "$OUT/summary.txt" || status=1
       log "first loads, a process per GPU on $gpus GPUs, warm (bench/first_load.py --nproc $gpus)"
       (cd bench && python3 first_load.py $common --cases llama --temps warm --nproc "$gpus" \
         ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load_group.json") 2>&1 |
@@ -544,6 +559,7 @@ first_load() {
 }
 
 if want build || [ ! -x "$ferry" ]; then build; fi
+want firstload-tests && first_load tests
 want firstload && first_load warm
 want firstload-cold && first_load cold
 want firstload4 && first_load group
