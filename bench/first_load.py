@@ -109,11 +109,19 @@ def make_checkpoint(root, case, scale):
 
 # ---- the loaders, each called in a fresh process (child side) ----
 
-def load_ferry(path, device, group, shard):
+# Where a ferry load's time went (its statistics; load_file is load_with_stats without them).
+ENGINE_STATS = ("seconds", "allocate_seconds", "submit_seconds", "staging_seconds",
+                "setup_thread_seconds", "read_thread_seconds", "wait_thread_seconds",
+                "queue_thread_seconds", "reader_threads", "staging_bytes")
+
+
+def load_ferry(path, device, group, shard, engine):
     import ferry.torch
     if group is not None:
         return ferry.torch.load_file(path, device=device, process_group=group, shard=shard)
-    return ferry.torch.load_file(path, device=device)
+    tensors, stats = ferry.torch.load_with_stats(path, device=device)
+    engine.update({k: stats[k] for k in ENGINE_STATS if k in stats})
+    return tensors
 
 
 def load_instanttensor(path, device, group, buffered):
@@ -141,9 +149,10 @@ def load_safetensors(path, device):
     return out
 
 
-def loader_call(name, path, device, group):
+def loader_call(name, path, device, group, engine):
     if name in ("ferry", "ferry-tp"):
-        return lambda: load_ferry(path, device, group, "tensor_parallel" if name == "ferry-tp" else None)
+        shard = "tensor_parallel" if name == "ferry-tp" else None
+        return lambda: load_ferry(path, device, group, shard, engine)
     if name in ("instanttensor", "instanttensor-buffered"):
         return lambda: load_instanttensor(path, device, group, name.endswith("buffered"))
     if name == "fastsafetensors":
@@ -171,9 +180,11 @@ def timed_loads(name, path, device, later, cold, group=None, before=None):
     """[{seconds, tensor_bytes, tensors}] of the first load, then `later` more; each later one
     frees the previous first. `before` runs before each clock starts (a barrier)."""
     import torch
-    call = loader_call(name, path, device, group)
+    engine = {}
+    call = loader_call(name, path, device, group, engine)
     runs = []
     for _ in range(1 + later):
+        engine.clear()
         if cold and (group is None or torch.distributed.get_rank(group) == 0):
             drop_page_cache()
         if before:
@@ -185,6 +196,8 @@ def timed_loads(name, path, device, later, cold, group=None, before=None):
         seconds = time.perf_counter() - started
         runs.append({"seconds": seconds, "tensors": len(tensors),
                      "tensor_bytes": sum(t.numel() * t.element_size() for t in tensors.values())})
+        if engine:
+            runs[-1]["engine"] = dict(engine)
         del tensors
     return runs
 
@@ -389,6 +402,18 @@ def print_table(rows, h2d):
         print(f"{head} {r['first_seconds']:>8.3f} {r['first_gbps']:>6.1f} {later} {ratio}")
 
 
+def print_engine(rows):
+    """Where ferry's first and later loads spent their time (its statistics, seconds)."""
+    for r in rows:
+        runs = r.get("runs") or []
+        if len(runs) < 2 or "engine" not in runs[0]:
+            continue
+        first, later = runs[0]["engine"], runs[-1]["engine"]
+        keys = [k for k in ENGINE_STATS if k.endswith("seconds") and k in first]
+        print(f"{r['case']} {r['temp']} {r['loader']}: " + ", ".join(
+            f"{k[:-8]} {first[k]:.4f}/{later.get(k, 0):.4f}" for k in keys) + " (first/last load)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", help="where checkpoints are written (kept for later runs)")
@@ -462,6 +487,7 @@ def main():
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), flush=True)
     shutil.rmtree(os.path.join("/dev/shm", "ferry-first-load"), ignore_errors=True)
     print_table(rows, h2d)
+    print_engine(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"pinned_h2d_gbps": h2d, "device": args.device, "nproc": args.nproc,
