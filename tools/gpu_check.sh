@@ -536,7 +536,7 @@ first_load() {
         --json "$OUT/first_load_cold.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
     tests)
       log "first-load tests: staging pinned slot by slot (transfer core, CPU and GPU), process-group loads, the benchmark's smoke run"
-      (cd /tmp/build && ctest -R "PinnedPool|Transfer|Pipeline|Engine|Gpu\." --output-on-failure \
+      (cd /tmp/build && ctest -R "PinnedPool|Transfer|Pipeline|Engine|Gpu\.|StagedPlan|StagedUnits|WorkerPool" --output-on-failure \
         >"$OUT/ctest-firstload.log" 2>&1) || { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-firstload.log" | head -80; }
       tail -3 "$OUT/ctest-firstload.log" | tee -a "$OUT/summary.txt"
       FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py \
