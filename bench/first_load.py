@@ -369,10 +369,10 @@ def run_cli(args, path, cold):
                 stats += one(1)
         else:
             stats = one(1 + args.later)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        return None, str(e)
-    runs = [{"seconds": s.get("call_seconds", s["seconds"]), "tensor_bytes": s["tensor_bytes"],
-             "engine_seconds": s["seconds"]} for s in stats]
+        runs = [{"seconds": s.get("call_seconds", s["seconds"]), "tensor_bytes": s["tensor_bytes"],
+                 "engine_seconds": s["seconds"]} for s in stats]
+    except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        return None, f"{type(e).__name__}: {e}"
     return runs, None
 
 
