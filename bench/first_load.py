@@ -334,8 +334,11 @@ def run_child(kind, args, path="", loader="", cold=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--path", path,
            "--loader", loader, "--device", args.device, "--later", str(args.later),
            "--nproc", str(args.nproc)] + (["--cold"] if cold else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                          env={**os.environ, **SAFE_ENV})
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                              env={**os.environ, **SAFE_ENV})
+    except subprocess.TimeoutExpired:
+        return None, f"no result within {args.timeout:g} s (--timeout)"
     for line in done.stdout.splitlines():
         if line.startswith("FIRST_LOAD_JSON "):
             return json.loads(line[len("FIRST_LOAD_JSON "):]), None
