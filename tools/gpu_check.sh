@@ -522,7 +522,7 @@ first_load() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   local dir=/tmp/first-load common
   mkdir -p "$dir"
-  common="--dir $dir --ferry-bin $ferry --scale ${FIRST_LOAD_SCALE:-1} --later ${FIRST_LOAD_LATER:-2}"
+  common="--dir $dir --ferry-bin $ferry --scale ${FIRST_LOAD_SCALE:-1} --later ${FIRST_LOAD_LATER:-2} --timeout ${FIRST_LOAD_TIMEOUT:-180}"
   case $1 in
     warm)
       log "first loads, one GPU, warm (bench/first_load.py)"
