@@ -4,7 +4,7 @@ process group), beside its later loads in the same process, pinned H2D and a raw
 the same files, all measured in the same run.
 
 usage: first_load.py --dir DIR [--cases one-file,moe,shm] [--loaders L,...] [--temps warm,cold]
-                     [--later 2] [--scale 1.0] [--nproc N] [--device cuda|cpu]
+                     [--later 2] [--peer-later 1] [--scale 1.0] [--nproc N] [--device cuda|cpu]
                      [--ferry-bin PATH] [--json OUT]
 
 Cases (checkpoints written by Hugging Face's safetensors into DIR on first use, shapes from
@@ -330,9 +330,14 @@ def child_main(args):
 
 # ---- the parent: one fresh process per measurement ----
 
+def later_loads(args, loader):
+    """Later loads after the first: the peers' (slow ones among them) at most --peer-later."""
+    return args.later if loader.startswith("ferry") else min(args.later, args.peer_later)
+
+
 def run_child(kind, args, path="", loader="", cold=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--path", path,
-           "--loader", loader, "--device", args.device, "--later", str(args.later),
+           "--loader", loader, "--device", args.device, "--later", str(later_loads(args, loader)),
            "--nproc", str(args.nproc)] + (["--cold"] if cold else [])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -424,6 +429,8 @@ def main():
     ap.add_argument("--loaders", default="")
     ap.add_argument("--temps", default="warm")
     ap.add_argument("--later", type=int, default=2, help="later loads after the first")
+    ap.add_argument("--peer-later", type=int, default=1,
+                    help="later loads after the first for the peers (at most --later)")
     ap.add_argument("--scale", type=float, default=float(os.environ.get("FIRST_LOAD_SCALE", 1)))
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--device", default="cuda")
