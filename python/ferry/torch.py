@@ -6,7 +6,6 @@ import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
-import torch.utils.dlpack
 
 from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
@@ -25,9 +24,6 @@ __all__ = ["ExpertOffload", "iterate_weights", "load", "load_file", "load_into",
            "SafetensorError", "save", "save_file", "slice_plan"]
 
 
-_from_capsule = torch.utils.dlpack.from_dlpack  # takes a DLPack capsule as it is
-
-
 def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
     """A torch view of a loaded tensor's bytes: no copy, and it keeps the memory alive."""
     raw = torch.from_dlpack(loaded.bytes(name))
@@ -39,14 +35,11 @@ def _tensors(loaded: "_ferry.Loaded", table) -> Dict[str, torch.Tensor]:
     """The loaded tensors. `table` is tensor_table's dict, or a function making it (called only
     where a tensor has no typed view)."""
     # Typed views need one torch call per tensor instead of three (measured: a 3,219-tensor MoE
-    # checkpoint lost a fifth of its load time to building views). Each is taken as a DLPack
-    # capsule: torch.from_dlpack(view) would look up the current CUDA stream per tensor to order
-    # the handover (about 10 us; 40 ms of a 4,656-tensor load), which a finished load needs not:
-    # its copies completed before it returned.
+    # checkpoint lost a fifth of its load time to building views).
     out = {}
     for name, view in loaded.views():
         if view is not None:
-            out[name] = _from_capsule(view.__dlpack__())
+            out[name] = torch.from_dlpack(view)
         else:
             if callable(table):
                 table = table()
