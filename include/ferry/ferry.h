@@ -67,7 +67,9 @@ typedef struct ferry_tensor_info {
  * ferry_X_options_init(o) fills the struct as this header lays it out, which a newer library
  * lays out longer: a host that may run with a newer library than its header calls
  * ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6), which writes no more than
- * that size and sets struct_size to it. */
+ * that size and sets struct_size to it. A field that struct_size cuts is not read (its default
+ * holds). Every call taking such a struct returns INVALID_ARGUMENT for a struct_size of 0, one
+ * smaller than the struct_size field itself, or one larger than this library's struct. */
 typedef struct ferry_load_options {
   uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
@@ -158,7 +160,7 @@ FERRY_API ferry_status ferry_loaded_tensor_data(const ferry_loaded* loaded, cons
 FERRY_API ferry_status ferry_loaded_tensor_digest(const ferry_loaded* loaded, const char* name,
                                                   uint64_t* digest);
 /* Statistics of the load, the fields inside out->struct_size (which the caller sets). Returns OK
- * or INVALID_ARGUMENT (NULL arguments, or struct_size 0). */
+ * or INVALID_ARGUMENT (NULL arguments, or a struct_size ferry cannot honour, see above). */
 FERRY_API ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* out);
 /* Per-file statistics, index < file_count. Returns OK or INVALID_ARGUMENT. */
 FERRY_API ferry_status ferry_loaded_file_stats(const ferry_loaded* loaded, size_t index,
