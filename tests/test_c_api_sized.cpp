@@ -4,6 +4,7 @@
 // struct_size (the host's struct may end there) and taking no field in part. Under ASan the
 // host's struct is an allocation of exactly struct_size bytes, so one byte read or written past
 // it fails the test; elsewhere the bytes past it are garbage (read) or a canary (written).
+// Also: batch calls of the expert cache that are refused change nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -259,6 +260,32 @@ TEST_F(CApiSized, FanoutOptionsAndStatsOfEverySize) {
     return s;
   });
   ferry_fanout_free(fanout);
+}
+
+// A refused batch changes nothing: expert 0 stays acquired when {0, 2} is refused for 2.
+TEST_F(CApiSized, RefusedExpertCacheBatchesChangeNothing) {
+  ferry_expert_cache* c = nullptr;
+  ASSERT_EQ(ferry_expert_cache_create(tensors, counts, 3, 2, FERRY_EVICTION_LRU, nullptr, &c),
+            FERRY_STATUS_OK);
+  const size_t both[2] = {0, 1}, unacquired[2] = {0, 2}, twice[2] = {1, 1}, far[1] = {7};
+  size_t slots[2];
+  ASSERT_EQ(ferry_expert_cache_acquire(c, both, 2, nullptr, 0, nullptr, slots), FERRY_STATUS_OK);
+  EXPECT_EQ(ferry_expert_cache_release(c, unacquired, 2), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("expert 2"), std::string::npos);
+  EXPECT_EQ(ferry_expert_cache_release(c, twice, 2), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("expert 1"), std::string::npos);
+  // Both still held once each: released once each, then no more.
+  EXPECT_EQ(ferry_expert_cache_release(c, both, 2), FERRY_STATUS_OK) << ferry_last_error();
+  EXPECT_EQ(ferry_expert_cache_release(c, both, 1), FERRY_STATUS_INVALID_ARGUMENT);
+  // A bad speculative expert: refused before expert 2 is pinned.
+  const size_t two[1] = {2};
+  EXPECT_EQ(ferry_expert_cache_acquire(c, two, 1, far, 1, nullptr, slots),
+            FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("expert 7"), std::string::npos);
+  // Nothing pinned now: two experts take both slots (a leaked pin would leave one).
+  EXPECT_EQ(ferry_expert_cache_acquire(c, both, 2, nullptr, 0, nullptr, slots), FERRY_STATUS_OK)
+      << ferry_last_error();
+  ferry_expert_cache_free(c);
 }
 
 }  // namespace
