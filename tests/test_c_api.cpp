@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -400,6 +401,47 @@ TEST(CApiTransfer, BadArgumentsAreStatusesNotCrashes) {
   EXPECT_EQ(ferry_ticket_ready(nullptr), 1);
   ferry_ticket_free(nullptr);
   ferry_file_set_free(set);
+}
+
+}  // namespace
+
+namespace {
+
+// Piece lengths whose sum wraps around 2^64 to the block size (a host's arithmetic slip, a
+// "negative" length): BAD_SIZE for that key, for put and get alike, and nothing is touched.
+TEST(CApiKV, PieceLengthsThatWrapAroundAreABadSize) {
+  TempDir dir;
+  ferry_kv_options o;
+  ferry_kv_options_init(&o);
+  o.model = "wrap";
+  o.capacity_bytes = 16 * 4096;
+  o.block_bytes = 4096;
+  ferry_kv_store* store = nullptr;
+  ASSERT_EQ(ferry_kv_open((dir / "kv").string().c_str(), &o, &store), FERRY_STATUS_OK)
+      << ferry_last_error();
+  std::vector<char> a(8192, 'a'), b(8192, 'b');
+  const uint64_t stored = 7, other = 8;
+  const ferry_kv_piece whole[1] = {{a.data(), 4096, "cpu"}};
+  const ferry_kv_block whole_block = {whole, 1};
+  ferry_kv_result r{};
+  ASSERT_EQ(ferry_kv_put(store, &stored, &whole_block, 1, nullptr, &r), FERRY_STATUS_OK);
+  ASSERT_EQ(r.status, FERRY_KV_OK);
+  const ferry_kv_piece two[2] = {{a.data(), UINT64_MAX, "cpu"}, {b.data(), 4097, "cpu"}};
+  const ferry_kv_piece three[3] = {
+      {a.data(), UINT64_MAX, "cpu"}, {b.data(), UINT64_MAX, "cpu"}, {b.data(), 4098, "cpu"}};
+  for (const ferry_kv_block wrapped : {ferry_kv_block{two, 2}, ferry_kv_block{three, 3}}) {
+    r = {};
+    EXPECT_EQ(ferry_kv_put(store, &other, &wrapped, 1, nullptr, &r), FERRY_STATUS_OK);
+    EXPECT_EQ(r.status, FERRY_KV_BAD_SIZE) << ferry_last_error();
+    r = {};
+    EXPECT_EQ(ferry_kv_get(store, &stored, &wrapped, 1, &r), FERRY_STATUS_OK);
+    EXPECT_EQ(r.status, FERRY_KV_BAD_SIZE) << ferry_last_error();
+  }
+  size_t hits = 9;
+  ASSERT_EQ(ferry_kv_lookup(store, &other, 1, &hits), FERRY_STATUS_OK);
+  EXPECT_EQ(hits, 0u);
+  EXPECT_EQ(b, std::vector<char>(8192, 'b'));  // nothing written into the "destination"
+  ferry_kv_free(store);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -38,9 +39,12 @@ double seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// The bytes of a block's pieces; UINT64_MAX where they add up past it (lengths that wrap
+// around 2^64 to a valid size, a host's arithmetic slip, are refused as a bad size).
 std::uint64_t total_size(KVBlock block) {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t sum = 0;
-  for (const KVPiece& p : block) sum += p.size;
+  for (const KVPiece& p : block) sum = p.size > kMax - sum ? kMax : sum + p.size;
   return sum;
 }
 
