@@ -42,3 +42,33 @@ def test_plan_errors(run_ferry, tmp_path):
     safetensors.numpy.save_file({"w": np.zeros(4, np.float32)}, str(flat))
     r = run_ferry("plan", flat, "--gpu-gib", 1, "--link-gbps", 1)
     assert r.returncode == 1 and "no tensors named as decoder blocks" in r.stderr
+
+
+def one_byte_tensors(path, names):
+    """A safetensors file of one-byte tensors, header written directly (fast for many names)."""
+    import json
+    import struct
+    header = {n: {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(len(names)))
+    return path
+
+
+def test_block_indices_too_long_or_too_large_are_named(run_ferry, tmp_path):
+    # A run of 200,000 digits overflowed the stack of the regex that parsed names (SIGSEGV).
+    digits = one_byte_tensors(tmp_path / "digits.safetensors", ["layers." + "1" * 200000 + ".w", "layers.1.w"])
+    r = run_ferry("plan", digits, "--gpu-gib", 1, "--link-gbps", 10)
+    assert r.returncode == 1, r.stderr
+    assert "block index 1111" in r.stderr and "larger than ferry can count" in r.stderr
+    assert 'tensor "layers.1111' in r.stderr and "(200009 bytes)" in r.stderr
+    big = one_byte_tensors(tmp_path / "big.safetensors", ["model.layers.99999999999999999999999.w", "model.layers.1.w"])
+    r = run_ferry("plan", big, "--gpu-gib", 1, "--link-gbps", 10)
+    assert r.returncode == 1, r.stderr
+    assert 'tensor "model.layers.99999999999999999999999.w": block index' in r.stderr
+    assert "stoul" not in r.stderr
+    # The largest index that fits, and names that only look like blocks, still plan.
+    fits = one_byte_tensors(tmp_path / "fits.safetensors",
+                            ["h.18446744073709551615.w", "x.blk.3.w", "layers.4", "layers..w", "nolayers.5.w"])
+    r = run_ferry("plan", fits, "--gpu-gib", 1, "--link-gbps", 10)
+    assert r.returncode == 0, r.stderr
+    assert "2 blocks, 2 bytes in blocks + 3 bytes resident elsewhere" in r.stdout
