@@ -72,3 +72,24 @@ def test_block_indices_too_long_or_too_large_are_named(run_ferry, tmp_path):
     r = run_ferry("plan", fits, "--gpu-gib", 1, "--link-gbps", 10)
     assert r.returncode == 0, r.stderr
     assert "2 blocks, 2 bytes in blocks + 3 bytes resident elsewhere" in r.stdout
+
+
+def test_many_blocks_plan_in_one_pass(run_ferry, tmp_path):
+    # 50,000 blocks: every k simulated took minutes (quadratic); the timeout fails that.
+    n = 50000
+    path = one_byte_tensors(tmp_path / "many.safetensors", [f"layers.{i}.w" for i in range(n)])
+    r = run_ferry("plan", path, "--gpu-gib", 0, "--link-gbps", 10, timeout=60)
+    assert r.returncode == 1
+    assert f"less than the 2 bytes the weights need even with {n} of {n} blocks streamed" in r.stderr
+    # Half of them streamed: (n - k) resident + 2 slots <= n / 2 + 2 bytes.
+    r = run_ferry("plan", path, "--gpu-gib", (n // 2 + 2.5) / 2 ** 30, "--link-gbps", 10, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"stream {n // 2} blocks: 1,3,5," in r.stdout
+
+
+def test_prefetch_beyond_the_blocks_is_named(run_ferry, tmp_path):
+    path = one_byte_tensors(tmp_path / "eight.safetensors", [f"layers.{i}.w" for i in range(8)])
+    r = run_ferry("plan", path, "--gpu-gib", 0, "--link-gbps", 10, "--prefetch", 9)
+    assert r.returncode == 1
+    assert "prefetch distance of 9 for 8 blocks" in r.stderr, r.stderr
+    assert "budget" not in r.stderr
