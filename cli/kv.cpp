@@ -2,8 +2,8 @@
 // a running writer). verify reads every committed block and checks its checksum. bench ROOT:
 // put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "commands.hpp"
@@ -11,6 +11,7 @@
 #include "ferry/kv_bench.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/utf8_path.hpp"
+#include "output_file.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -115,6 +116,8 @@ void add_bench(CLI::App& kv) {
         batch_bytes.empty() ? (std::to_string(batch) + " blocks").c_str()
                             : (batch_bytes + " bytes").c_str(),
         pieces, pieces == 1 ? "" : "s", rounds);
+    std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
+    if (!json.empty()) json_file.emplace(json);
     nlohmann::json rows = nlohmann::json::array();
     run_kv_bench(o, [&](const KVBenchRow& r) {
       std::printf(
@@ -217,7 +220,7 @@ void add_bench(CLI::App& kv) {
                       {"page_cache_checksum_seconds", r.page_cache_checksum_seconds},
                       {"page_cache_scatter_seconds", r.page_cache_scatter_seconds}});
     });
-    if (!json.empty()) std::ofstream(json) << rows.dump(2) << "\n";
+    if (json_file) json_file->write_and_close(rows.dump(2) + "\n");
   });
 }
 
