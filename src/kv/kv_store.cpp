@@ -17,7 +17,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"

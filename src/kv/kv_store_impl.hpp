@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ferry/kv_store.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/async_runner.hpp"
 #include "kv/block_io.hpp"
 #include "kv/durable_file.hpp"

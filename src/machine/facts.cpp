@@ -10,7 +10,7 @@
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/utf8_path.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "io/source_file.hpp"
 #include "load/settings.hpp"
 #include "platform/file.hpp"

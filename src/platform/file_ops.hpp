@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 
 namespace ferry::detail {
