@@ -18,7 +18,7 @@
 #include "ferry/error.hpp"
 #include "ferry/safetensors_save.hpp"
 #include "format/tensor_layout.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "test_support.hpp"
 
 namespace ferry {

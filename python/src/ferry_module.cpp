@@ -206,6 +206,8 @@ NB_MODULE(_ferry, m) {
     // Not installed (or not importable): a ValueError alone.
   }
   nb::exception<FormatError>(m, "SafetensorError", bases);
+  // A KV store's own files (journal, checkpoint, manifest): registered later, so tried first.
+  nb::exception<KVFormatError>(m, "KVFormatError", PyExc_ValueError);
   InterpreterExit::get().set_main_thread(
       nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
   nb::module_::import_("atexit").attr("register")(
