@@ -543,7 +543,7 @@ namespace {
 
 // Piece lengths whose sum wraps around 2^64 to the block size (a host's arithmetic slip, a
 // "negative" length): BAD_SIZE for that key, for put and get alike, and nothing is touched.
-TEST(CApiKV, PieceLengthsThatWrapAroundAreABadSize) {
+TEST(CApiKv, PieceLengthsThatWrapAroundAreABadSize) {
   TempDir dir;
   ferry_kv_options o;
   ferry_kv_options_init(&o);
