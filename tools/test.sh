@@ -52,5 +52,8 @@ cmake --build build
 echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to this build's"
 tools/windows_check.sh build/cli/ferry
 
+echo "== ferry inside the real vLLM 0.33 (CPU venv outside the tree; tools/test_vllm.sh)"
+tools/test_vllm.sh
+
 echo "== tests"
 ctest --test-dir build --output-on-failure -j2
