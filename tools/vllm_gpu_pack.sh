@@ -15,12 +15,11 @@ rm -rf "$out"
 mkdir -p "$out" "$work/wheels" "$work/site"
 pip_download() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     "$@"
 }
 pip_download -d "$work" "vllm==0.26.0"
-# What vLLM 0.26 imports for offline inference that the image (torch 2.11, transformers,
-# tokenizers, safetensors, numpy, huggingface_hub, ...) does not have.
 # What vLLM 0.26 imports for offline inference that the image (torch 2.11, transformers,
 # tokenizers, safetensors, numpy, huggingface_hub, ...) does not have, at the versions its
 # wheel's metadata asks for.
@@ -39,8 +38,10 @@ find "$work/site" \( -name 'vllm_flash_attn' -o -name '_flashmla*' -o -name '_mo
   -o -name '*deep_gemm*' -o -name '*vllm_rs*' -o -name '*vllm-rs*' -o -name 'flash_attn*' \) \
   -prune -exec rm -rf {} +
 echo "largest files left:"
-find "$work/site" -type f -printf '%s %P\n' | sort -rn | head -8 | awk '{printf "  %6.1f MiB %s\n", $1/1048576, $2}'
+find "$work/site" -type f -printf '%s %P\n' | sort -rn | awk 'NR <= 8 {printf "  %6.1f MiB %s\n", $1/1048576, $2}'
 mv "$work/wheels" "$work/site/.wheels"
 tar -C "$work/site" -cf - . | xz -T2 -6 > "$work/vllm026.tar.xz"
-split -b 60M -d "$work/vllm026.tar.xz" "$out/part-"
+# Parts of at most 50 MiB leave room in a call's 64 MiB carry for .deps and .whl (gpu_check.sh).
+split -b 50M -d "$work/vllm026.tar.xz" "$out/part-"
+{ ls "$out"/part-* | wc -l; sha256sum < "$work/vllm026.tar.xz" | cut -d' ' -f1; } > "$out/parts.txt"
 ls -l "$out"
