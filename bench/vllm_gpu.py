@@ -5,7 +5,7 @@ safetensors'. The checkpoint: Llama-3-8B's shape with random weights (names and 
 transformers' LlamaForCausalLM built on the meta device), written once as safetensors shards.
 
     VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0 \
-        python bench/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry,safetensors,...]
+        python bench/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
 """
 import argparse
 import json
@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-FORMATS = ["ferry", "safetensors", "fastsafetensors", "runai_streamer", "instanttensor"]
+FORMATS = ["ferry-own", "ferry", "safetensors", "fastsafetensors", "runai_streamer",
+           "instanttensor"]
 PROMPT = list(range(1000, 1032))
 
 
@@ -70,15 +71,18 @@ def drop_cache(folder: str) -> None:
 
 
 def child(folder: str, load_format: str, tp: int) -> None:
-    """One LLM(...) in this process: prints one JSON line with its times and greedy tokens."""
-    import logging
-    lines = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    logging.getLogger("vllm").addHandler(Keep())
+    """One LLM(...) in this process: prints one JSON line with its times and greedy tokens.
+    load_format "ferry-own": ferry's own load of the checkpoint to cuda:0, outside vLLM."""
+    if load_format == "ferry-own":
+        import torch
+        import ferry.torch
+        started = time.perf_counter()
+        tensors, _ = ferry.torch.load_with_stats(folder, "cuda:0")
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        print("RESULT " + json.dumps({"format": load_format, "ready_s": seconds,
+                                      "own_s": seconds, "tokens": []}), flush=True)
+        return
     from vllm import LLM, SamplingParams
     started = time.perf_counter()
     llm = LLM(model=folder, load_format=load_format, tensor_parallel_size=tp,
@@ -87,10 +91,7 @@ def child(folder: str, load_format: str, tp: int) -> None:
     ready = time.perf_counter() - started
     out = llm.generate([{"prompt_token_ids": PROMPT}],
                        SamplingParams(temperature=0.0, max_tokens=16, detokenize=False))
-    loading = [float(m.group(1)) for line in lines
-               for m in [re.search(r"Loading weights took ([0-9.]+) s", line)] if m]
     print("RESULT " + json.dumps({"format": load_format, "ready_s": ready,
-                                  "load_s": loading[0] if loading else None,
                                   "tokens": list(out[0].outputs[0].token_ids)}), flush=True)
 
 
@@ -102,11 +103,14 @@ def main() -> None:
     parser.add_argument("--states", default="warm,cold")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "write":
+        return write_checkpoint(args.dir)
     if args.child:
         return child(args.dir, args.child, args.tp)
     os.environ.setdefault("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    write_checkpoint(args.dir)
+    # In a process of its own: the GPU memory it takes is gone before vLLM starts.
+    subprocess.run([sys.executable, __file__, "--dir", args.dir, "--child", "write"], check=True)
     rows = []
     for state in args.states.split(","):
         for fmt in args.formats.split(","):
@@ -125,6 +129,10 @@ def main() -> None:
                 tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
                 print(f"{fmt} ({state}): failed, exit {done.returncode}:\n  " + "\n  ".join(tail))
                 continue
+            # vLLM logs it in the process that loads (the engine core, each rank's worker).
+            loading = [float(x) for x in re.findall(r"Loading weights took ([0-9.]+) s",
+                                                     done.stdout + done.stderr)]
+            result["load_s"] = max(loading) if loading else result.get("own_s")
             result["state"] = state
             rows.append(result)
             load = f"{result['load_s']:.2f}" if result["load_s"] is not None else "?"

@@ -108,9 +108,12 @@ def main():
     keys = [make_offload_key(os.urandom(32), 0) for _ in range(args.blocks)]
     tiers = args.tiers.split(",")
     rows = {kind: [] for kind in tiers}
-    for _ in range(args.rounds):  # alternate, so both see the same disk state over the run
+    for n in range(args.rounds):  # alternate, so both see the same disk state over the run
         for kind in tiers:
-            rows[kind].append(one_round(kind, args.dir, data, keys, args))
+            row = one_round(kind, args.dir, data, keys, args)
+            rows[kind].append(row)
+            print(f"round {n + 1} {kind:6s} " + "  ".join(f"{k} {v:.2f} GB/s"
+                                                         for k, v in row.items()), flush=True)
     print(f"{args.blocks} blocks of {block / (1 << 20):g} MiB, {args.job_blocks} per job, "
           f"{args.rounds} rounds, dir {args.dir}; GB/s median (min-max)")
     for kind in tiers:

@@ -21,10 +21,16 @@ except ImportError:  # pragma: no cover - older releases
 
 from vllm.model_executor.model_loader.weight_utils import download_weights_from_hf  # noqa: E402
 
-# KV offloading: present from 0.2x on; the tiering layer came later than the spec API.
-from vllm.v1.kv_offload.base import (  # noqa: E402,F401
-    GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingManager, OffloadingSpec,
-    PrepareStoreOutput, TransferResult)
+# KV offloading: a vLLM without these interfaces still gets the load format.
+try:
+    from vllm.v1.kv_offload.base import (  # noqa: F401
+        GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingManager, OffloadingSpec,
+        PrepareStoreOutput, TransferResult)
+    HAS_OFFLOADING = True
+except ImportError as e:  # pragma: no cover - depends on the vLLM release
+    HAS_OFFLOADING, OFFLOADING_MISSING = False, str(e)
+    GPULoadStoreSpec = LoadStoreSpec = LookupResult = OffloadingManager = None
+    OffloadingSpec = PrepareStoreOutput = TransferResult = None
 
 try:
     from vllm.v1.kv_offload.base import OffloadingWorker  # 0.33
@@ -39,7 +45,7 @@ except ImportError:  # pragma: no cover
 try:
     from vllm.v1.kv_offload.tiering import base as _tiering
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-    HAS_TIERING = True
+    HAS_TIERING = HAS_OFFLOADING
 except ImportError:  # pragma: no cover
     _tiering, SecondaryTierFactory, HAS_TIERING = None, None, False
 
@@ -54,6 +60,19 @@ else:  # pragma: no cover
     SecondaryTierManager = object
     JobResult = TransferJob = None
     TIER_TAKES_BACKPRESSURE = False
+
+
+def job_result(job_id, success, successful_keys=None, transfer_bytes=None):
+    """A tier's JobResult: 0.33 takes the keys of a partial promotion and the bytes moved; 0.26
+    takes neither (a partial promotion then fails whole, and vLLM recomputes every key)."""
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(JobResult)}
+    extra = {}
+    if "successful_keys" in fields and successful_keys is not None:
+        extra["successful_keys"] = successful_keys
+    if "transfer_bytes" in fields and transfer_bytes is not None:
+        extra["transfer_bytes"] = transfer_bytes
+    return JobResult(job_id=job_id, success=success, **extra)
 
 
 def job_chunk_ids(job):
@@ -85,17 +104,26 @@ def _registered(factory, name: str) -> bool:
 
 
 def register_tier(name: str, module: str, cls: str) -> None:
-    if HAS_TIERING and not _registered(SecondaryTierFactory, name):
+    if not HAS_TIERING:
+        logger.info("vLLM %s has no secondary KV tiers; the ferry tier is not registered",
+                    VERSION)
+    elif not _registered(SecondaryTierFactory, name):
         SecondaryTierFactory.register_tier(name, module, cls)
 
 
 def register_spec(name: str, module: str, cls: str) -> None:
+    if not (HAS_OFFLOADING and OffloadingWorker is not None):
+        logger.info("vLLM %s lacks the offloading interfaces %s needs; not registered",
+                    VERSION, name)
+        return
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     if not _registered(OffloadingSpecFactory, name):
         OffloadingSpecFactory.register_spec(name, module, cls)
 
 
 def register_connector(name: str, module: str, cls: str) -> None:
+    if not (HAS_OFFLOADING and OffloadingWorker is not None):
+        return
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     if not _registered(KVConnectorFactory, name):
         KVConnectorFactory.register_connector(name, module, cls)

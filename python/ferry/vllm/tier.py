@@ -20,7 +20,7 @@ import torch
 from ferry.kv import KVStore, kv_key
 
 from . import _compat
-from ._compat import JobResult, LookupResult, SecondaryTierManager
+from ._compat import LookupResult, SecondaryTierManager, job_result
 from .options import STORE_OPTIONS, capacity, check
 
 try:
@@ -85,13 +85,13 @@ class FerryTierManager(SecondaryTierManager):
         def done(results) -> None:
             ok = [r.status in good for r in results]
             if all(ok):
-                result = JobResult(job.job_id, True, transfer_bytes=self._block * len(keys))
+                result = job_result(job.job_id, True, transfer_bytes=self._block * len(keys))
             elif storing or not any(ok):
-                result = JobResult(job.job_id, False)
+                result = job_result(job.job_id, False)
             else:  # a partial promotion: the keys that loaded are kept, the rest recomputed
-                result = JobResult(job.job_id, False,
-                                   successful_keys=tuple(k for k, g in zip(keys, ok) if g),
-                                   transfer_bytes=self._block * sum(ok))
+                result = job_result(job.job_id, False,
+                                    successful_keys=tuple(k for k, g in zip(keys, ok) if g),
+                                    transfer_bytes=self._block * sum(ok))
             with self._lock:
                 self._finished.append(result)
                 self._in_flight -= 1
@@ -106,11 +106,11 @@ class FerryTierManager(SecondaryTierManager):
                 self._store.put_async(ferry_keys, blocks, callback=done)
             else:
                 self._store.get_async(ferry_keys, blocks, callback=done)
-        except Exception:
+        except Exception:  # vLLM's manager takes failures as results, never as exceptions
+            _compat.logger.exception("ferry tier: job %d could not start", job.job_id)
             with self._lock:
                 self._in_flight -= 1
-                self._finished.append(JobResult(job.job_id, False))
-            raise
+                self._finished.append(job_result(job.job_id, False))
 
     def submit_store(self, job_metadata) -> None:
         self._submit(job_metadata, storing=True)
