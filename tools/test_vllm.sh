@@ -15,9 +15,10 @@ if ! "$venv/bin/python" -c 'import sys, vllm; sys.exit(vllm.__version__ != "0.33
   "$venv/bin/pip" install -q --disable-pip-version-check vllm==0.33.0
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check pytest xxhash
-echo "== ferry into $venv (pip install .)"
+# FERRY_WHEEL: a wheel of this tree already built for the venv's Python (tools/test.sh's).
+echo "== ferry into $venv (${FERRY_WHEEL:-pip install .})"
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall .
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "${FERRY_WHEEL:-.}"
 echo "== the tests against vllm $("$venv/bin/python" -c 'import vllm; print(vllm.__version__)')"
 cd tests/python
 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_vllm_*.py "$@"
