@@ -3,7 +3,7 @@
 # network and takes at most 64 MiB per device call: vLLM's wheel without the binaries offline
 # inference with VLLM_ATTENTION_BACKEND=TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0 does not
 # load (flash-attention, MoE, deep_gemm, FlashMLA, vllm-rs), plus the wheels the image lacks, as
-# one tar.xz split into parts of at most 60 MiB under .vllm_pack/ (git-ignored). On the GPU
+# one tar.xz split into parts of at most 50 MiB under .vllm_pack/ (git-ignored). On the GPU
 # machine (kept warm between the calls), call 1 carries part 00 and stores it; the last call
 # carries the rest and unpacks everything into /tmp/vllm026 (see docs/vllm.md, "GPU run").
 set -euo pipefail
