@@ -43,7 +43,11 @@ for target in safetensors gguf index kv_journal; do
 done
 
 echo "== the Python package"
-PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore .
+# Built once as a wheel: tools/test_vllm.sh installs the same one into vLLM's venv.
+rm -rf build/wheel
+$python -m pip wheel -q --no-deps -w build/wheel .
+PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore --force-reinstall \
+  --no-deps build/wheel/ferry_tensors-*.whl
 
 echo "== tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
@@ -52,6 +56,9 @@ cmake --build build
 
 echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to this build's"
 tools/windows_check.sh build/cli/ferry
+
+echo "== ferry inside the real vLLM 0.33 (CPU venv outside the tree; tools/test_vllm.sh)"
+FERRY_WHEEL=$(ls build/wheel/ferry_tensors-*.whl) tools/test_vllm.sh
 
 echo "== tests"
 ctest --test-dir build --output-on-failure -j2

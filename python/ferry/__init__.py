@@ -10,7 +10,7 @@ A drop-in for safetensors' loading API, with the same signatures and semantics:
     ferry.SafetensorError (a ValueError) for malformed files and closed handles
 
     ferry.KVStore(root, model=..., dtype=..., capacity_bytes=..., block_bytes=...): the KV
-        block store (put/get/lookup, sync and async; see ferry.kv and ferry.kv_offload)
+        block store (put/get/lookup, sync and async; see ferry.kv; in vLLM: ferry.vllm)
 
 Wherever a filename is taken, a shard directory or an index works too. Tensors from load_file
 are views of the memory ferry loaded into (no copies); that memory is freed when the last tensor
