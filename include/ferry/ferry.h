@@ -340,7 +340,10 @@ typedef struct ferry_kv_stats {
 } ferry_kv_stats;
 
 /* Called once on a worker thread when an asynchronous batch has finished, before
- * ferry_kv_ticket_wait returns; `results` holds `count` entries, valid during the call. */
+ * ferry_kv_ticket_wait returns; `results` holds `count` entries, valid during the call. The
+ * results are final then: inside a callback, ferry_kv_ticket_wait and ferry_kv_ticket_result on
+ * its own ticket (or any other) return once the results are, and a callback may call the store
+ * again, start batches and wait for them, or ferry_kv_free it. */
 typedef void (*ferry_kv_callback)(void* user_data, const ferry_kv_result* results, size_t count);
 
 FERRY_API void ferry_kv_options_init(ferry_kv_options* options);
@@ -352,7 +355,9 @@ FERRY_API uint64_t ferry_kv_key(const void* bytes, size_t length);
  * checkpoint), NOT_FOUND (a reader with no store) or IO_ERROR. */
 FERRY_API ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
                                      ferry_kv_store** out);
-/* Waits for its asynchronous batches, checkpoints (a writer) and closes; NULL is ignored. */
+/* Waits for the calls in flight on other threads and its asynchronous batches (callbacks
+ * included), checkpoints (a writer) and closes; NULL is ignored. From a completion callback of
+ * the store, the rest is closed when its last batch has ended. No call may start after it. */
 FERRY_API void ferry_kv_free(ferry_kv_store* store);
 /* One batch: `count` keys and blocks; results[i] for key i (results may be NULL). Returns OK when
  * the batch ran, whatever each key's status; the message of the first key that did not succeed
