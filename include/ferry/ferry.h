@@ -61,17 +61,13 @@ typedef struct ferry_tensor_info {
   size_t ggml_rank;
 } ferry_tensor_info;
 
-/* Structs that grow (options and statistics) start with struct_size: the size of the struct as
- * the caller compiled it. ferry reads and writes only the fields that lie inside it, so a host
- * built against an older header keeps working when fields are added at the end.
- * ferry_X_options_init(o) fills the struct as this header lays it out, which a newer library
- * lays out longer: a host that may run with a newer library than its header calls
- * ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6), which writes no more than
- * that size and sets struct_size to it.
- * struct_size is a uint32_t in the load and fanout options and statistics and a size_t in the
- * others. It stays so: widening it would move no field on 64-bit targets, but a host built
- * against this header writes only its low four bytes, and a library reading eight would take
- * the padding after them for part of the size. */
+/* Options and statistics start with struct_size: the size of the struct as the caller compiled it.
+ * ferry reads and writes only the fields that lie inside it, so a host built against an older
+ * header keeps working when fields are added at the end. ferry_X_options_init(o) fills the struct
+ * as this header lays it out; a newer library lays it out longer: a host that may run with a newer
+ * library than its header calls ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6),
+ * which writes no more than that size and sets struct_size to it. It stays a uint32_t in the load
+ * and fanout structs (size_t elsewhere): hosts built against this header write four bytes. */
 typedef struct ferry_load_options {
   uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
@@ -81,11 +77,8 @@ typedef struct ferry_load_options {
   uint64_t staging_bytes; /* 0: the default, 256 MiB */
   uint64_t chunk_bytes;   /* 0: chosen */
   unsigned reader_threads; /* 0: chosen */
-  /* "auto", "cufile", "posix" or "directstorage" ("dstorage"); NULL means "auto" */
-  const char* backend;
-  /* nonzero lets backend "cufile" run in cuFile's compatibility mode, and "directstorage" fall
-   * back to the staged path where DirectStorage cannot run (said so per file) */
-  int32_t allow_compat;
+  const char* backend; /* "auto", "cufile", "posix" or "directstorage"; NULL means "auto" */
+  int32_t allow_compat; /* nonzero: cuFile's compat mode; DirectStorage's staged fallback */
   unsigned slots_per_thread; /* staging slots each reader cycles through; 0: chosen */
   /* Page-cache DMA (Linux, GPU destinations): the most bytes of files wholly in the page cache kept
    * registered with the GPU driver and copied straight from there; 0: off (the default). The
@@ -101,8 +94,7 @@ typedef struct ferry_load_options {
 
 typedef struct ferry_file_stats {
   const char* path;
-  /* "odirect", "buffered", "cufile-gds", "cufile-compat", "directstorage" or "page-cache-dma" */
-  const char* io_path;
+  const char* io_path; /* odirect buffered cufile-gds cufile-compat directstorage page-cache-dma */
   const char* reason;
   uint64_t bytes_read;
 } ferry_file_stats;
