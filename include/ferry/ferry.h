@@ -83,11 +83,8 @@ typedef struct ferry_load_options {
   uint64_t staging_bytes; /* 0: the default, 256 MiB */
   uint64_t chunk_bytes;   /* 0: chosen */
   unsigned reader_threads; /* 0: chosen */
-  /* "auto", "cufile", "posix" or "directstorage" ("dstorage"); NULL means "auto" */
-  const char* backend;
-  /* nonzero lets backend "cufile" run in cuFile's compatibility mode, and "directstorage" fall
-   * back to the staged path where DirectStorage cannot run (said so per file) */
-  int32_t allow_compat;
+  const char* backend; /* "auto", "cufile", "posix" or "directstorage"; NULL means "auto" */
+  int32_t allow_compat; /* nonzero: cuFile's compat mode; DirectStorage's staged fallback */
   unsigned slots_per_thread; /* staging slots each reader cycles through; 0: chosen */
   /* Page-cache DMA (Linux, GPU destinations): the most bytes of files wholly in the page cache kept
    * registered with the GPU driver and copied straight from there; 0: off (the default). The
@@ -103,8 +100,7 @@ typedef struct ferry_load_options {
 
 typedef struct ferry_file_stats {
   const char* path;
-  /* "odirect", "buffered", "cufile-gds", "cufile-compat", "directstorage" or "page-cache-dma" */
-  const char* io_path;
+  const char* io_path; /* odirect buffered cufile-gds cufile-compat directstorage page-cache-dma */
   const char* reason;
   uint64_t bytes_read;
 } ferry_file_stats;

@@ -28,8 +28,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .. import _ferry
-from ._shared import (aligned_bytes, checked_entry, checkpoint_table, compute_stream, disk_groups,
-                      engine_device, fill_arena, move_others, nbytes, resolve_device)
+from ._shared import (aligned_bytes, check_unchanged, check_unclaimed, checked_entry,
+                      checkpoint_table, claim, compute_stream, disk_groups, engine_device,
+                      fill_arena, move_others, nbytes, resolve_device, unclaim, versions)
 
 __all__ = ["ExpertOffload", "find_fused_experts", "find_moe_blocks", "offload_experts"]
 
@@ -65,6 +66,7 @@ class _Fused:
         self.experts = module.num_experts
         self.uses: Counter = Counter()
         self.handles = []
+        self.versions: List[int] = []  # the parameters' version counters when offloaded
         slots = cache.slot_count
         self.views, self.parked = [], []
         for p, offset in zip(params, offsets):
@@ -98,6 +100,8 @@ class _Fused:
         return out
 
     def forward(self, inner, bound: inspect.BoundArguments):
+        check_unchanged(self.params, self.versions,
+                        f"offload_experts: the parameters of fused experts {self.index}")
         top_k_index, top_k_weights = bound.arguments["top_k_index"], bound.arguments["top_k_weights"]
         hit = [e for e in torch.unique(top_k_index).tolist() if 0 <= e < self.experts]
         self.uses.update(hit)
@@ -149,6 +153,7 @@ class _Block:
         self.slots, self.views, self.params = slots, views, params  # views[slot][tensor]
         self.top_k, self.speculative, self.device = top_k, speculative, device
         self.pinned: Dict[int, int] = {}  # expert -> slot, acquired for this call
+        self.versions: List[int] = []  # the experts' version counters when offloaded
         self.done: List[int] = []
         self.uses: Counter = Counter()
         self.handles = []
@@ -168,7 +173,10 @@ class _Block:
     def run(self, expert: int, inner, args, kwargs):
         if expert not in self.pinned:  # not predicted, or beyond the slots: make room first
             if len(self.pinned) >= self.cache.slot_count:
-                done = [e for e in self.done if e in self.pinned]
+                # The experts that ran; where none has (a block that calls its experts token by
+                # token, in no set order), a predicted one, which loads again if it runs later.
+                done = list(dict.fromkeys(e for e in self.done if e in self.pinned))
+                done = done or [next(iter(self.pinned))]
                 self.cache.release(done)
                 for e in done:
                     del self.pinned[e]
@@ -202,6 +210,10 @@ class ExpertOffload:
 
     def undo(self) -> None:
         """Every expert resident again in its own memory, the hooks removed."""
+        for b in self._blocks:
+            unclaim([p for ps in b.params for p in ps])
+        for f in self._fused:
+            unclaim(f.params)
         for b in self._blocks:
             for e, params in enumerate(b.params):
                 b._acquire([e])
@@ -243,6 +255,8 @@ def _wrap_block(state: _Block) -> None:
     inner = state.block.forward
 
     def forward(*args, **kwargs):
+        check_unchanged([p for ps in state.params for p in ps], state.versions,
+                        f"offload_experts: the experts of MoE block {state.index}")
         try:
             return inner(*args, **kwargs)
         finally:
@@ -270,7 +284,8 @@ def offload_experts(model: torch.nn.Module, *, slots: int, device: Any = None,
     if not blocks and not fused:
         raise ValueError("offload_experts: no MoE block (a `gate` and an `experts` ModuleList, or "
                          "fused [num_experts, ...] experts) in the model")
-    device = resolve_device(model, device)
+    device = resolve_device(model, device, "offload_experts")
+    check_unclaimed(model, "offload_experts")
     checkpoint_handle, names_of = None, {}
     if source == "disk":
         from .._open import open_checkpoint
@@ -319,6 +334,12 @@ def offload_experts(model: torch.nn.Module, *, slots: int, device: Any = None,
     for index, module in enumerate(fused):
         out._fused.append(_offload_fused(module, index, slots, policy, speculative, source,
                                          checkpoint_handle, names_of, prefix, io, device))
+    for b in out._blocks:
+        b.versions = versions([p for ps in b.params for p in ps])
+        claim([p for ps in b.params for p in ps], "an earlier offload_experts()")
+    for f in out._fused:
+        f.versions = versions(f.params)
+        claim(f.params, "an earlier offload_experts()")
     return out
 
 

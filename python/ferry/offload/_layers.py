@@ -26,8 +26,9 @@ import torch
 from .. import _ferry
 from ._ops import _ids, _live, _wait
 from ._order import _BlockOrder, _install_order
-from ._shared import (aligned_bytes, compute_stream, disk_groups, engine_device, fill_arena,
-                      move_others, nbytes, resolve_device)
+from ._shared import (aligned_bytes, check_unchanged, check_unclaimed, claim, compute_stream,
+                      disk_groups, engine_device, fill_arena, move_others, nbytes, resolve_device,
+                      unclaim, versions)
 
 __all__ = ["Offload", "offload", "choose_layers", "find_blocks"]
 
@@ -100,10 +101,14 @@ def choose_layers(sizes: Sequence[int], group_size: Optional[int] = None, last: 
         return plan["streamed"]
     group_size = 1 if group_size is None else group_size
     try:
-        return _ferry.every_nth_blocks(n, group_size, last)
+        chosen = _ferry.every_nth_blocks(n, group_size, last)
     except (ValueError, TypeError) as e:
         raise ValueError(f"offload: group_size {group_size} and last {last}: need "
                          "1 <= last <= group_size") from e
+    if not chosen:
+        raise ValueError(f"offload: group_size {group_size} is more than the {n} blocks: no "
+                         "group of that many blocks to stream the last of")
+    return chosen
 
 
 class Offload:
@@ -122,6 +127,7 @@ class Offload:
         self._slots: List[torch.Tensor] = []
         self._last_group = -1
         self._orders: List[_BlockOrder] = []
+        self._versions: List[List[int]] = []  # each group's version counters when offloaded
         # The first group's wait is made at the end of each pass, for the next (see
         # _install_order); _first_waited: it was made since the group's last release.
         self._first_at_end = False
@@ -133,7 +139,14 @@ class Offload:
         return self.streamed_bytes - self.slot_bytes
 
     def stats(self) -> dict:
+        if self._stream is None:
+            raise RuntimeError("offload: stats() after undo(): the stream and its counters are "
+                               "gone")
         return self._stream.stats()
+
+    def _check_unchanged(self, group: int) -> None:
+        check_unchanged(self._params[group], self._versions[group],
+                        f"offload: parameters of streamed block {self.layers[group]}")
 
     def undo(self) -> None:
         """Puts every streamed parameter back on the device, resident, and removes the hooks."""
@@ -152,6 +165,7 @@ class Offload:
             torch.cuda.current_stream(self.device).synchronize()
         self._stream.synchronize()
         _live.pop(self.handle, None)
+        unclaim([p for ps in self._params for p in ps])
         self._stream, self._slots = None, []
 
     def __repr__(self) -> str:
@@ -180,7 +194,8 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
         raise ValueError(f'offload: source must be "cpu" or "disk", not {source!r}')
     if source == "disk" and checkpoint is None:
         raise ValueError('offload: source="disk" needs checkpoint= (a safetensors or GGUF path)')
-    device = resolve_device(model, device)
+    device = resolve_device(model, device, "offload")
+    check_unclaimed(model, "offload")
     blocks = list(blocks) if blocks is not None else list(find_blocks(model))
     params_of = [_block_params(b) for b in blocks]
     sizes = [sum(nbytes(p) for p in ps) for ps in params_of]
@@ -248,4 +263,6 @@ def offload(model: torch.nn.Module, *, device: Any = None, blocks: Optional[Sequ
     off._first_at_end = _install_order(off, blocks, chosen, tails)
     if off._first_at_end:
         _wait(None, off.handle, 0)  # for the first pass
+    off._versions = [versions(ps) for ps in off._params]
+    claim([p for ps in off._params for p in ps], "an earlier offload()")
     return off

@@ -92,6 +92,8 @@ class _BlockOrder:
         self.used = []
 
     def forward(self, inner, args, kwargs):
+        if self.release is not None and not _compiling():
+            self.owner._check_unchanged(self.release)
         if self.entry_wait is not None:
             x = _first_tensor((args, kwargs))
             if x is None:

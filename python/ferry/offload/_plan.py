@@ -24,10 +24,16 @@ def plan_offload(model: torch.nn.Module, run: Callable[[], Any], *,
     `link_bytes_per_second`), and simulates the stream these settings would run (see
     choose_layers). Returns the plan: `layers`, bytes per step, GPU bytes, and the seconds of a
     step resident (`compute_seconds`), streamed (`step_seconds`) and stalled (`stall_seconds`)."""
+    if steps < 1:
+        raise ValueError(f"plan_offload: steps must be 1 or more (the calls of run timed), not "
+                         f"{steps}")
     blocks = list(blocks) if blocks is not None else list(find_blocks(model))
     sizes = [sum(nbytes(p) for p in _block_params(b)) for b in blocks]
     chosen = sorted(set(layers)) if layers is not None else choose_layers(
         sizes, group_size, last, budget_bytes, prefetch)
+    if not chosen or chosen[0] < 0 or chosen[-1] >= len(blocks):
+        raise ValueError(f"plan_offload: layers {list(layers or [])} are not indices of the "
+                         f"{len(blocks)} blocks")
     device = next(model.parameters()).device
     gpu = device.type == "cuda"
     marks: List[List[Any]] = [[] for _ in blocks]

@@ -1,7 +1,8 @@
 """What layer and expert offloading share: the device, slot memory, the host arena, and the
 checkpoint's entries for source="disk"."""
 import ctypes
-from typing import Any, Dict, List
+import weakref
+from typing import Any, Dict, List, Sequence
 
 import torch
 
@@ -14,7 +15,7 @@ def compute_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def resolve_device(model: torch.nn.Module, device: Any) -> torch.device:
+def resolve_device(model: torch.nn.Module, device: Any, who: str) -> torch.device:
     """`device`, or where the model's first parameter is if that is a GPU, else cuda:0 where
     there is one, else cpu; "cuda" without an index is the current device."""
     if device is None:
@@ -22,6 +23,9 @@ def resolve_device(model: torch.nn.Module, device: Any) -> torch.device:
         device = first.device if first is not None and first.device.type == "cuda" else (
             "cuda:0" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError(f"{who}: the meta device holds no bytes to stream into; give a GPU "
+                         "(cuda:N) or cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -87,3 +91,44 @@ def disk_groups(checkpoint, names: List[List[str]], params: List[List[torch.nn.P
             group.append((size, 0, file, offset))
         groups.append(group)
     return groups
+
+
+# id(parameter) -> (a weak reference to it, the offload streaming it): an offload of a model
+# whose parameters another one streams already would stream that one's slots.
+_claimed: Dict[int, tuple] = {}
+
+
+def check_unclaimed(model: torch.nn.Module, who: str) -> None:
+    """Refuses a model any of whose parameters an earlier offload still streams."""
+    for name, p in model.named_parameters():
+        entry = _claimed.get(id(p))
+        if entry is not None and entry[0]() is p:
+            raise RuntimeError(f"{who}: parameter {name} is offloaded already (by {entry[1]}); "
+                               "call undo() on that offload first")
+
+
+def claim(params: Sequence[torch.Tensor], owner: str) -> None:
+    for p in params:
+        _claimed[id(p)] = (weakref.ref(p), owner)
+
+
+def unclaim(params: Sequence[torch.Tensor]) -> None:
+    for p in params:
+        entry = _claimed.get(id(p))
+        if entry is not None and entry[0]() is p:
+            del _claimed[id(p)]
+
+
+def versions(params: Sequence[torch.Tensor]) -> List[int]:
+    """Each parameter's version counter, which every in-place change (load_state_dict, an
+    optimizer's step, copy_) moves on."""
+    return [p._version for p in params]
+
+
+def check_unchanged(params: Sequence[torch.Tensor], recorded: List[int], what: str) -> None:
+    """Refuses to run on parameters changed in place since they were offloaded: their bytes live
+    in ferry's arena or checkpoint, which the change never reached."""
+    if versions(params) != recorded:
+        raise RuntimeError(f"{what} were changed in place after offloading (load_state_dict, an "
+                           "optimizer step, copy_...), which ferry's streamed copies do not see; "
+                           "call undo(), change the model, then offload it again")

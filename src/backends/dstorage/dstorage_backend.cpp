@@ -23,7 +23,7 @@
 #include "platform/windows/win32.hpp"
 #include "shim/dstorage.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 #include "backends/dstorage/dstorage_bridge.hpp"
 #include "transfer/ticket_state.hpp"
 #include "services/worker_pool.hpp"
@@ -358,6 +358,8 @@ void finish(Run& run) {
   }
   std::lock_guard lock(t.mutex);
   stats.note = t.stats.note;
+  stats.route_note = t.stats.route_note;
+  stats.route_seconds = t.stats.route_seconds;
   t.stats = std::move(stats);
 }
 
