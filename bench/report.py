@@ -1,7 +1,8 @@
 """Turns the suite's results (bench/run_bench.py, one or more files from separate calls) into
-bench/results.json, BENCHMARKS.md and bench/loaders.png.
+results.json, loaders.md (the tables BENCHMARKS.md takes) and loaders.png in --out, out of the
+source tree (generated files are not committed).
 
-usage: report.py RESULTS.json [...] [--command TEXT]
+usage: report.py RESULTS.json [...] [--command TEXT] [--out DIR (default build/bench-report)]
 """
 import argparse
 import json
@@ -119,7 +120,7 @@ def markdown(results, command, note=""):
     ]
     if note:
         lines += [note, ""]
-    lines += ["![GB/s per loader per case](bench/loaders.png)", ""]
+    lines += ["![GB/s per loader per case](loaders.png)", ""]
     for case in results["cases"]:
         limit, words = limit_of(case)
         read = case["read_limit_gbps"]
@@ -211,13 +212,16 @@ def main():
     ap.add_argument("results", nargs="+")
     ap.add_argument("--command", default="tools/gpu_check.sh")
     ap.add_argument("--note", default="", help="a paragraph on this run, printed under the intro")
+    ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench-report"))
     args = ap.parse_args()
     results = merge(args.results)
-    with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
+    with open(os.path.join(args.out, "loaders.md"), "w") as f:
         f.write(markdown(results, args.command, args.note))
-    chart(results, os.path.join(ROOT, "bench", "loaders.png"))
+    chart(results, os.path.join(args.out, "loaders.png"))
+    print(f"wrote results.json, loaders.md and loaders.png to {args.out}")
 
 
 if __name__ == "__main__":

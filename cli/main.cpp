@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,11 @@ int main(int argc, char** argv) {
   } catch (const ferry::Cancelled& e) {
     std::fprintf(stderr, "ferry: interrupted: %s\n", e.what());
     return 130;  // as a shell reports a command stopped by SIGINT
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "ferry: error: out of memory: the sizes or counts given need more host memory "
+                 "than this machine can give; try smaller ones\n");
+    return 1;
   } catch (const std::exception& e) {
     // Messages name tensors and paths from files: escaped like everything else shown.
     std::fprintf(stderr, "ferry: error: %s\n", ferry::cli::printable(e.what()).c_str());

@@ -1,10 +1,13 @@
 // ferry plan CHECKPOINT --gpu-gib N: which decoder blocks to stream so that a checkpoint's
 // weights fit N GiB of GPU memory, and what a step then costs (the stream planner's pipeline
 // simulation over the link measured here, or given, and a compute time per block, if given).
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <map>
-#include <regex>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "commands.hpp"
 #include "ferry/checkpoint.hpp"
@@ -27,16 +30,46 @@ struct Options {
   double block_ms = 0;
 };
 
-// Tensors named "...layers.N..." (also h.N, blocks.N, blk.N for GGUF) belong to block N; the
-// rest (embeddings, final norm, head) stay resident.
+// `text` for a message, cut to its first bytes where it is long (a name of 200,000 digits).
+std::string shortened(std::string_view text) {
+  constexpr std::size_t kShown = 60;
+  if (text.size() <= kShown) return std::string(text);
+  return std::string(text.substr(0, kShown)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
+// The block a tensor belongs to: N of the first "layers.N." (also h.N., blocks.N., blk.N. for
+// GGUF) at the start of its name or after a dot; none for the rest (embeddings, final norm,
+// head). One pass over the name, no recursion (std::regex overflowed the stack on a long run of
+// digits). Throws std::invalid_argument, naming the tensor, for an index past 2^64 - 1.
+std::optional<std::uint64_t> block_index(std::string_view name) {
+  static constexpr std::string_view kPrefixes[] = {"layers.", "h.", "blocks.", "blk."};
+  for (std::size_t start = 0; start < name.size();) {
+    const std::string_view rest = name.substr(start);
+    for (std::string_view prefix : kPrefixes) {
+      if (!rest.starts_with(prefix)) continue;
+      const std::string_view tail = rest.substr(prefix.size());
+      const std::size_t digits = std::min(tail.find_first_not_of("0123456789"), tail.size());
+      if (digits == 0 || digits == tail.size() || tail[digits] != '.') continue;
+      std::uint64_t index = 0;
+      const auto [end, error] = std::from_chars(tail.data(), tail.data() + digits, index);
+      FERRY_EXPECT(error == std::errc() && end == tail.data() + digits, std::invalid_argument,
+                   "tensor \"", shortened(name), "\": block index ",
+                   shortened(tail.substr(0, digits)), " is larger than ferry can count (2^64 - 1)");
+      return index;
+    }
+    const std::size_t dot = name.find('.', start);
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return std::nullopt;
+}
+
 StreamPlanInput blocks_of(const Checkpoint& checkpoint, std::vector<std::string>& names) {
-  static const std::regex block(R"((?:^|\.)(?:layers|h|blocks|blk)\.(\d+)\.)");
-  std::map<std::size_t, std::uint64_t> bytes;
+  std::map<std::uint64_t, std::uint64_t> bytes;
   StreamPlanInput input;
   for (const auto& t : checkpoint.tensors()) {
-    std::smatch m;
-    if (std::regex_search(t.name, m, block))
-      bytes[std::stoul(m[1].str())] += t.size;
+    if (const auto index = block_index(t.name))
+      bytes[*index] += t.size;
     else
       input.other_bytes += t.size;
   }
@@ -110,7 +143,7 @@ void add_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--link-gbps", o.link_gbps,
                   "the source's rate into the GPU, GB/s (default: pinned H2D measured on cuda:0)")
-      ->check(finite_between(0, 1e4));
+      ->check(finite_between(1e-3, 1e4));  // below 1 MB/s a step's time is no plan
   cmd->add_option("--block-ms", o.block_ms, "compute time of one block per step, ms")
       ->check(finite_between(0, 1e6));
   cmd->callback([] { run(o); });

@@ -43,16 +43,44 @@ using ferry::capi::guarded;
 using ferry::capi::require;
 using ferry::capi::require_size;
 
-// Whether `field` lies inside the caller's struct_size.
-#define FERRY_HAS_FIELD(s, field) \
-  (offsetof(std::remove_reference_t<decltype(s)>, field) + sizeof((s).field) <= (s).struct_size)
+using ferry::capi::Field;
+
+constexpr Field kLoadOptionsFields[] = {
+    FERRY_FIELD(ferry_load_options, struct_size),
+    FERRY_FIELD(ferry_load_options, device),
+    FERRY_FIELD(ferry_load_options, names),
+    FERRY_FIELD(ferry_load_options, name_count),
+    FERRY_FIELD(ferry_load_options, io_mode),
+    FERRY_FIELD(ferry_load_options, staging_bytes),
+    FERRY_FIELD(ferry_load_options, chunk_bytes),
+    FERRY_FIELD(ferry_load_options, reader_threads),
+    FERRY_FIELD(ferry_load_options, backend),
+    FERRY_FIELD(ferry_load_options, allow_compat),
+    FERRY_FIELD(ferry_load_options, slots_per_thread),
+    FERRY_FIELD(ferry_load_options, page_cache_pin_bytes),
+    FERRY_FIELD(ferry_load_options, cache_device_memory),
+};
+static_assert(ferry::capi::lists_every_field<ferry_load_options>(kLoadOptionsFields));
+
+constexpr Field kTransferOptionsFields[] = {
+    FERRY_FIELD(ferry_transfer_options, struct_size),
+    FERRY_FIELD(ferry_transfer_options, io_mode),
+    FERRY_FIELD(ferry_transfer_options, threads),
+    FERRY_FIELD(ferry_transfer_options, chunk_bytes),
+    FERRY_FIELD(ferry_transfer_options, staging_bytes),
+    FERRY_FIELD(ferry_transfer_options, after_event),
+    FERRY_FIELD(ferry_transfer_options, durable),
+};
+static_assert(ferry::capi::lists_every_field<ferry_transfer_options>(kTransferOptionsFields));
 
 }  // namespace
 
 namespace ferry::capi {
 
-LoadOptions load_options(const ferry_load_options& o) {
-  require_size(o, "options");
+LoadOptions load_options(const ferry_load_options& given) {
+  ferry_load_options defaults;
+  ferry_load_options_init(&defaults);
+  const ferry_load_options o = read_sized(given, defaults, kLoadOptionsFields, "options");
   LoadOptions cpp;
   cpp.device = Device::parse(o.device ? o.device : "cpu");
   for (size_t i = 0; i < o.name_count; ++i) {
@@ -69,13 +97,11 @@ LoadOptions load_options(const ferry_load_options& o) {
   if (o.staging_bytes) set("staging_bytes", std::to_string(o.staging_bytes));
   set("chunk_bytes", std::to_string(o.chunk_bytes));
   set("threads", std::to_string(o.reader_threads));
-  if (FERRY_HAS_FIELD(o, backend) && o.backend) set("backend", o.backend);
-  if (FERRY_HAS_FIELD(o, allow_compat)) set("allow_compat", o.allow_compat ? "true" : "false");
-  if (FERRY_HAS_FIELD(o, slots_per_thread)) set("slots", std::to_string(o.slots_per_thread));
-  if (FERRY_HAS_FIELD(o, page_cache_pin_bytes))
-    set("page_cache_pin", std::to_string(o.page_cache_pin_bytes));
-  if (FERRY_HAS_FIELD(o, cache_device_memory))
-    set("cache_device_memory", o.cache_device_memory ? "true" : "false");
+  if (o.backend) set("backend", o.backend);
+  set("allow_compat", o.allow_compat ? "true" : "false");
+  set("slots", std::to_string(o.slots_per_thread));
+  set("page_cache_pin", std::to_string(o.page_cache_pin_bytes));
+  set("cache_device_memory", o.cache_device_memory ? "true" : "false");
   return cpp;
 }
 
@@ -198,11 +224,8 @@ ferry_status ferry_loaded_tensor_digest(const ferry_loaded* loaded, const char* 
 ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* out) {
   return guarded([&] {
     require(loaded, "loaded");
-    require(out, "out");
-    require_size(*out, "out");
     const ferry::LoadStats& s = loaded->loaded.stats();
     ferry_load_stats all{};
-    all.struct_size = out->struct_size;
     all.tensor_bytes = s.tensor_bytes;
     all.bytes_read = s.bytes_read;
     all.seconds = s.seconds;
@@ -215,7 +238,7 @@ ferry_status ferry_loaded_stats(const ferry_loaded* loaded, ferry_load_stats* ou
     all.settings_source = s.settings_source.c_str();
     all.bytes_from_registered_page_cache = s.bytes_from_registered_page_cache;
     all.page_cache_register_seconds = s.page_cache_register_seconds;
-    std::memcpy(out, &all, out->struct_size);
+    ferry::capi::write_sized(out, all, "out");
   });
 }
 
@@ -278,16 +301,12 @@ ferry_status ferry_transfer_submit(ferry_file_set* set, ferry_direction directio
     FERRY_EXPECT(
         direction == FERRY_DIRECTION_FILE_TO_MEMORY || direction == FERRY_DIRECTION_MEMORY_TO_FILE,
         std::invalid_argument, "unknown direction ", static_cast<int>(direction));
-    ferry_transfer_options given;
-    ferry_transfer_options_init(&given);
-    if (options) {
-      // Fields the caller's (possibly older, smaller) struct does not hold keep their defaults.
-      FERRY_EXPECT(options->struct_size >= offsetof(ferry_transfer_options, io_mode),
-                   std::invalid_argument,
-                   "options->struct_size is not set (call "
-                   "ferry_transfer_options_init)");
-      std::memcpy(&given, options, std::min(options->struct_size, sizeof given));
-    }
+    ferry_transfer_options defaults;
+    ferry_transfer_options_init(&defaults);
+    // Fields the caller's (possibly older, smaller) struct does not hold keep their defaults.
+    const ferry_transfer_options given =
+        options ? ferry::capi::read_sized(*options, defaults, kTransferOptionsFields, "options")
+                : defaults;
     ferry::TransferOptions o;
     FERRY_EXPECT(given.io_mode >= FERRY_IO_MODE_AUTO && given.io_mode <= FERRY_IO_MODE_BUFFERED,
                  std::invalid_argument, "unknown io_mode ", given.io_mode);

@@ -20,7 +20,14 @@ namespace {
 
 using ferry::capi::guarded;
 using ferry::capi::require;
-using ferry::capi::require_size;
+
+constexpr ferry::capi::Field kFanoutOptionsFields[] = {
+    FERRY_FIELD(ferry_fanout_options, struct_size),  FERRY_FIELD(ferry_fanout_options, devices),
+    FERRY_FIELD(ferry_fanout_options, device_count), FERRY_FIELD(ferry_fanout_options, shard_mode),
+    FERRY_FIELD(ferry_fanout_options, specs),        FERRY_FIELD(ferry_fanout_options, spec_count),
+    FERRY_FIELD(ferry_fanout_options, round_bytes),  FERRY_FIELD(ferry_fanout_options, load),
+};
+static_assert(ferry::capi::lists_every_field<ferry_fanout_options>(kFanoutOptionsFields));
 
 // The mode's rule, with the caller's per-tensor specs in front of it.
 ferry::ShardRule shard_rule(const ferry_fanout_options& o, const ferry::Checkpoint& checkpoint) {
@@ -94,10 +101,10 @@ ferry_status ferry_checkpoint_load_fanout(const ferry_checkpoint* checkpoint,
     require(options, "options");
     require(out, "out");
     // Fields a caller's older, smaller struct lacks keep their defaults.
-    require_size(*options, "options");
-    ferry_fanout_options o;
-    ferry_fanout_options_init(&o);
-    std::memcpy(&o, options, options->struct_size);
+    ferry_fanout_options fanout_defaults;
+    ferry_fanout_options_init(&fanout_defaults);
+    const ferry_fanout_options o =
+        ferry::capi::read_sized(*options, fanout_defaults, kFanoutOptionsFields, "options");
     FERRY_EXPECT(o.devices != nullptr || o.device_count == 0, std::invalid_argument,
                  "devices must not be NULL");
     ferry::FanoutOptions cpp;
@@ -144,11 +151,8 @@ ferry_status ferry_fanout_tensor_digest(const ferry_fanout* fanout, size_t devic
 ferry_status ferry_fanout_stats_get(const ferry_fanout* fanout, ferry_fanout_stats* out) {
   return guarded([&] {
     require(fanout, "fanout");
-    require(out, "out");
-    require_size(*out, "out");
     const ferry::FanoutStats& s = fanout->load.stats();
     ferry_fanout_stats all{};
-    all.struct_size = out->struct_size;
     all.seconds = s.seconds;
     all.gigabytes_per_second = s.gigabytes_per_second();
     all.bytes_read = s.bytes_read;
@@ -159,7 +163,7 @@ ferry_status ferry_fanout_stats_get(const ferry_fanout* fanout, ferry_fanout_sta
     all.reader_threads = s.reader_threads;
     all.device_count = s.ranks.size();
     all.collective = s.collective.c_str();
-    std::memcpy(out, &all, out->struct_size);
+    ferry::capi::write_sized(out, all, "out");
   });
 }
 

@@ -53,15 +53,63 @@ inline void require(const void* pointer, const char* what) {
   FERRY_EXPECT(pointer != nullptr, std::invalid_argument, what, " must not be NULL");
 }
 
-// A growable struct's struct_size must be one this library can honour: set, and no larger than
-// the struct it knows (a host built against a newer ferry.h would otherwise lose settings).
+// A growable struct's struct_size must be one this library can honour: at least the struct_size
+// field itself, and no larger than the struct it knows (a host built against a newer ferry.h
+// would otherwise lose settings, or read counters never written).
 template <class Struct>
 void require_size(const Struct& s, const char* what) {
+  static_assert(offsetof(Struct, struct_size) == 0);
   FERRY_EXPECT(s.struct_size != 0, std::invalid_argument, what,
                "->struct_size is 0: set it to sizeof (the *_init functions do)");
+  FERRY_EXPECT(s.struct_size >= sizeof(s.struct_size), std::invalid_argument, what,
+               "->struct_size ", s.struct_size, " is smaller than the struct_size field itself (",
+               sizeof(s.struct_size), " bytes): set it to sizeof (the *_init functions do)");
   FERRY_EXPECT(s.struct_size <= sizeof(Struct), std::invalid_argument, what, "->struct_size ",
                s.struct_size, " is larger than this library's ", sizeof(Struct),
                " (built against a newer ferry.h?)");
+}
+
+// One field of a growable struct: where it lies.
+struct Field {
+  std::size_t offset, size;
+};
+#define FERRY_FIELD(Struct, member) \
+  ::ferry::capi::Field { offsetof(Struct, member), sizeof(Struct::member) }
+
+// Every field of `Struct` listed, in order, up to its end: a field added to ferry.h at the end
+// (the only way structs grow) and not listed here fails the build instead of being ignored.
+template <class Struct, std::size_t N>
+constexpr bool lists_every_field(const Field (&fields)[N]) {
+  for (std::size_t i = 1; i < N; ++i)
+    if (fields[i].offset < fields[i - 1].offset + fields[i - 1].size) return false;
+  const std::size_t end = fields[N - 1].offset + fields[N - 1].size;
+  return fields[0].offset == 0 &&
+         (end + alignof(Struct) - 1) / alignof(Struct) * alignof(Struct) == sizeof(Struct);
+}
+
+// A caller's options struct as this library's: each field that lies wholly inside
+// in.struct_size copied, every other one keeping its default from `defaults`. Nothing past
+// struct_size is read (a host's struct may end there), and no field is taken in part.
+template <class Struct, std::size_t N>
+Struct read_sized(const Struct& in, Struct defaults, const Field (&fields)[N], const char* what) {
+  require_size(in, what);
+  const auto* from = reinterpret_cast<const unsigned char*>(&in);
+  auto* to = reinterpret_cast<unsigned char*>(&defaults);
+  for (const Field& f : fields)
+    if (f.offset + f.size <= in.struct_size) std::memcpy(to + f.offset, from + f.offset, f.size);
+  return defaults;
+}
+
+// Statistics into a caller's struct: `all` (this library's whole struct) copied as far as
+// out->struct_size reaches, struct_size itself left as the caller set it. Nothing past
+// struct_size is written.
+template <class Struct>
+void write_sized(Struct* out, const Struct& all, const char* what) {
+  require(out, what);
+  require_size(*out, what);
+  constexpr std::size_t header = sizeof(out->struct_size);
+  std::memcpy(reinterpret_cast<unsigned char*>(out) + header,
+              reinterpret_cast<const unsigned char*>(&all) + header, out->struct_size - header);
 }
 
 // A *_init_sized entry point: the defaults `init` gives, written into the first `size` bytes only

@@ -26,6 +26,24 @@ using ferry::capi::require;
 
 std::string text(const char* s) { return s ? s : ""; }
 
+constexpr ferry::capi::Field kKVOptionsFields[] = {
+    FERRY_FIELD(ferry_kv_options, struct_size),
+    FERRY_FIELD(ferry_kv_options, model),
+    FERRY_FIELD(ferry_kv_options, dtype),
+    FERRY_FIELD(ferry_kv_options, block_layout),
+    FERRY_FIELD(ferry_kv_options, tp_rank),
+    FERRY_FIELD(ferry_kv_options, world_size),
+    FERRY_FIELD(ferry_kv_options, capacity_bytes),
+    FERRY_FIELD(ferry_kv_options, block_bytes),
+    FERRY_FIELD(ferry_kv_options, gpu_path),
+    FERRY_FIELD(ferry_kv_options, allow_compat),
+    FERRY_FIELD(ferry_kv_options, read_only),
+    FERRY_FIELD(ferry_kv_options, slab_count),
+    FERRY_FIELD(ferry_kv_options, checkpoint_every),
+    FERRY_FIELD(ferry_kv_options, page_cache_pin_bytes),
+};
+static_assert(ferry::capi::lists_every_field<ferry_kv_options>(kKVOptionsFields));
+
 // The caller's blocks as owned piece lists (devices parsed once per distinct name).
 ferry::KVBlockList blocks_of(const ferry_kv_block* blocks, std::size_t count) {
   FERRY_EXPECT(blocks != nullptr || count == 0, std::invalid_argument, "blocks must not be NULL");
@@ -99,10 +117,11 @@ ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
     require(root, "root");
     require(options, "options");
     require(out, "out");
-    ferry_kv_options given;
-    ferry_kv_options_init(&given);
-    ferry::capi::require_size(*options, "options");
-    std::memcpy(&given, options, options->struct_size);  // older, smaller structs: defaults
+    ferry_kv_options defaults;
+    ferry_kv_options_init(&defaults);
+    // Older, smaller structs: the fields they lack keep their defaults.
+    const ferry_kv_options given =
+        ferry::capi::read_sized(*options, defaults, kKVOptionsFields, "options");
     FERRY_EXPECT(given.gpu_path >= FERRY_KV_PATH_AUTO && given.gpu_path <= FERRY_KV_PATH_DIRECT,
                  std::invalid_argument, "unknown gpu_path ", given.gpu_path);
     ferry::KVNamespace ns{text(given.model), text(given.dtype), text(given.block_layout),
@@ -239,11 +258,10 @@ ferry_status ferry_kv_stats_get(ferry_kv_store* store, ferry_kv_stats* out) {
   return guarded([&] {
     require(store, "store");
     require(out, "out");
-    ferry::capi::require_size(*out, "out");
+    ferry::capi::require_size(*out, "out");  // checked before the store is asked
     const ferry::KVStats s = store->store.stats();
     ferry_kv_stats c;
     std::memset(&c, 0, sizeof c);
-    c.struct_size = out->struct_size;
     c.block_bytes = s.block_bytes;
     c.slot_bytes = s.slot_bytes;
     c.capacity_blocks = s.capacity_blocks;
@@ -262,7 +280,7 @@ ferry_status ferry_kv_stats_get(ferry_kv_store* store, ferry_kv_stats* out) {
     c.page_cache_windows_registered = s.page_cache_windows_registered;
     c.page_cache_stale_rereads = s.page_cache_stale_rereads;
     c.page_cache_register_seconds = s.page_cache_register_seconds;
-    std::memcpy(out, &c, c.struct_size);
+    ferry::capi::write_sized(out, c, "out");
   });
 }
 

@@ -25,7 +25,6 @@ namespace {
 
 using ferry::capi::guarded;
 using ferry::capi::require;
-using ferry::capi::require_size;
 
 std::vector<ferry::StreamGroup> stream_groups(const ferry_stream_tensor* tensors,
                                               const size_t* counts, size_t group_count) {
@@ -43,14 +42,23 @@ std::vector<ferry::StreamGroup> stream_groups(const ferry_stream_tensor* tensors
   return groups;
 }
 
+constexpr ferry::capi::Field kStreamOptionsFields[] = {
+    FERRY_FIELD(ferry_stream_options, struct_size),
+    FERRY_FIELD(ferry_stream_options, device),
+    FERRY_FIELD(ferry_stream_options, files),
+    FERRY_FIELD(ferry_stream_options, io_mode),
+    FERRY_FIELD(ferry_stream_options, slot_memory),
+    FERRY_FIELD(ferry_stream_options, slot_memory_count),
+};
+static_assert(ferry::capi::lists_every_field<ferry_stream_options>(kStreamOptionsFields));
+
 ferry::StreamOptions stream_options(const ferry_stream_options* options,
                                     std::vector<std::uintptr_t>& slot_memory) {
-  ferry_stream_options given;
-  ferry_stream_options_init(&given);
-  if (options) {
-    require_size(*options, "options");
-    std::memcpy(&given, options, options->struct_size);
-  }
+  ferry_stream_options defaults;
+  ferry_stream_options_init(&defaults);
+  const ferry_stream_options given =
+      options ? ferry::capi::read_sized(*options, defaults, kStreamOptionsFields, "options")
+              : defaults;
   ferry::StreamOptions o;
   o.device = given.device ? ferry::Device::parse(given.device) : ferry::Device::cpu();
   if (given.files) {
@@ -68,19 +76,15 @@ ferry::StreamOptions stream_options(const ferry_stream_options* options,
 }
 
 void stream_stats(const ferry::StreamStats& s, ferry_stream_stats* out) {
-  require(out, "out");
-  require_size(*out, "out");
-  ferry_stream_stats all{sizeof(ferry_stream_stats),
-                         s.fills,
-                         s.bytes,
-                         s.demand_fills,
-                         s.hits,
-                         s.misses,
-                         s.evictions,
-                         s.skipped_waits};
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t),
-              reinterpret_cast<const char*>(&all) + sizeof(size_t),
-              out->struct_size - sizeof(size_t));
+  const ferry_stream_stats all{sizeof(ferry_stream_stats),
+                               s.fills,
+                               s.bytes,
+                               s.demand_fills,
+                               s.hits,
+                               s.misses,
+                               s.evictions,
+                               s.skipped_waits};
+  ferry::capi::write_sized(out, all, "out");
 }
 
 }  // namespace

@@ -17,7 +17,8 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/safetensors_save.hpp"
-#include "io/file_descriptor.hpp"
+#include "format/tensor_layout.hpp"
+#include "platform/file_descriptor.hpp"
 #include "test_support.hpp"
 
 namespace ferry {
@@ -100,6 +101,22 @@ TEST(SafetensorsHeader, RefusesDuplicateNamesAndTheMetadataKey) {
   EXPECT_THROW(encode_safetensors_header(reserved, std::nullopt), std::invalid_argument);
   const std::vector<TensorSpec> odd_f4 = {{"q", DType::F4, {3}}};
   EXPECT_THROW(encode_safetensors_header(odd_f4, std::nullopt), std::invalid_argument);
+}
+
+// One name rule both ways: what the loader refuses (a NUL in a name), the saver refuses too,
+// naming the tensor, instead of writing a file ferry cannot load back.
+TEST(SafetensorsHeader, RefusesANameTheLoaderRefuses) {
+  const std::vector<TensorSpec> nul = {{std::string("a\0b", 3), DType::U8, {1}}};
+  try {
+    encode_safetensors_header(nul, std::nullopt);
+    ADD_FAILURE() << "a name holding NUL was encoded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor \"a\\0...\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NUL"), std::string::npos) << e.what();
+  }
+  // The reader's message for the same name, from the same rule.
+  EXPECT_FALSE(ferry::detail::tensor_name_problem(std::string("a\0b", 3)).empty());
+  EXPECT_TRUE(ferry::detail::tensor_name_problem("a.b").empty());
 }
 
 HostTensors mixed_tensors() {

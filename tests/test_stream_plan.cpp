@@ -2,6 +2,10 @@
 // the three regimes (compute-bound, copy-bound, a single slot that serialises copy and compute).
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "ferry/stream_plan.hpp"
 
 namespace ferry {
@@ -65,6 +69,96 @@ TEST(StreamPlan, BudgetPicksTheFewestEvenlySpacedBlocks) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("150 bytes"), std::string::npos) << e.what();
   }
+}
+
+// What plan_for_budget must give, found the plain way: every k, each plan simulated.
+struct Reference {
+  std::size_t k = 0;        // the fewest streamed that fit; SIZE_MAX: none fits
+  std::uint64_t least = 0;  // the least GPU bytes any k needs
+};
+Reference by_every_k(const StreamPlanInput& in, std::uint64_t budget) {
+  const std::size_t n = in.block_bytes.size();
+  Reference r{SIZE_MAX, UINT64_MAX};
+  for (std::size_t k = 0; k <= n; ++k) {
+    if (k > 0 && k < in.prefetch) continue;
+    std::vector<std::size_t> chosen;
+    for (std::size_t i = 0; i < k; ++i) chosen.push_back((i + 1) * n / k - 1);
+    const std::uint64_t gpu = plan_stream(in, chosen).gpu_bytes;
+    if (gpu <= budget && r.k == SIZE_MAX) r.k = k;
+    r.least = std::min(r.least, gpu);
+  }
+  return r;
+}
+
+// Blocks of uneven sizes (a few small dense ones, many larger, some odd): the budget search
+// picks what trying every k picks, and an impossible budget names the least any k needs.
+TEST(StreamPlan, BudgetSearchAgreesWithTryingEveryK) {
+  std::uint64_t state = 12345;
+  const auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull; };
+  for (unsigned prefetch : {1u, 2u, 3u}) {
+    for (std::size_t n : {1u, 2u, 7u, 40u, 97u}) {
+      StreamPlanInput in = blocks(n, 0, 0.0, prefetch);
+      if (prefetch > n) continue;
+      for (std::size_t i = 0; i < n; ++i)
+        in.block_bytes[i] =
+            i < 3 ? 10 + next() % 20 : 100 + (next() >> 33) % (i % 5 == 0 ? 400 : 5);
+      in.other_bytes = 7;
+      std::uint64_t all = in.other_bytes;
+      for (auto b : in.block_bytes) all += b;
+      for (std::uint64_t budget = 0; budget <= all; budget += 1 + all / 97) {
+        SCOPED_TRACE("n " + std::to_string(n) + " prefetch " + std::to_string(prefetch) +
+                     " budget " + std::to_string(budget));
+        const Reference want = by_every_k(in, budget);
+        if (want.k == SIZE_MAX) {
+          try {
+            plan_for_budget(in, budget);
+            ADD_FAILURE() << "an impossible budget was met";
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find(" " + std::to_string(want.least) + " bytes"),
+                      std::string::npos)
+                << e.what();
+          }
+          continue;
+        }
+        const StreamPlan got = plan_for_budget(in, budget);
+        EXPECT_EQ(got.streamed.size(), want.k);
+        EXPECT_LE(got.gpu_bytes, budget);
+      }
+    }
+  }
+}
+
+// 200,000 blocks (a plan of 100,000 took minutes when every k was simulated): the right blocks,
+// evenly spaced, and the least bytes named when nothing fits. The test's timeout catches a
+// search that is quadratic again.
+TEST(StreamPlan, BudgetSearchOverManyBlocks) {
+  constexpr std::size_t n = 200000;
+  auto in = blocks(n, 1, 0.0, 2);
+  in.other_bytes = 1000;
+  // 1000 + (n - k) + 2 <= 1000 + n / 2 + 2: k = n / 2, every second block.
+  const StreamPlan half = plan_for_budget(in, 1000 + n / 2 + 2);
+  ASSERT_EQ(half.streamed.size(), n / 2);
+  for (std::size_t i = 0; i < half.streamed.size(); ++i) ASSERT_EQ(half.streamed[i], 2 * i + 1);
+  try {
+    plan_for_budget(in, 0);
+    ADD_FAILURE() << "an impossible budget was met";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("1002 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("200000 of 200000 blocks"), std::string::npos) << e.what();
+  }
+}
+
+// A prefetch distance beyond the block count is named as such, not as a budget too small.
+TEST(StreamPlan, PrefetchBeyondTheBlocksIsNamed) {
+  auto in = blocks(8, 100, 1.0, 9);
+  try {
+    plan_for_budget(in, 500);
+    ADD_FAILURE() << "a prefetch of 9 for 8 blocks was planned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("prefetch distance of 9 for 8 blocks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(plan_for_budget(in, 800).streamed.empty());  // fits without streaming: no slots
 }
 
 TEST(StreamPlan, BadSettingsAreRefused) {

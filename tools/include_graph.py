@@ -3,7 +3,7 @@
 
 usage: tools/include_graph.py [--files]   (run from anywhere; reads src/, include/, cli/)
 
-A folder is include/ferry, cli, or src/<first folder> (src/platform/posix counts as
+A folder is the file's directory (src/platform/posix and src/platform/windows count as
 src/platform); `--files` also lists the including and included files of each edge.
 """
 import os
@@ -16,12 +16,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 def folder_of(path):
-    parts = path.split("/")
-    if parts[0] == "include":
-        return "include/ferry"
-    if parts[0] == "src":
-        return "src/" + parts[1] if len(parts) > 2 else "src"
-    return parts[0]
+    folder = os.path.dirname(path)
+    return "src/platform" if folder.startswith("src/platform/") else folder
 
 
 def resolve(including, name):

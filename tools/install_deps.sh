@@ -14,7 +14,7 @@ apt-get install -y -qq --no-install-recommends \
   cmake ninja-build g++ clang libclang-rt-14-dev binutils \
   nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev \
   g++-mingw-w64-x86-64-posix wine64 golang-go \
-  python3 python3-dev python3-pip python3-numpy python3-torch >/dev/null
+  python3 python3-dev python3-pip python3-venv python3-numpy python3-torch >/dev/null
 # Debian's python3 refuses system-wide pip installs unless told so.
 PIP_BREAK_SYSTEM_PACKAGES=1 /usr/bin/python3 -m pip install -q --disable-pip-version-check \
   --root-user-action=ignore "safetensors==0.8.0" "gguf==0.19.0" xxhash pytest \

@@ -16,15 +16,16 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
-echo "== ThreadSanitizer: the transfer core's tests"
+echo "== ThreadSanitizer: the transfer core's tests, the KV store's lifetime under close and callbacks"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-tsan --target test_transfer test_transfer_pipeline test_engine
+cmake --build build-tsan --target test_transfer test_transfer_pipeline test_engine test_kv_lifetime
 # test_transfer forks children after threads ran; TSan checks the parent's threads.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_transfer
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_transfer_pipeline
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
+TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_kv_lifetime
 
 echo "== fuzzing the safetensors, GGUF and index readers (60 s each), the KV journal reader (30 s; tools/fuzz_long.sh: longer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
@@ -42,7 +43,11 @@ for target in safetensors gguf index kv_journal; do
 done
 
 echo "== the Python package"
-PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore .
+# Built once as a wheel: tools/test_vllm.sh installs the same one into vLLM's venv.
+rm -rf build/wheel
+$python -m pip wheel -q --no-deps -w build/wheel .
+PIP_BREAK_SYSTEM_PACKAGES=1 $python -m pip install -q --root-user-action=ignore --force-reinstall \
+  --no-deps build/wheel/ferry_tensors-*.whl
 
 echo "== tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
@@ -51,6 +56,9 @@ cmake --build build
 
 echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to this build's"
 tools/windows_check.sh build/cli/ferry
+
+echo "== ferry inside the real vLLM 0.33 (CPU venv outside the tree; tools/test_vllm.sh)"
+FERRY_WHEEL=$(ls build/wheel/ferry_tensors-*.whl) tools/test_vllm.sh
 
 echo "== tests"
 ctest --test-dir build --output-on-failure -j2

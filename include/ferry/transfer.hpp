@@ -68,6 +68,11 @@ struct TransferOptions {
   // A file that cannot (not resident, over the budget, refused) takes the staged path, and its
   // statistics say why.
   std::uint64_t page_cache_pin_bytes = 0;
+  // Memory the caller allocated for this submission's destinations (a load's own allocation):
+  // where the cuFile backend serves the submission it is registered with cuFile until the
+  // caller's wait returns, so its reads need no bounce. Its device is the route's device where no
+  // span names a GPU (an empty submission). Default: none.
+  MemorySpan destination;
   // Called from workers, one call at a time, as bytes land.
   std::function<void(std::uint64_t bytes_done, std::uint64_t bytes_total)> progress;
   // The staged path only (others never call it): sees each extent's bytes while they sit in host
@@ -97,6 +102,9 @@ struct TransferStats {
   std::uint64_t staging_bytes = 0;  // leased from the process's pool
   bool staging_pinned = false;
   std::string note;  // why fewer threads or slots ran than were asked for; empty if none
+  // Of which: why the route passed a backend over (cuFile, DirectStorage); empty if none.
+  std::string route_note;
+  double route_seconds = 0;  // in submit(): choosing the route, registering the destination
   double staging_seconds = 0;
   double setup_thread_seconds = 0, read_thread_seconds = 0, wait_thread_seconds = 0,
          queue_thread_seconds = 0;

@@ -10,19 +10,19 @@ A drop-in for safetensors' loading API, with the same signatures and semantics:
     ferry.SafetensorError (a ValueError) for malformed files and closed handles
 
     ferry.KVStore(root, model=..., dtype=..., capacity_bytes=..., block_bytes=...): the KV
-        block store (put/get/lookup, sync and async; see ferry.kv and ferry.kv_offload)
+        block store (put/get/lookup, sync and async; see ferry.kv; in vLLM: ferry.vllm)
 
 Wherever a filename is taken, a shard directory or an index works too. Tensors from load_file
 are views of the memory ferry loaded into (no copies); that memory is freed when the last tensor
 that refers to it is gone.
 """
-from ._ferry import (Checkpoint, Loaded, SafetensorError, __version__, cuda_available,
+from ._ferry import (Checkpoint, KVFormatError, Loaded, SafetensorError, __version__, cuda_available,
                      release_cached_device_memory, release_page_cache_registrations,
                      release_staging_memory)
 from ._open import _safe_open_handle, safe_open
 from .kv import KVResult, KVStore, KVTicket, kv_key
 
-__all__ = ["Checkpoint", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
+__all__ = ["Checkpoint", "KVFormatError", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
            "cuda_available", "kv_key", "release_cached_device_memory",
            "release_page_cache_registrations",
            "release_staging_memory", "safe_open"]

@@ -195,8 +195,19 @@ NB_MODULE(_ferry, m) {
   nb::register_exception_translator(translate_system_error);
   // Malformed files raise SafetensorError, a ValueError as FormatError is an invalid_argument
   // (safetensors' own SafetensorError derives from Exception; ferry's from ValueError, so that
-  // both `except ValueError` and `except SafetensorError` catch it).
-  nb::exception<FormatError>(m, "SafetensorError", PyExc_ValueError);
+  // both `except ValueError` and `except SafetensorError` catch it). Where safetensors is
+  // installed, it derives from safetensors.SafetensorError too: code written for safetensors
+  // that catches its error keeps working when ferry loads.
+  nb::object bases = nb::make_tuple(nb::handle(PyExc_ValueError));
+  try {
+    nb::object theirs = nb::module_::import_("safetensors").attr("SafetensorError");
+    bases = nb::make_tuple(theirs, nb::handle(PyExc_ValueError));
+  } catch (const nb::python_error&) {
+    // Not installed (or not importable): a ValueError alone.
+  }
+  nb::exception<FormatError>(m, "SafetensorError", bases);
+  // A KV store's own files (journal, checkpoint, manifest): registered later, so tried first.
+  nb::exception<KVFormatError>(m, "KVFormatError", PyExc_ValueError);
   InterpreterExit::get().set_main_thread(
       nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
   nb::module_::import_("atexit").attr("register")(

@@ -17,7 +17,7 @@
 
 #include "ferry/device.hpp"
 #include "ferry/fanout_load.hpp"
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 
 namespace ferry::detail {
 

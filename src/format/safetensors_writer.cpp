@@ -5,7 +5,8 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "format/tensor_layout.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry {
 namespace {
@@ -90,6 +91,9 @@ EncodedSafetensorsHeader encode_safetensors_header(
   for (const auto& t : tensors) {
     FERRY_EXPECT(t.name != "__metadata__", std::invalid_argument,
                  "a tensor may not be named \"__metadata__\" (the header's metadata key)");
+    if (std::string why = detail::tensor_name_problem(t.name); !why.empty())
+      detail::fail<std::invalid_argument>("tensor \"", detail::shown_name(t.name), "\": ", why,
+                                          " (ferry's loader refuses it)");
     FERRY_EXPECT(names.insert(t.name).second, std::invalid_argument, "tensor \"", t.name,
                  "\" is given twice");
     const auto bytes = tensor_byte_size(t.dtype, t.shape);

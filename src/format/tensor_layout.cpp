@@ -6,12 +6,23 @@
 
 namespace ferry::detail {
 
+std::string tensor_name_problem(std::string_view name) {
+  // C strings end at a NUL: through the C ABI "a\0b" would read as "a", another tensor's name.
+  if (name.find('\0') != std::string_view::npos) return "a NUL character in a name";
+  return {};
+}
+
+std::string shown_name(std::string_view name) {
+  const std::size_t nul = name.find('\0');
+  if (nul == std::string_view::npos) return std::string(name);
+  return std::string(name.substr(0, nul)) + "\\0...";
+}
+
 void finish_tensor_layout(std::vector<TensorInfo>& tensors, std::uint64_t data_start,
                           std::string_view label) {
-  // C strings end at a NUL: through the C ABI "a\0b" would read as "a", another tensor's name.
   for (const auto& t : tensors)
-    FERRY_FORMAT_EXPECT(t.name.find('\0') == std::string::npos, label, ": tensor \"",
-                        t.name.substr(0, t.name.find('\0')), "\\0...\": a NUL character in a name");
+    if (std::string why = tensor_name_problem(t.name); !why.empty())
+      detail::fail<FormatError>(label, ": tensor \"", shown_name(t.name), "\": ", why);
   const auto by_offset = [](const TensorInfo& a, const TensorInfo& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
   };

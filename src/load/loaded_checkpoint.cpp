@@ -1,19 +1,16 @@
 #include "ferry/loaded_checkpoint.hpp"
 
 #include <chrono>
-#include <optional>
 #include <unordered_set>
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
-#include "ferry/load_plan.hpp"
 #include "ferry/transfer.hpp"
+#include "load/load_plan.hpp"
 #include "load/settings.hpp"
 #include "load/ticket_wait.hpp"
-#include "transfer/backend.hpp"
 #include "services/pinned_pool.hpp"
-#include "transfer/ticket_state.hpp"
 
 namespace ferry {
 namespace {
@@ -53,9 +50,8 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
   return std::make_shared<detail::PrimaryContext>(device.index);
 }
 
-// The route: the backend for these files and this device, the submission, and its statistics.
-// `own` is ferry's destination allocation, registered with cuFile for the load; empty for
-// caller-owned destinations.
+// The submission through the transfer core and its statistics. `own` is ferry's destination
+// allocation, registered with cuFile for the load; empty for caller-owned destinations.
 void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
              const detail::EngineSettings& settings, const LoadOptions& options, LoadStats& stats,
              std::uintptr_t own_base, std::uint64_t own_bytes, Clock::time_point started) {
@@ -72,26 +68,23 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.profile_copies = options.profile;
   t.copy_streams = options.copy_streams;
   t.page_cache_pin_bytes = options.page_cache_pin_bytes;
-  const detail::Route route = detail::choose_route(checkpoint.file_set(), options.device, t);
-  auto state = std::make_shared<detail::TicketState>(
-      checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
-  std::optional<detail::RegisteredBuffer> registered;
-  if (route.backend == &detail::cufile_backend()) {
-    registered.emplace(own_base, own_bytes);
-    state->registered_base = registered->base();
-  }
-  state->stats.note = route.note;
-  stats.submit_seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  Ticket ticket = detail::start(*route.backend, std::move(state));
+  // ferry's own allocation is registered with cuFile for the load where cuFile serves it.
+  t.destination = {options.device, reinterpret_cast<void*>(own_base), own_bytes};
+  const auto submitting = Clock::now();
+  Ticket ticket =
+      submit(checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
   // Every copy out of staging has finished when the wait returns, even on failure.
   detail::wait_for_load(ticket, options);
   const TransferStats& ts = ticket.stats();
+  // From the load's start to the submission: plan, allocation and the route.
+  stats.submit_seconds =
+      std::chrono::duration<double>(submitting - started).count() + ts.route_seconds;
   stats.reader_threads = ts.threads;
   stats.chunk_bytes = ts.chunk_bytes;
   if (ts.backend == "staged") {
     stats.slots_per_thread = ts.slots_per_thread;
     stats.settings_source = settings.source;
-    if (!ts.note.empty() && ts.note != route.note) stats.settings_source += "; " + ts.note;
+    if (!ts.note.empty() && ts.note != ts.route_note) stats.settings_source += "; " + ts.note;
     stats.staging_bytes = ts.staging_bytes;
     stats.staging_pinned = ts.staging_pinned;
     stats.staging_seconds = ts.staging_seconds;
@@ -105,8 +98,8 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   stats.files = ts.files;
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
-  if (!route.note.empty())
-    for (auto& f : stats.files) f.reason += "; " + route.note;
+  if (!ts.route_note.empty())
+    for (auto& f : stats.files) f.reason += "; " + ts.route_note;
 }
 
 PlanOptions plan_options(const detail::EngineSettings& settings) {

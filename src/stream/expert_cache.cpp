@@ -103,6 +103,10 @@ std::size_t ExpertCache::victim(const std::vector<bool>& taken) const {
 std::vector<std::size_t> ExpertCache::acquire(std::span<const std::size_t> experts,
                                               void* compute_stream,
                                               std::span<const std::size_t> speculative) {
+  // Every argument checked before the cache changes: a refused call changes nothing.
+  for (std::size_t e : speculative)
+    FERRY_EXPECT(e < _slot_of.size(), std::invalid_argument, "expert cache: speculative expert ", e,
+                 " of ", _slot_of.size());
   std::vector<bool> asked(_slot_of.size(), false);
   for (std::size_t e : experts) {
     FERRY_EXPECT(e < _slot_of.size(), std::invalid_argument, "expert cache: expert ", e, " of ",
@@ -153,8 +157,6 @@ std::vector<std::size_t> ExpertCache::acquire(std::span<const std::size_t> exper
     _filler->await(_slots[out[i]], compute_stream);
   }
   for (std::size_t e : speculative) {
-    FERRY_EXPECT(e < _slot_of.size(), std::invalid_argument, "expert cache: expert ", e, " of ",
-                 _slot_of.size());
     if (_slot_of[e] >= 0) continue;
     if (load(e) == _slots.size()) break;
   }
@@ -162,11 +164,16 @@ std::vector<std::size_t> ExpertCache::acquire(std::span<const std::size_t> exper
 }
 
 void ExpertCache::release(std::span<const std::size_t> experts) {
+  // Every expert checked before any is released: a refused call changes nothing.
+  std::vector<std::size_t> releases(_slots.size(), 0);
   for (std::size_t e : experts) {
-    FERRY_EXPECT(e < _slot_of.size() && _slot_of[e] >= 0 && _pins[_slot_of[e]] > 0,
-                 std::invalid_argument, "expert cache: expert ", e, " released but not acquired");
-    --_pins[_slot_of[e]];
+    FERRY_EXPECT(e < _slot_of.size() && _slot_of[e] >= 0, std::invalid_argument,
+                 "expert cache: expert ", e, " released but not acquired");
+    const auto s = static_cast<std::size_t>(_slot_of[e]);
+    FERRY_EXPECT(++releases[s] <= _pins[s], std::invalid_argument, "expert cache: expert ", e,
+                 " released more often than acquired");
   }
+  for (std::size_t s = 0; s < releases.size(); ++s) _pins[s] -= static_cast<unsigned>(releases[s]);
 }
 
 void ExpertCache::join(void* compute_stream) {

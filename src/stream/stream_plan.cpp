@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 
 #include "ferry/error.hpp"
 
@@ -12,11 +11,17 @@ namespace {
 
 constexpr int kPasses = 4;  // the last is measured: the ones before fill the pipeline
 
+// Block i (0-based) of k evenly spaced ones among `count` (k <= count), the last block always
+// among them; strictly increasing in i.
+std::size_t evenly_spaced_at(std::size_t count, std::size_t k, std::size_t i) {
+  return static_cast<std::size_t>((static_cast<std::uint64_t>(i) + 1) * count / k - 1);
+}
+
 // k of `count` blocks, evenly spaced, the last block always among them.
 std::vector<std::size_t> evenly_spaced(std::size_t count, std::size_t k) {
-  std::set<std::size_t> chosen;
-  for (std::size_t i = 0; i < k; ++i) chosen.insert((i + 1) * count / k - 1);
-  return {chosen.begin(), chosen.end()};
+  std::vector<std::size_t> chosen(k);
+  for (std::size_t i = 0; i < k; ++i) chosen[i] = evenly_spaced_at(count, k, i);
+  return chosen;
 }
 
 }  // namespace
@@ -99,17 +104,57 @@ StreamPlan plan_stream(const StreamPlanInput& input, std::vector<std::size_t> st
 
 StreamPlan plan_for_budget(const StreamPlanInput& input, std::uint64_t gpu_budget_bytes) {
   const std::size_t n = input.block_bytes.size();
-  StreamPlan best;
-  for (std::size_t k = 0; k <= n; ++k) {
-    if (k > 0 && k < input.prefetch) continue;
-    StreamPlan plan = plan_stream(input, k == 0 ? std::vector<std::size_t>{} : evenly_spaced(n, k));
-    if (plan.gpu_bytes <= gpu_budget_bytes) return plan;
-    if (k == 0 || plan.gpu_bytes < best.gpu_bytes) best = std::move(plan);
+  StreamPlan none = plan_stream(input, {});
+  if (none.gpu_bytes <= gpu_budget_bytes) return none;
+  const std::size_t p = input.prefetch;
+  FERRY_EXPECT(p >= 1 && p <= n, std::invalid_argument, "stream plan: a prefetch distance of ", p,
+               " for ", n, " blocks: it must be 1 to ", n, ", the blocks there are to stream");
+  // The GPU bytes of streaming k evenly spaced blocks: the rest resident, plus prefetch slots of
+  // the largest streamed one. O(k), without the pipeline's simulation.
+  const std::uint64_t total = none.gpu_bytes - input.other_bytes;
+  const auto gpu_bytes = [&](std::size_t k) {
+    std::uint64_t streamed = 0, largest = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::uint64_t b = input.block_bytes[evenly_spaced_at(n, k, i)];
+      streamed += b;
+      largest = std::max(largest, b);
+    }
+    return input.other_bytes + (total - streamed) + p * largest;
+  };
+  // A bound below it in O(1) (after one sort): k blocks stream at most the k largest, and the
+  // largest of them is at least the k-th smallest and the last block (always streamed). Only a
+  // k whose bound could fit is counted exactly: for blocks of about one size, few are; trying
+  // every k (each O(n)) made a plan of 100,000 blocks take minutes.
+  std::vector<std::uint64_t> ascending(input.block_bytes);
+  std::sort(ascending.begin(), ascending.end());
+  std::vector<std::uint64_t> largest_sum(n + 1, 0);  // of the k largest
+  for (std::size_t k = 1; k <= n; ++k) largest_sum[k] = largest_sum[k - 1] + ascending[n - k];
+  const auto bound = [&](std::size_t k) {
+    const std::uint64_t least_largest = std::max(ascending[k - 1], input.block_bytes[n - 1]);
+    return input.other_bytes + (total - largest_sum[k]) + p * least_largest;
+  };
+  for (std::size_t k = p; k <= n; ++k)
+    if (bound(k) <= gpu_budget_bytes && gpu_bytes(k) <= gpu_budget_bytes)
+      return plan_stream(input, evenly_spaced(n, k));
+  // Nothing fits: the least any k needs, for the message (the first k to need it).
+  std::size_t best_k = n;
+  std::uint64_t best = gpu_bytes(n);
+  for (std::size_t k = p; k < n; ++k) {
+    if (bound(k) > best) continue;
+    const std::uint64_t g = gpu_bytes(k);
+    if (g < best || (g == best && k < best_k)) {
+      best = g;
+      best_k = k;
+    }
   }
-  detail::fail<std::invalid_argument>(
-      "stream plan: a GPU budget of ", gpu_budget_bytes, " bytes is less than the ", best.gpu_bytes,
-      " bytes the weights need even with ", best.streamed.size(), " of ", n,
-      " blocks streamed (prefetch ", input.prefetch, ")");
+  if (none.gpu_bytes <= best) {
+    best = none.gpu_bytes;
+    best_k = 0;
+  }
+  detail::fail<std::invalid_argument>("stream plan: a GPU budget of ", gpu_budget_bytes,
+                                      " bytes is less than the ", best,
+                                      " bytes the weights need even with ", best_k, " of ", n,
+                                      " blocks streamed (prefetch ", p, ")");
 }
 
 }  // namespace ferry

@@ -12,7 +12,8 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/transfer.hpp"
-#include "transfer/staged/copier.hpp"
+#include "transfer/backend.hpp"
+#include "services/copier.hpp"
 
 namespace ferry::detail {
 
@@ -33,6 +34,9 @@ struct TicketState {
   std::vector<Extent> extents;
   TransferOptions options;
   std::uintptr_t registered_base = 0;  // cuFile: a registered buffer holding the destinations
+  // options.destination's cuFile registration: wait() drops it in the waiting thread once the
+  // work is done, before the caller can free the memory.
+  mutable std::unique_ptr<RegisteredBuffer> registration;
   std::uint64_t registered_bytes = 0;
 
   std::vector<ExtentRecord> records;

@@ -6,9 +6,9 @@
 
 #include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
-#include "transfer/backend.hpp"
 #include "services/page_cache_registry.hpp"
 #include "services/pinned_pool.hpp"
+#include "transfer/backend.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry {
@@ -116,6 +116,7 @@ void TicketState::wait() const {
   std::unique_lock lock(mutex);
   changed.wait(lock, [&] { return jobs_running == 0; });
   progress = nullptr;  // released here, by the caller, not by whichever worker ends last
+  registration.reset();
 }
 
 Ticket start(const TransferBackend& backend, std::shared_ptr<TicketState> state) {
@@ -294,10 +295,20 @@ Ticket submit(std::shared_ptr<const FileSet> files, Direction direction,
       if (s.device.is_cuda()) device = s.device;
     }
   }
+  if (!device.is_cuda()) device = options.destination.device;
+  const auto started = std::chrono::steady_clock::now();
   const detail::Route route = detail::choose_route(*files, device, options);
   auto state = std::make_shared<detail::TicketState>(std::move(files), direction,
                                                      std::move(extents), options);
+  if (route.backend == &detail::cufile_backend() && options.destination.data) {
+    state->registration = std::make_unique<detail::RegisteredBuffer>(
+        reinterpret_cast<std::uintptr_t>(options.destination.data), options.destination.size);
+    state->registered_base = state->registration->base();
+  }
   state->stats.note = route.note;
+  state->stats.route_note = route.note;
+  state->stats.route_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return detail::start(*route.backend, std::move(state));
 }
 

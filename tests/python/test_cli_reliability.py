@@ -210,3 +210,39 @@ def test_a_large_gguf_metadata_array_does_not_cost_several_times_its_size(ferry_
     r = run_bytes(ferry_bin, "load", str(path), "--device", "cpu", "--staging-mib", "1",
                   "--threads", "1", preexec_fn=cap_memory)
     assert r.returncode == 0, r.stderr
+
+
+# --- issue 29: output files that cannot be written, memory asked for that is not there ----------
+
+BENCH = ["kv", "bench", "--sizes", "4K", "--bytes", "64K", "--rounds", "1"]
+
+
+@pytest.mark.parametrize("target", ["a_directory", "/dev/full", "missing/x.json"])
+def test_kv_bench_json_that_cannot_be_written_fails_naming_it(ferry_bin, tmp_path, target):
+    (tmp_path / "a_directory").mkdir()
+    path = target if target.startswith("/") else str(tmp_path / target)
+    r = run_bytes(ferry_bin, *BENCH[:2], str(tmp_path / "root"), *BENCH[2:], "--json", path)
+    assert r.returncode == 1, r.stderr
+    assert b"ferry: error: " + path.encode() + b": cannot" in r.stderr, r.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_kv_bench_json_is_written(ferry_bin, tmp_path):
+    out = tmp_path / "rows.json"
+    r = run_bytes(ferry_bin, *BENCH[:2], str(tmp_path / "root"), *BENCH[2:], "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert rows and rows[0]["block_bytes"] == 4096
+
+
+def test_kv_bench_blocks_too_large_for_memory_say_so(ferry_bin, tmp_path):
+    skip_if_sanitized(ferry_bin)
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = run_bytes(ferry_bin, *BENCH[:2], str(tmp_path / "root"), "--sizes", "3G", "--bytes", "3G",
+                  preexec_fn=cap_memory)
+    assert r.returncode == 1, r.stderr
+    assert b"ferry: error: out of memory" in r.stderr, r.stderr
+    assert b"bad_alloc" not in r.stderr

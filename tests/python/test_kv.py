@@ -1,4 +1,4 @@
-"""ferry.KVStore and the vLLM-shaped offloading handler (ferry.kv_offload) with torch tensors:
+"""ferry.KVStore with torch tensors (vLLM's own interfaces: test_vllm_*.py):
 round trips bit-exact (contiguous and per-layer pieces), async forms with callbacks, per-key
 status, keys as ints and bytes, reopening, and paged KV laid out as vLLM lays it out. CPU tensors
 here; the same tests run on cuda:0 where a GPU is present (both gpu paths)."""
@@ -14,7 +14,6 @@ if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
 torch = pytest.importorskip("torch")
 
 import ferry  # noqa: E402
-from ferry.kv_offload import FerryOffloadingHandler, GPUBlocks, StoredBlocks  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
 PATHS = ["staged", "direct"] if torch.cuda.is_available() else ["auto"]
@@ -159,63 +158,3 @@ def test_async_with_callbacks_and_reopen(tmp_path):
         assert reader.lookup(list(range(100))) == 100
         assert reader.put([1000], [blocks[0]])[0].status == "read_only"
         reader.close()
-
-
-def vllm_kv_caches(layers, num_blocks, device, block_dim=1, seed=0):
-    """Paged KV as vLLM's FlashAttention backend lays it out: one tensor per layer of shape
-    (2, num_blocks, block_size=16, num_kv_heads=2, head_size=64), or (num_blocks, 2, ...)."""
-    gen = torch.Generator().manual_seed(seed)
-    shape = (2, num_blocks, 16, 2, 64) if block_dim == 1 else (num_blocks, 2, 16, 2, 64)
-    return {f"model.layers.{i}.self_attn": torch.randn(*shape, generator=gen).to(
-        device=device, dtype=torch.bfloat16) for i in range(layers)}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_dim", [1, 0])
-def test_offloading_handler_saves_a_request_and_loads_the_prefix(tmp_path, device, block_dim):
-    layers, num_blocks = 4, 12
-    block_bytes = layers * 2 * 16 * 2 * 64 * 2  # 32 KiB
-    store = open_store(tmp_path, block_bytes=block_bytes, blocks=64)
-    source = vllm_kv_caches(layers, num_blocks, device, block_dim, seed=1)
-    handler = FerryOffloadingHandler(store, source, block_dim=block_dim)
-    assert handler.block_bytes == block_bytes
-    hashes = [hash(("prompt", i)) for i in range(6)]
-    assert handler.transfer_async(1, (GPUBlocks([3, 7, 1, 9]), StoredBlocks(hashes[:4])))
-    handler.wait({1})
-    (saved,) = handler.get_finished()
-    assert saved.job_id == 1 and saved.success and saved.transfer_type == ("GPU", "FERRY")
-    assert saved.transfer_size == 4 * block_bytes
-    assert handler.get_finished() == []
-    # A second request shares the first 4 blocks: lookup finds the prefix to load.
-    assert handler.lookup(hashes) == 4
-    target = vllm_kv_caches(layers, num_blocks, device, block_dim, seed=2)
-    loader = FerryOffloadingHandler(store, target, block_dim=block_dim)
-    assert loader.transfer_async(2, (StoredBlocks(hashes[:4]), GPUBlocks([0, 2, 4, 5])))
-    loader.wait({2})
-    (loaded,) = loader.get_finished()
-    assert loaded.success, loaded.errors
-    for name in source:
-        s, t = source[name], target[name]
-        for src_id, dst_id in zip([3, 7, 1, 9], [0, 2, 4, 5]):
-            if block_dim == 1:
-                assert torch.equal(s[:, src_id].cpu(), t[:, dst_id].cpu())
-            else:
-                assert torch.equal(s[src_id].cpu(), t[dst_id].cpu())
-    # Saving stored blocks again succeeds (a hash names its content).
-    assert handler.transfer_async(3, (GPUBlocks([3]), StoredBlocks(hashes[:1])))
-    handler.wait({3})
-    assert handler.get_finished()[0].success
-    # A load of blocks never stored: the job fails and names its GPU block ids.
-    assert loader.transfer_async(4, (StoredBlocks([hashes[0], 12345]), GPUBlocks([6, 8])))
-    loader.wait({4})
-    (failed,) = loader.get_finished()
-    assert not failed.success and failed.failed_block_ids == [8]
-    assert "missing" in failed.errors[0]
-    assert loader.get_block_ids_with_load_errors() == {8}
-    assert loader.get_block_ids_with_load_errors() == set()
-    # Specs it cannot run are refused, as vLLM's handlers refuse them.
-    assert not loader.transfer_async(5, (GPUBlocks([1]), GPUBlocks([2])))
-    assert not loader.transfer_async(6, (StoredBlocks([1]), GPUBlocks([num_blocks])))
-    handler.shutdown()
-    loader.shutdown()
-    store.close()

@@ -273,6 +273,18 @@ def test_missing_directory_names_the_path(tmp_path):
         ferry.torch.save_file({"a": torch.zeros(2)}, target)
 
 
+def test_a_name_the_loader_refuses_is_not_saved(tmp_path):
+    # One name rule both ways: safetensors writes "a\0b", ferry's loader refuses it, so ferry's
+    # saver refuses it too, naming the tensor, and writes nothing.
+    target = tmp_path / "m.safetensors"
+    for save in (lambda: ferry.torch.save_file({"a\0b": torch.ones(2)}, target),
+                 lambda: ferry.torch.save({"a\0b": torch.ones(2)}),
+                 lambda: ferry.numpy.save_file({"a\0b": np.ones(2)}, target)):
+        with pytest.raises(ValueError, match=r'"a\\0\.\.\.".*NUL'):
+            save()
+    assert os.listdir(tmp_path) == []
+
+
 def test_existing_file_is_replaced_whole(tmp_path):
     path = tmp_path / "m.safetensors"
     path.write_bytes(b"x" * (5 << 20))

@@ -93,6 +93,8 @@ void finish(Run& run) {
   std::lock_guard lock(t.mutex);
   stats.threads = t.stats.threads;
   stats.note = t.stats.note;
+  stats.route_note = t.stats.route_note;
+  stats.route_seconds = t.stats.route_seconds;
   t.stats = std::move(stats);
 }
 

@@ -8,7 +8,7 @@
 
 #include "io/source_file.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 #include "transfer/staged/staged_plan.hpp"
 #include "transfer/staged/staged_run.hpp"
 #include "transfer/staged/staged_units.hpp"

@@ -18,7 +18,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 #include "services/pinned_pool.hpp"
 #include "transfer/staged/staged_plan.hpp"
 #include "transfer/staged/staged_units.hpp"

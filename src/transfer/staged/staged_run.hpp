@@ -14,7 +14,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/transfer.hpp"
 #include "io/source_file.hpp"
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 #include "transfer/staged/staged_page_cache.hpp"
 #include "transfer/staged/staged_plan.hpp"
 #include "transfer/staged/staged_settings.hpp"

@@ -76,6 +76,8 @@ void finish_run(StagedRun& run) {
   std::lock_guard lock(t.mutex);
   stats.backend = "staged";
   stats.note = t.stats.note;
+  stats.route_note = t.stats.route_note;
+  stats.route_seconds = t.stats.route_seconds;
   stats.pipeline.done = since(run.started);
   stats.observe_thread_seconds = double(t.observing_ns.load()) / 1e9;
   stats.observe_wait_thread_seconds = double(t.observe_waiting_ns.load()) / 1e9;

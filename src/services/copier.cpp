@@ -1,4 +1,4 @@
-#include "transfer/staged/copier.hpp"
+#include "services/copier.hpp"
 
 #include <cstring>
 #include <map>

@@ -7,8 +7,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
-from . import _ferry
-from ._offload import _block_params, _nbytes, choose_layers, find_blocks
+from .. import _ferry
+from ._layers import _block_params, choose_layers, find_blocks
+from ._shared import nbytes
 
 __all__ = ["plan_offload"]
 
@@ -23,10 +24,16 @@ def plan_offload(model: torch.nn.Module, run: Callable[[], Any], *,
     `link_bytes_per_second`), and simulates the stream these settings would run (see
     choose_layers). Returns the plan: `layers`, bytes per step, GPU bytes, and the seconds of a
     step resident (`compute_seconds`), streamed (`step_seconds`) and stalled (`stall_seconds`)."""
+    if steps < 1:
+        raise ValueError(f"plan_offload: steps must be 1 or more (the calls of run timed), not "
+                         f"{steps}")
     blocks = list(blocks) if blocks is not None else list(find_blocks(model))
-    sizes = [sum(_nbytes(p) for p in _block_params(b)) for b in blocks]
+    sizes = [sum(nbytes(p) for p in _block_params(b)) for b in blocks]
     chosen = sorted(set(layers)) if layers is not None else choose_layers(
         sizes, group_size, last, budget_bytes, prefetch)
+    if not chosen or chosen[0] < 0 or chosen[-1] >= len(blocks):
+        raise ValueError(f"plan_offload: layers {list(layers or [])} are not indices of the "
+                         f"{len(blocks)} blocks")
     device = next(model.parameters()).device
     gpu = device.type == "cuda"
     marks: List[List[Any]] = [[] for _ in blocks]
@@ -55,7 +62,7 @@ def plan_offload(model: torch.nn.Module, run: Callable[[], Any], *,
         if not gpu:
             raise ValueError("plan_offload: no GPU to measure the link on: give link_bytes_per_second")
         link_bytes_per_second = _pinned_copy_rate(device)
-    other = sum(_nbytes(p) for p in model.parameters()) - sum(sizes)
+    other = sum(nbytes(p) for p in model.parameters()) - sum(sizes)
     plan = _ferry.plan_stream(sizes, seconds, max(other, 0), float(link_bytes_per_second), prefetch,
                               chosen, None)
     plan["layers"] = plan.pop("streamed")

@@ -1,0 +1,111 @@
+"""Load format "ferry": vLLM's model filled from safetensors files read by ferry's engine.
+
+Every tensor is read by ferry straight into the memory of the device the model was built on
+(pinned staging and asynchronous copies, or cuFile, as ferry.torch chooses), in groups of
+about `group_bytes`, the next group loading while vLLM's `model.load_weights` consumes this one
+(its weight loaders do the slicing for tensor parallelism, the fusing of q/k/v and gate/up, ...).
+With tensor parallelism each rank reads the whole checkpoint and keeps its slices, as vLLM's own
+safetensors loader does. Never a silent fallback: a file ferry cannot read is an error.
+"""
+import glob
+import os
+import time
+from typing import Iterator, List, Optional, Tuple
+
+import torch
+from tqdm.auto import tqdm
+
+from vllm.logger import init_logger
+
+from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
+from .options import LOADER_OPTIONS, check
+
+logger = init_logger(__name__)
+
+_INDEX = "model.safetensors.index.json"
+_BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
+_DEFAULT_GROUP_BYTES = 1 << 30
+
+
+def checkpoint_path(folder: str) -> str:
+    """The index, the one safetensors file, or the folder of shards ferry opens."""
+    if os.path.isfile(folder):
+        if folder.endswith(".gguf"):
+            raise ValueError(f"{folder}: a GGUF file; this vLLM has no GGUF load format, and "
+                             "load format ferry reads safetensors checkpoints")
+        return folder
+    index = os.path.join(folder, _INDEX)
+    if os.path.isfile(index):
+        return index
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if len(files) == 1:
+        return files[0]
+    if files:
+        return folder
+    if glob.glob(os.path.join(folder, "*.gguf")):
+        raise ValueError(f"{folder}: holds GGUF files only; this vLLM has no GGUF load format, "
+                         "and load format ferry reads safetensors checkpoints")
+    raise RuntimeError(f"{folder}: no *.safetensors files (load format ferry reads "
+                       "safetensors checkpoints; convert .bin/.pt ones first)")
+
+
+class FerryModelLoader(BaseModelLoader):
+    """vLLM's BaseModelLoader over ferry (registered as load format "ferry")."""
+
+    def __init__(self, load_config):
+        super().__init__(load_config)
+        self.options = check(load_config.model_loader_extra_config or {}, LOADER_OPTIONS,
+                             "model_loader_extra_config for load format ferry")
+        self.group_bytes = self.options.pop("group_bytes", _DEFAULT_GROUP_BYTES)
+
+    def _folder(self, model_config) -> str:
+        model = model_config.model
+        if os.path.exists(model):
+            return model
+        return download_weights_from_hf(model, self.load_config.download_dir,
+                                        ["*.safetensors"], model_config.revision,
+                                        ignore_patterns=self.load_config.ignore_patterns)
+
+    def download_model(self, model_config) -> None:
+        checkpoint_path(self._folder(model_config))
+
+    def get_all_weights(self, model_config, model: torch.nn.Module,
+                        device: Optional[str] = None) -> Iterator[Tuple[str, torch.Tensor]]:
+        """(name, tensor) for every tensor of the checkpoint, read by ferry onto `device`."""
+        import ferry.torch
+        if getattr(model, "secondary_weights", ()):
+            raise NotImplementedError(f"{type(model).__name__} takes weights from secondary "
+                                      "sources, which load format ferry does not read")
+        path = checkpoint_path(self._folder(model_config))
+        if device is None:
+            device = _model_device(model)
+        checkpoint = ferry.Checkpoint.open(path)
+        names = checkpoint.names()
+        weights = ferry.torch.iterate_weights(path, device, group_bytes=self.group_bytes,
+                                              **self.options)
+        bar = tqdm(weights, total=len(names), desc="Loading safetensors checkpoint (ferry)",
+                   disable=not enable_tqdm(self.load_config.use_tqdm_on_load), bar_format=_BAR)
+        yield from bar
+
+    def load_weights(self, model: torch.nn.Module, model_config) -> None:
+        started = time.perf_counter()
+        loaded = model.load_weights(self.get_all_weights(model_config, model))
+        logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
+        if loaded is not None and model_config.quantization is None:
+            missing = {name for name, _ in model.named_parameters()} - set(loaded)
+            if missing:
+                raise ValueError("Following weights were not initialized from checkpoint: "
+                                 f"{sorted(missing)}")
+
+
+def _model_device(model: torch.nn.Module) -> str:
+    devices: List[torch.device] = sorted({p.device for p in model.parameters()}, key=str)
+    if not devices:
+        return "cpu"
+    if len(devices) > 1:
+        raise ValueError(f"the model's parameters are on {[str(d) for d in devices]}; load "
+                         "format ferry loads onto one device per process")
+    device = devices[0]
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)

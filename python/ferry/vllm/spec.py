@@ -1,0 +1,241 @@
+"""FerryOffloadingSpec: vLLM's KV offloading straight between the GPU's KV pages and a
+ferry.KVStore (no CPU tier in between).
+
+    "kv_connector": "FerryOffloadingConnector", "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {"spec_name": "FerryOffloadingSpec", "root": "/nvme/kv",
+                                  "capacity_bytes": 1000000000000}
+
+The worker (one per GPU, a KVStore writer of its rank's namespace) stores a block as the pages of
+every layer of one GPU block (one piece per KV tensor, gathered into one write) and loads it back
+the same way (staged, cuFile or page-cache DMA, as the store picks). The manager (scheduler)
+answers lookups from read-only views of every rank's store. vLLM's OffloadingConnector asserts
+that no transfer fails; FerryOffloadingConnector reports the GPU blocks of a failed load through
+get_block_ids_with_load_errors, so vLLM recomputes them (kv_load_failure_policy "recompute").
+Under the plain OffloadingConnector a failed load fails its job (vLLM stops), never wrong bytes.
+Offloaded blocks must be GPU blocks (block_size unset or equal to the GPU's).
+"""
+import threading
+import time
+from typing import Dict, List, Set
+
+from ferry.kv import KVStore, kv_key
+
+from . import _compat
+from ._compat import (GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingManager,
+                      OffloadingSpec, PrepareStoreOutput, TransferResult)
+from .options import STORE_OPTIONS, capacity, check
+from .tier import namespace
+
+_SPEC_KEYS = {"root", "capacity_bytes"} | set(STORE_OPTIONS)
+
+
+class FerryLoadStoreSpec(LoadStoreSpec):
+    """The offload keys of a job, in the order of the GPU blocks they pair with."""
+
+    def __init__(self, keys):
+        self.keys = list(keys)
+
+    def __repr__(self) -> str:
+        return f"FerryLoadStoreSpec({len(self.keys)} keys)"
+
+
+class FerryOffloadingSpec(OffloadingSpec):
+    def __init__(self, config):
+        super().__init__(config)
+        extra = dict(self.extra_config)
+        what = "kv_connector_extra_config of FerryOffloadingSpec"
+        if not extra.get("root"):
+            raise ValueError(f"{what}: 'root' (the store's directory) is required")
+        self.root = extra["root"]
+        self.capacity_bytes = capacity(extra.get("capacity_bytes"), what)
+        self.store_options = check({k: v for k, v in extra.items() if k in STORE_OPTIONS},
+                                   STORE_OPTIONS, what)
+        if self.blocks_per_chunk != 1:
+            raise ValueError(f"{what}: ferry offloads GPU blocks as they are (block_size "
+                             f"unset or the GPU's); this config groups {self.blocks_per_chunk}")
+        self.block_bytes = config.worker_kv_bytes_per_block
+        self.reports_load_errors = False  # FerryOffloadingConnector turns it on
+        self._manager = None
+        self._worker = None
+
+    def open_store(self, rank: int, read_only: bool) -> KVStore:
+        parallel = self.config.parallel
+        return KVStore(self.root, capacity_bytes=self.capacity_bytes,
+                       block_bytes=self.block_bytes, tp_rank=rank,
+                       world_size=parallel.world_size, read_only=read_only,
+                       **namespace(self, self.block_bytes, "vllm-spec"), **self.store_options)
+
+    def get_manager(self):
+        if self._manager is None:
+            self._manager = FerryOffloadingManager(self)
+        return self._manager
+
+    def get_worker(self, kv_caches):
+        if self._worker is None:
+            self._worker = FerryOffloadingWorker(self, kv_caches)
+        return self._worker
+
+
+class FerryOffloadingManager(OffloadingManager):
+    """Scheduler side: lookups in read-only views of every rank's store; keys being stored are
+    HIT_PENDING until their store completes."""
+
+    def __init__(self, spec: FerryOffloadingSpec):
+        self._spec = spec
+        self._readers: List[KVStore] = []
+        self._pending: Dict[bytes, int] = {}
+
+    def _stores(self) -> List[KVStore]:
+        if not self._readers:
+            try:
+                self._readers = [self._spec.open_store(r, True)
+                                 for r in range(self._spec.config.parallel.world_size)]
+            except (OSError, RuntimeError, ValueError):
+                for store in self._readers:
+                    store.close()
+                self._readers = []  # no worker has created its namespace yet
+        return self._readers
+
+    def lookup(self, key, req_context) -> LookupResult:
+        if key in self._pending:
+            return LookupResult.HIT_PENDING
+        stores = self._stores()
+        if stores and all(s.contains([kv_key(key)])[0] for s in stores):
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def prepare_load(self, keys, req_context) -> FerryLoadStoreSpec:
+        return FerryLoadStoreSpec(keys)
+
+    def prepare_store(self, keys, req_context):
+        todo = [k for k in keys if self.lookup(k, req_context) is LookupResult.MISS]
+        for k in todo:
+            self._pending[k] = self._pending.get(k, 0) + 1
+        return PrepareStoreOutput(keys_to_store=todo, store_spec=FerryLoadStoreSpec(todo),
+                                  evicted_keys=[])
+
+    def complete_store(self, keys, req_context, success: bool = True):
+        for k in keys:
+            left = self._pending.get(k, 0) - 1
+            if left > 0:
+                self._pending[k] = left
+            else:
+                self._pending.pop(k, None)
+
+    def on_new_request(self, req_context):
+        return _compat.RequestOffloadingContext()
+
+    def shutdown(self) -> None:
+        for store in self._readers:
+            store.close()
+        self._readers = []
+
+
+class FerryOffloadingWorker(_compat.OffloadingWorker or object):
+    """Worker side: one KVStore writer for this rank; a block = one piece per KV tensor of its
+    group (a (num_blocks, page_bytes) row of CanonicalKVCaches)."""
+
+    def __init__(self, spec: FerryOffloadingSpec, kv_caches):
+        self._spec = spec
+        self._tensors = [t.tensor for t in kv_caches.tensors]
+        self._groups = []  # per KV group: the indices of its tensors, each once, in order
+        for refs in kv_caches.group_data_refs:
+            seen = []
+            for ref in refs:
+                if ref.tensor_idx not in seen:
+                    seen.append(ref.tensor_idx)
+            self._groups.append(seen)
+        for g, idx in enumerate(self._groups):
+            size = sum(self._tensors[i].shape[1] * self._tensors[i].element_size() for i in idx)
+            if size > spec.block_bytes:
+                raise ValueError(f"KV group {g}: a block is {size} bytes, more than the "
+                                 f"{spec.block_bytes} vLLM reported per worker block")
+        self._store = spec.open_store(spec.config.parallel.rank, False)
+        self._lock = threading.Condition()
+        self._finished: List[TransferResult] = []
+        self._pending: Set[int] = set()
+        self._load_errors: Set[int] = set()
+
+    def _pieces(self, spec: GPULoadStoreSpec) -> list:
+        groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(spec.block_ids)]
+        out, at = [], 0
+        for g, count in enumerate(groups):
+            for b in spec.block_ids[at:at + count]:
+                out.append((int(b), [self._tensors[i][int(b)] for i in self._groups[g]]))
+            at += count
+        return out
+
+    def _submit(self, job_id: int, gpu: GPULoadStoreSpec, keys, storing: bool) -> bool:
+        blocks = self._pieces(gpu)
+        if len(blocks) != len(keys):
+            _compat.logger.error("ferry KV job %d: %d GPU blocks for %d keys", job_id,
+                                 len(blocks), len(keys))
+            return False
+        started = time.monotonic()
+        good = ("ok", "already_present") if storing else ("ok",)
+        ids = [b for b, _ in blocks]
+
+        def done(results) -> None:
+            failed = [(b, k, r) for b, k, r in zip(ids, keys, results) if r.status not in good]
+            size = self._spec.block_bytes * (len(keys) - len(failed))
+            success = not failed
+            if failed and not storing:
+                self._store.remove([kv_key(k) for _, k, _ in failed])
+                _compat.logger.warning("ferry KV load %d: %d of %d blocks failed (%s: %s)",
+                                       job_id, len(failed), len(keys), failed[0][2].status,
+                                       failed[0][2].message)
+                if self._spec.reports_load_errors:
+                    success = True  # the blocks are reported as load errors instead
+                else:
+                    _compat.logger.error("ferry KV load %d failed; use FerryOffloadingConnector "
+                                         "to have vLLM recompute such blocks", job_id)
+            with self._lock:
+                if failed and not storing:
+                    self._load_errors.update(b for b, _, _ in failed)
+                self._finished.append(TransferResult(job_id, success, size,
+                                                     time.monotonic() - started))
+                self._pending.discard(job_id)
+                self._lock.notify_all()
+
+        with self._lock:
+            self._pending.add(job_id)
+        ferry_keys = [kv_key(k) for k in keys]
+        pieces = [p for _, p in blocks]
+        try:
+            if storing:
+                self._store.put_async(ferry_keys, pieces, callback=done)
+            else:
+                self._store.get_async(ferry_keys, pieces, callback=done)
+        except Exception:
+            with self._lock:
+                self._pending.discard(job_id)
+            _compat.logger.exception("ferry KV job %d could not start", job_id)
+            return False
+        return True
+
+    def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
+        return self._submit(job_id, src_spec, dst_spec.keys, storing=True)
+
+    def submit_load(self, job_id: int, src_spec, dst_spec, expedited: bool = False) -> bool:
+        # The store serves batches in order; an expedited load is not held behind others.
+        return self._submit(job_id, dst_spec, src_spec.keys, storing=False)
+
+    def get_finished(self) -> List[TransferResult]:
+        with self._lock:
+            out, self._finished = self._finished, []
+        return out
+
+    def wait(self, job_ids) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: not (set(job_ids) & self._pending))
+
+    def take_load_errors(self) -> Set[int]:
+        """GPU block ids whose load failed since the last call (vLLM recomputes them)."""
+        with self._lock:
+            out, self._load_errors = self._load_errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: not self._pending)
+        self._store.close()
