@@ -21,6 +21,7 @@
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
 #include "platform/file_ops.hpp"
+#include "platform/system.hpp"
 
 
 namespace ferry {
@@ -163,6 +164,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
   auto impl = std::make_unique<Impl>();
   impl->ns = ns;
   impl->options = options;
+  impl->opened_by = detail::process_id();
   impl->block_bytes = block_bytes;
   impl->slot_bytes = (block_bytes + kAlign - 1) / kAlign * kAlign;
   impl->slot_count = capacity_bytes / impl->slot_bytes;

@@ -24,6 +24,7 @@
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
+#include "platform/system.hpp"
 
 namespace ferry {
 
@@ -117,8 +118,15 @@ KVStore::KVStore(KVStore&&) noexcept = default;
 KVStore& KVStore::operator=(KVStore&&) noexcept = default;
 
 KVStore::~KVStore() {
-  if (_impl) _impl->async.reset();  // its batches finish first
-  if (!_impl || _impl->options.read_only || !_impl->options.checkpoint_on_close) return;
+  if (!_impl) return;
+  if (detail::process_id() != _impl->opened_by) {
+    // A fork()ed child: the parent's threads are not here, and a checkpoint would replace the
+    // parent's journal under it. The files stay as the parent keeps them.
+    _impl->forget_threads_after_fork();
+    _impl->options.checkpoint_on_close = false;
+  }
+  _impl->async.reset();  // its batches finish first
+  if (_impl->options.read_only || !_impl->options.checkpoint_on_close) return;
   try {
     std::lock_guard commit_lock(_impl->commit);
     if (_impl->records_since_checkpoint > 0) _impl->checkpoint_locked();
@@ -129,11 +137,13 @@ KVStore::~KVStore() {
 
 std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                                    const KVPutOptions& options) {
+  _impl->check_process("put");
   return _impl->put(keys, sources, options);
 }
 
 std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
                                    std::span<const KVBlock> destinations) {
+  _impl->check_process("get");
   return _impl->get(keys, destinations);
 }
 
@@ -377,6 +387,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
 }
 
 std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
+  _impl->check_process("remove");
   Impl& s = *_impl;
   std::vector<KVResult> results(keys.size());
   if (s.options.read_only) {
@@ -412,6 +423,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
 }
 
 std::size_t KVStore::lookup(std::span<const KVKey> keys) {
+  _impl->check_process("lookup");
   Impl& s = *_impl;
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
@@ -421,6 +433,7 @@ std::size_t KVStore::lookup(std::span<const KVKey> keys) {
 }
 
 std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
+  _impl->check_process("contains");
   Impl& s = *_impl;
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
@@ -430,6 +443,7 @@ std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
 }
 
 std::uint64_t KVStore::stored_length(KVKey key) {
+  _impl->check_process("stored_length");
   Impl& s = *_impl;
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
@@ -438,6 +452,7 @@ std::uint64_t KVStore::stored_length(KVKey key) {
 }
 
 void KVStore::checkpoint() {
+  _impl->check_process("checkpoint");
   FERRY_EXPECT(!_impl->options.read_only, std::invalid_argument, _impl->dir.string(),
                ": a reader cannot checkpoint");
   std::lock_guard commit_lock(_impl->commit);
@@ -449,6 +464,7 @@ void KVStore::refresh() {
 }
 
 KVStats KVStore::stats() {
+  _impl->check_process("stats");
   Impl& s = *_impl;
   if (s.options.read_only) s.refresh();
   std::lock_guard commit_lock(s.commit);
@@ -488,6 +504,7 @@ KVStats KVStore::stats() {
 }
 
 std::vector<KVKey> KVStore::keys() {
+  _impl->check_process("keys");
   Impl& s = *_impl;
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);

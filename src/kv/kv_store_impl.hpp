@@ -31,6 +31,9 @@ struct KVStore::Impl {
   unsigned slab_count = 0;
   Limits limits;
 
+  // The process that opened the store: a writer's lock, journal position and index are that
+  // process's; a fork()ed child sharing them would commit behind the parent's back.
+  std::uint64_t opened_by = 0;
   detail::FileDescriptor lock_fd;
   std::unique_ptr<SlabFiles> slabs;
   std::unique_ptr<BlockIo> io;
@@ -52,7 +55,12 @@ struct KVStore::Impl {
   // The asynchronous forms' worker threads, started at the first use. Declared last: destroyed
   // first, so queued batches finish while the rest of the store is still whole.
   std::unique_ptr<AsyncRunner> async;
+  std::uint64_t async_pid = 0;  // the process whose threads `async` holds
   AsyncRunner& runner();
+  // A writer used from a fork()ed child: throws naming both processes (every entry point).
+  void check_process(const char* call) const;
+  // In a fork()ed child: the parent's worker threads do not exist here, so they are leaked.
+  void forget_threads_after_fork();
 
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);

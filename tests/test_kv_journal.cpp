@@ -1,0 +1,117 @@
+// The KV store's journal and namespace under misuse and damage (issue 29's journal findings):
+// a writer used in a fork()ed child, a duplicate key in a failing batch, a creation that runs
+// out of space, a reader idle across checkpoints, a flipped bit in the middle of the journal,
+// and a reader's checksum failure beside a writer that evicts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstdio>
+#include <system_error>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <set>
+#include <thread>
+
+#include "kv_test_support.hpp"
+
+namespace ferry::test {
+namespace {
+
+constexpr std::uint64_t kBlock = 4096;
+
+int wait_child(pid_t child) {
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::filesystem::path namespace_dir(const std::filesystem::path& root) {
+  return root / KVStore::directory_name(kv_namespace());
+}
+
+// Whether `call` throws an exception whose message mentions a fork()ed child.
+template <class Call>
+bool refused_as_fork(Call&& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    return std::strstr(e.what(), "fork()ed child") != nullptr;
+  }
+  return false;
+}
+
+// Finding 11: every call of a writer store in a fork()ed child is refused (none returns ok and
+// is lost), and the child's destructor leaves the parent's files alone.
+TEST(KvJournalFaults, WriterUsedInForkedChildIsRefusedAtEveryEntryPoint) {
+  TempDir dir;
+  KVStore store = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock);
+  ASSERT_TRUE(put_one(store, 7, kv_bytes(7, kBlock)).ok());
+  store.put_async({8}, {{KVPiece{nullptr, 0}}}).wait();  // starts the worker threads
+  const auto journal = namespace_dir(dir.path()) / "journal";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(30);
+    const auto bytes = kv_bytes(1, kBlock);
+    std::vector<std::byte> out(kBlock);
+    KVKey key = 1;
+    int failures = 0;
+    failures += !refused_as_fork([&] { put_one(store, key, bytes); });
+    failures += !refused_as_fork([&] { get_one(store, 7, out); });
+    failures += !refused_as_fork([&] {
+      store.put_async({key}, {{KVPiece{const_cast<std::byte*>(bytes.data()), kBlock}}});
+    });
+    failures += !refused_as_fork([&] { store.get_async({7}, {{KVPiece{out.data(), kBlock}}}); });
+    failures += !refused_as_fork([&] { store.remove(std::span(&key, 1)); });
+    failures += !refused_as_fork([&] { store.lookup(std::span(&key, 1)); });
+    failures += !refused_as_fork([&] { store.contains(std::span(&key, 1)); });
+    failures += !refused_as_fork([&] { store.stored_length(7); });
+    failures += !refused_as_fork([&] { store.checkpoint(); });
+    failures += !refused_as_fork([&] { store.keys(); });
+    failures += !refused_as_fork([&] { store.stats(); });
+    { KVStore gone = std::move(store); }  // no checkpoint, no join of the parent's threads
+    std::_Exit(failures);
+  }
+  EXPECT_EQ(wait_child(child), 0) << "calls in the child that were not refused as a fork";
+  EXPECT_FALSE(std::filesystem::exists(namespace_dir(dir.path()) / "checkpoint"))
+      << "the child's destructor checkpointed the parent's store";
+  ASSERT_TRUE(put_one(store, 2, kv_bytes(2, kBlock)).ok());
+  { KVStore closed = std::move(store); }
+  KVStore reopened = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock);
+  EXPECT_EQ(reopened.contains(std::vector<KVKey>{1, 2, 7}), (std::vector<bool>{false, true, true}));
+}
+
+// A reader needs nothing of its parent's but its files: it keeps working in a child, including
+// its asynchronous forms, whose threads the parent started.
+TEST(KvJournalFaults, ReaderWorksInForkedChild) {
+  TempDir dir;
+  KVStore writer = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock);
+  ASSERT_TRUE(put_one(writer, 7, kv_bytes(7, kBlock)).ok());
+  KVStoreOptions options;
+  options.read_only = true;
+  KVStore reader = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock, options);
+  std::vector<std::byte> out(kBlock);
+  ASSERT_TRUE(reader.get_async({7}, {{KVPiece{out.data(), kBlock}}}).results().at(0).ok());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(30);  // a hang (threads of the parent) ends the child
+    std::vector<std::byte> mine(kBlock);
+    const auto results = reader.get_async({7}, {{KVPiece{mine.data(), kBlock}}}).results();
+    const bool ok = results.at(0).ok() && mine == kv_bytes(7, kBlock);
+    { KVStore gone = std::move(reader); }
+    std::_Exit(ok ? 0 : 1);
+  }
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+}  // namespace
+}  // namespace ferry::test
