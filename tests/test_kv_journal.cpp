@@ -113,5 +113,63 @@ TEST(KvJournalFaults, ReaderWorksInForkedChild) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
+// Runs `body` in a child process whose files may not grow past `limit` bytes (RLIMIT_FSIZE: a
+// write or preallocation beyond it fails with EFBIG, as on a full disk); its exit code.
+template <class Body>
+int with_file_size_limit(std::uint64_t limit, Body&& body) {
+  const pid_t child = ::fork();
+  if (child != 0) return wait_child(child);
+  ::alarm(60);
+  ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim {limit, limit};
+  if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) std::_Exit(100);
+  int code = 101;
+  try {
+    code = body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+  }
+  std::_Exit(code);
+}
+
+// Finding 17: put([k, k]) whose first copy fails (the journal cannot grow): the duplicate
+// reports the same failure, never "already present" for a key that is not stored.
+TEST(KvJournalFaults, DuplicateKeyInFailingBatchGetsTheFirstCopysOutcome) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.slab_count = 1;
+  options.checkpoint_on_close = false;
+  std::uint64_t journal_size = 0;
+  {
+    // One slot, at slab offset 0: every put evicts the last, and the journal grows past 4 KiB,
+    // so a limit at its size lets the slot's write through and stops the journal's append.
+    KVStore store = KVStore::open(dir.path(), kv_namespace(), kBlock, kBlock, options);
+    for (KVKey k = 100; k < 180; ++k) ASSERT_TRUE(put_one(store, k, kv_bytes(k, kBlock)).ok());
+    journal_size = std::filesystem::file_size(namespace_dir(dir.path()) / "journal");
+    ASSERT_GT(journal_size, kBlock);
+  }
+  const int code = with_file_size_limit(journal_size, [&] {
+    KVStore store = KVStore::open(dir.path(), kv_namespace(), kBlock, kBlock, options);
+    const auto bytes = kv_bytes(42, kBlock);
+    KVPiece piece{const_cast<std::byte*>(bytes.data()), kBlock};
+    const std::vector<KVBlock> blocks{KVBlock(&piece, 1), KVBlock(&piece, 1)};
+    const std::vector<KVKey> keys{42, 42};
+    const auto results = store.put(keys, blocks);
+    if (results[0].status != KVStatus::io_error) return 1;
+    if (results[1].status != KVStatus::io_error || results[1].message != results[0].message)
+      return 2;
+    return store.lookup(std::span(keys).first(1)) == 0 ? 0 : 3;
+  });
+  EXPECT_EQ(code, 0);
+  // And where the first copy is stored, the second is "already present".
+  KVStore store = KVStore::open(dir.path(), kv_namespace(), kBlock, kBlock, options);
+  const auto bytes = kv_bytes(43, kBlock);
+  KVPiece piece{const_cast<std::byte*>(bytes.data()), kBlock};
+  const std::vector<KVBlock> blocks{KVBlock(&piece, 1), KVBlock(&piece, 1)};
+  const auto results = store.put(std::vector<KVKey>{43, 43}, blocks);
+  EXPECT_EQ(results[0].status, KVStatus::ok);
+  EXPECT_EQ(results[1].status, KVStatus::already_present);
+}
+
 }  // namespace
 }  // namespace ferry::test

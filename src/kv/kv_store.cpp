@@ -14,6 +14,7 @@
 #include <set>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
@@ -163,6 +164,14 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     std::uint32_t slot;
   };
   std::vector<Work> work;
+  // A key repeated in the batch: its first copy is the one written; the others report that
+  // copy's outcome (already present once it is stored, its failure otherwise).
+  std::unordered_map<KVKey, std::size_t> first_of;
+  std::vector<std::pair<std::size_t, std::size_t>> duplicates;  // (index, its first copy's)
+  const auto settle_duplicates = [&] {
+    for (const auto& [i, first] : duplicates)
+      results[i] = results[first].ok() ? result(KVStatus::already_present) : results[first];
+  };
   {
     std::lock_guard lock(s.mutex);
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -184,10 +193,15 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
         results[i] = result(KVStatus::already_present);
         continue;
       }
-      if (!s.pending.insert(keys[i]).second) {  // in this batch or another thread's
+      if (const auto first = first_of.find(keys[i]); first != first_of.end()) {
+        duplicates.push_back({i, first->second});  // takes the first copy's outcome
+        continue;
+      }
+      if (!s.pending.insert(keys[i]).second) {  // another thread's put of it is in flight
         results[i] = result(KVStatus::already_present);
         continue;
       }
+      first_of.emplace(keys[i], i);
       std::optional<std::uint64_t> evicted;
       const std::uint32_t slot = s.index->take_slot(evicted);
       if (slot == kNoSlot) {
@@ -200,7 +214,10 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
       work.push_back({i, slot});
     }
   }
-  if (work.empty()) return results;
+  if (work.empty()) {
+    settle_duplicates();
+    return results;
+  }
 
   // Data first: write every block, then make each touched slab durable.
   std::vector<std::vector<BlockSpan>> spans(work.size());
@@ -295,6 +312,7 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
       // The journal keeps every commit; the next checkpoint tries again.
     }
   }
+  settle_duplicates();
   return results;
 }
 
