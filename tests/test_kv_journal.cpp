@@ -171,5 +171,52 @@ TEST(KvJournalFaults, DuplicateKeyInFailingBatchGetsTheFirstCopysOutcome) {
   EXPECT_EQ(results[1].status, KVStatus::already_present);
 }
 
+// Finding 21: a creation that runs out of space leaves nothing behind; a later open with
+// another capacity creates the store.
+TEST(KvJournalFaults, CreationOutOfSpaceLeavesNothingBehind) {
+  TempDir dir;
+  const int code = with_file_size_limit(1 << 20, [&] {
+    try {
+      KVStore::open(dir.path(), kv_namespace(), 64 << 20, kBlock);
+      return 1;  // it cannot fit
+    } catch (const std::system_error& e) {
+      if (std::strstr(e.what(), "preallocate") == nullptr) return 2;
+    }
+    KVStore store = KVStore::open(dir.path(), kv_namespace(), 256 << 10, kBlock);
+    return put_one(store, 1, kv_bytes(1, kBlock)).ok() ? 0 : 3;
+  });
+  ASSERT_EQ(code, 0);
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    names.insert(entry.path().filename().string());
+  EXPECT_EQ(names, std::set<std::string>{KVStore::directory_name(kv_namespace())});
+  KVStore store = KVStore::open(dir.path(), kv_namespace(), 256 << 10, kBlock);
+  EXPECT_EQ(store.lookup(std::vector<KVKey>{1}), 1u);
+}
+
+// An older ferry created in place: a manifest and slabs without journal or checkpoint are an
+// unfinished creation, which a writer clears (nothing was ever committed there).
+TEST(KvJournalFaults, UnfinishedCreationOfAnOlderFerryIsCleared) {
+  TempDir dir;
+  { KVStore store = KVStore::open(dir.path(), kv_namespace(), 64 * kBlock, kBlock); }
+  const auto ns = namespace_dir(dir.path());
+  std::filesystem::remove(ns / "journal");
+  std::filesystem::remove(ns / "checkpoint");
+  KVStore store = KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock);
+  EXPECT_EQ(store.stats().capacity_blocks, 16u);
+  EXPECT_TRUE(put_one(store, 1, kv_bytes(1, kBlock)).ok());
+}
+
+// A store with a commit keeps its manifest: another capacity is still refused.
+TEST(KvJournalFaults, StoreWithCommitsKeepsItsCapacity) {
+  TempDir dir;
+  {
+    KVStore store = KVStore::open(dir.path(), kv_namespace(), 64 * kBlock, kBlock);
+    ASSERT_TRUE(put_one(store, 1, kv_bytes(1, kBlock)).ok());
+  }
+  EXPECT_THROW(KVStore::open(dir.path(), kv_namespace(), 16 * kBlock, kBlock),
+               std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace ferry::test

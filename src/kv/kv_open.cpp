@@ -81,15 +81,19 @@ nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>&
 
 }  // namespace
 
+nlohmann::json KVStore::Impl::manifest_json() const {
+  return {{"format", "ferry-kv-store"},
+          {"version", kManifestVersion},
+          {"namespace", namespace_json(ns)},
+          {"block_bytes", block_bytes},
+          {"slot_bytes", slot_bytes},
+          {"slot_count", slot_count},
+          {"slab_count", slab_count},
+          {"slots_per_slab", slots_per_slab}};
+}
+
 void KVStore::Impl::check_manifest(bool writable) {
-  nlohmann::json wanted = {{"format", "ferry-kv-store"},
-                           {"version", kManifestVersion},
-                           {"namespace", namespace_json(ns)},
-                           {"block_bytes", block_bytes},
-                           {"slot_bytes", slot_bytes},
-                           {"slot_count", slot_count},
-                           {"slab_count", slab_count},
-                           {"slots_per_slab", slots_per_slab}};
+  nlohmann::json wanted = manifest_json();
   const fs::path path = dir / "manifest.json";
   auto bytes = read_if_exists(path);
   if (!bytes) {
@@ -184,10 +188,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
     std::error_code error;
     fs::create_directories(root, error);
     if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
-    if (detail::create_directory(impl->dir, 0700))
-      fsync_directory(root);  // the new directory's name is durable before files go in it
-    else if (errno != EEXIST)
-      FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
+    impl->create_directory_whole(root);
     const fs::path lock_path = impl->dir / "writer.lock";
     impl->lock_fd = detail::open_or_create(lock_path, 0600);
     if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
@@ -197,6 +198,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
                            ": another process writes this namespace (open read_only to share)");
       FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
     }
+    impl->clear_unfinished_creation();
   } else {
     std::error_code error;
     if (!fs::exists(impl->dir, error))

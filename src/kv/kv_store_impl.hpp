@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <unordered_set>
 #include <vector>
 
@@ -65,7 +66,12 @@ struct KVStore::Impl {
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);
   std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
+  nlohmann::json manifest_json() const;
   void check_manifest(bool writable);
+  // A writer's open: makes the directory whole where it is missing (kv_create.cpp), and clears
+  // an older ferry's unfinished creation (a manifest, no journal and no checkpoint).
+  void create_directory_whole(const fs::path& root);
+  void clear_unfinished_creation();
   void load_state(bool writable);
   void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
