@@ -218,5 +218,41 @@ TEST(KvJournalFaults, StoreWithCommitsKeepsItsCapacity) {
                std::invalid_argument);
 }
 
+KVStoreOptions reader_options() {
+  KVStoreOptions options;
+  options.read_only = true;
+  return options;
+}
+
+// Finding 13: a reader idle across several checkpoints (each a new journal, whose inode number
+// the file system may reuse) sees exactly the writer's blocks at its next call.
+TEST(KvJournalFaults, ReaderIdleAcrossCheckpointsFollowsTheWriter) {
+  TempDir dir;
+  KVStoreOptions options;
+  options.checkpoint_every = 1;  // a checkpoint (and a new journal) after every record
+  KVStore writer = KVStore::open(dir.path(), kv_namespace(), 1000 * kBlock, kBlock, options);
+  KVStore reader =
+      KVStore::open(dir.path(), kv_namespace(), 1000 * kBlock, kBlock, reader_options());
+  std::set<KVKey> live;
+  KVKey key = 0;
+  int stale = 0;
+  for (int step = 0; step < 40; ++step) {
+    for (int call = 0; call < 3; ++call) {  // three writer calls between reader calls
+      ++key;
+      if (key % 5 == 0) {
+        const KVKey oldest = *live.begin();
+        ASSERT_TRUE(writer.remove(std::span(&oldest, 1))[0].ok());
+        live.erase(oldest);
+      } else {
+        ASSERT_TRUE(put_one(writer, key, kv_bytes(key, kBlock)).ok());
+        live.insert(key);
+      }
+    }
+    const auto seen = reader.keys();
+    stale += std::set<KVKey>(seen.begin(), seen.end()) != live;
+  }
+  EXPECT_EQ(stale, 0) << "reader views that missed commits or listed removed blocks";
+}
+
 }  // namespace
 }  // namespace ferry::test

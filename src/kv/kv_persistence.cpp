@@ -67,6 +67,7 @@ void KVStore::Impl::load_state(bool writable) {
     epoch = base.epoch;
     last_sequence = base.last_sequence;
     records_since_checkpoint = 0;
+    following = false;
     std::uint64_t valid_end = kJournalHeaderSize;
     if (journal_epoch && *journal_epoch == base.epoch) {
       JournalScan scan =
@@ -75,7 +76,7 @@ void KVStore::Impl::load_state(bool writable) {
       records_since_checkpoint = scan.records.size();
       valid_end = scan.valid_end;
       counters.journal_tail_dropped = scan.torn_bytes;
-      journal_inode = st.inode;
+      following = true;
       journal_offset = valid_end;
     }
     fd = {};  // closed before a rename over it (Windows refuses to replace an open file)
@@ -140,7 +141,14 @@ void KVStore::Impl::refresh() {
   }
   const auto st = detail::identity_of_open(fd.get());
   if (!st) FERRY_SYSCALL_FAIL(journal_path.string());
-  if (st->inode != journal_inode) {  // the writer checkpointed: start again from its snapshot
+  // Which journal this is: its epoch, which only grows (a file system reuses inode numbers, so
+  // a reader idle across checkpoints could take a new journal of the same inode for its own).
+  std::byte header[kJournalHeaderSize];
+  const std::size_t got_header =
+      detail::read_up_to(fd, header, sizeof header, 0, journal_path);
+  const std::uint64_t journal_epoch =
+      decode_journal_header(std::span(header, got_header), journal_path.string());
+  if (!following || journal_epoch != epoch) {  // the writer checkpointed: start from its snapshot
     std::lock_guard lock(mutex);
     load_state(false);
     return;

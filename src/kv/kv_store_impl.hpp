@@ -42,7 +42,7 @@ struct KVStore::Impl {
   std::mutex commit;  // the journal, checkpoints, a reader's refresh
   AppendFile journal;
   std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
-  std::uint64_t journal_inode = 0;   // a reader: the journal file it follows (its inode)
+  bool following = false;            // a reader: applying the journal of epoch `epoch`
   std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
 
   std::mutex mutex;  // the index, pending keys and counters
