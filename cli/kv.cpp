@@ -3,6 +3,7 @@
 // put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
 #include <fstream>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -14,6 +15,14 @@
 
 namespace ferry::cli {
 namespace {
+
+// Records failing their checksum in the middle of the journal (not a torn tail), in words.
+std::string journal_damage(const KVStats& s) {
+  return "journal: " + std::to_string(s.journal_corrupt_records) +
+         " record(s) fail their checksum in the middle (the first at offset " +
+         std::to_string(s.journal_corrupt_offset) +
+         "): skipped, the later records kept; those commits are lost";
+}
 
 void print_store(const KVStoreInfo& info, const KVStats& s) {
   std::printf("%s\n  namespace: model=%s dtype=%s layout=%s rank %d of %d\n",
@@ -31,6 +40,8 @@ void print_store(const KVStoreInfo& info, const KVStats& s) {
   if (s.journal_tail_dropped)
     std::printf("  a torn journal tail of %llu bytes is ignored (the writer cuts it)\n",
                 static_cast<unsigned long long>(s.journal_tail_dropped));
+  if (s.journal_corrupt_records)
+    std::printf("  %s\n", journal_damage(s).c_str());
 }
 
 KVStore open_reader(const std::filesystem::path& root, const KVStoreInfo& info) {
@@ -242,6 +253,10 @@ void add_kv(CLI::App& app) {
     std::uint64_t bad = 0, good = 0;
     for (const KVStoreInfo& info : KVStore::list(path_from_utf8(root))) {
       KVStore store = open_reader(path_from_utf8(root), info);
+      if (const KVStats s = store.stats(); s.journal_corrupt_records) {
+        bad += s.journal_corrupt_records;
+        std::printf("%s: %s\n", utf8_of(info.directory).c_str(), journal_damage(s).c_str());
+      }
       std::vector<std::byte> buffer(info.block_bytes);
       for (KVKey key : store.keys()) {
         const std::uint64_t length = store.stored_length(key);

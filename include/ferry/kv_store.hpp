@@ -169,6 +169,11 @@ struct KVStats {
   std::uint64_t journal_records = 0;      // records since the last checkpoint
   std::uint64_t checkpoints = 0;
   std::uint64_t journal_tail_dropped = 0; // bytes of torn journal tail ignored at open
+  // Journal records that fail their checksum with valid records after them (damage in the
+  // middle, not a torn tail): skipped, the later records kept; `ferry kv verify` reports them.
+  // Counted at open and by a reader's refreshes; the next checkpoint leaves them behind.
+  std::uint64_t journal_corrupt_records = 0;
+  std::uint64_t journal_corrupt_offset = 0;  // the first one's byte offset in the journal
   std::uint64_t index_bytes = 0;          // memory of the in-memory index
   std::uint64_t last_sequence = 0;
   // Where the time of puts and gets went (seconds summed over calls, for `kv bench`): moving

@@ -76,6 +76,8 @@ void KVStore::Impl::load_state(bool writable) {
       records_since_checkpoint = scan.records.size();
       valid_end = scan.valid_end;
       counters.journal_tail_dropped = scan.torn_bytes;
+      counters.journal_corrupt_records = scan.corrupt_records;
+      counters.journal_corrupt_offset = scan.first_corrupt_offset;
       following = true;
       journal_offset = valid_end;
     }
@@ -164,6 +166,9 @@ void KVStore::Impl::refresh() {
       scan_records(bytes, journal_offset, last_sequence, limits, journal_path.string());
   std::lock_guard lock(mutex);
   for (const Record& r : scan.records) apply(r);
+  if (scan.corrupt_records > 0 && counters.journal_corrupt_records == 0)
+    counters.journal_corrupt_offset = scan.first_corrupt_offset;
+  counters.journal_corrupt_records += scan.corrupt_records;
   journal_offset = scan.valid_end;
 }
 
