@@ -316,6 +316,14 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
   return results;
 }
 
+template <class Work>
+std::vector<KVKey> keys_of(std::span<const KVKey> keys, const std::vector<Work>& work) {
+  std::vector<KVKey> out;
+  out.reserve(work.size());
+  for (const Work& w : work) out.push_back(keys[w.index]);
+  return out;
+}
+
 std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
                                          std::span<const KVBlock> destinations) {
   Impl& s = *this;
@@ -371,6 +379,10 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   }
   const auto start = Clock::now();
   if (!requests.empty()) s.io->read(requests);
+  std::vector<std::uint32_t> slots(work.size());
+  for (std::size_t w = 0; w < work.size(); ++w) slots[w] = work[w].slot;
+  std::vector<bool> moved;  // a reader's block the writer replaced while it was read
+  if (s.options.read_only) moved = s.recheck_mismatches(keys_of(keys, work), slots, requests);
   const auto read = Clock::now();
   std::lock_guard lock(s.mutex);
   s.counters.get_move_seconds += seconds(start, read);
@@ -378,6 +390,11 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
     const std::size_t i = work[w].index;
     const std::uint32_t slot = work[w].slot;
     if (!s.options.read_only) s.index->unpin(slot);
+    if (!moved.empty() && moved[w]) {  // not corrupt: gone from the writer's index meanwhile
+      ++s.counters.misses;
+      results[i] = result(KVStatus::missing);
+      continue;
+    }
     switch (requests[w].outcome) {
       case BlockOutcome::ok:
         ++s.counters.hits;

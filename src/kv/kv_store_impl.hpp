@@ -78,6 +78,12 @@ struct KVStore::Impl {
   void append_records(const std::vector<Record>& records);
   void checkpoint_locked();
   void refresh();
+  // A reader's blocks that failed their checksum (kv_reader.cpp): re-checked against the
+  // writer's newer commits before they are called corrupt. Returns, per request, whether the
+  // writer replaced the block meanwhile (a plain miss); requests that pass on a re-read turn ok.
+  std::vector<bool> recheck_mismatches(const std::vector<KVKey>& keys,
+                                       const std::vector<std::uint32_t>& slots,
+                                       std::vector<BlockRequest>& requests);
 };
 
 }  // namespace ferry
