@@ -11,10 +11,6 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <system_error>
-#include <thread>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
@@ -22,6 +18,7 @@
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
+#include "kv/kv_call_support.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
@@ -29,49 +26,6 @@
 
 namespace ferry {
 
-namespace {
-
-KVResult result(KVStatus status, std::string message = {}) {
-  return {status, std::move(message), KVRoute::none, {}};
-}
-
-using Clock = std::chrono::steady_clock;
-double seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-std::uint64_t total_size(KVBlock block) {
-  std::uint64_t sum = 0;
-  for (const KVPiece& p : block) sum += p.size;
-  return sum;
-}
-
-// Why a block's pieces cannot be used, or an empty string.
-std::string check_pieces(KVBlock block) {
-  for (const KVPiece& p : block) {
-    if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
-                                                 " bytes has no memory (null pointer)";
-    if (p.device.is_cuda() && !cuda_available())
-      return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
-  }
-  return {};
-}
-
-KVStatus status_of(BlockOutcome outcome) {
-  switch (outcome) {
-    case BlockOutcome::ok:
-      return KVStatus::ok;
-    case BlockOutcome::checksum_mismatch:
-      return KVStatus::missing;
-    case BlockOutcome::unsupported:
-      return KVStatus::unsupported;
-    case BlockOutcome::io_error:
-      break;
-  }
-  return KVStatus::io_error;
-}
-
-}  // namespace
 
 KVKey kv_key(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
@@ -146,174 +100,6 @@ std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
                                    std::span<const KVBlock> destinations) {
   _impl->check_process("get");
   return _impl->get(keys, destinations);
-}
-
-std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
-                                         std::span<const KVBlock> sources,
-                                         const KVPutOptions& options) {
-  Impl& s = *this;
-  FERRY_EXPECT(keys.size() == sources.size(), std::invalid_argument, "KV put: ", keys.size(),
-               " keys but ", sources.size(), " sources");
-  std::vector<KVResult> results(keys.size());
-  if (s.options.read_only) {
-    for (auto& r : results) r = result(KVStatus::read_only, "KV put: this store is a reader");
-    return results;
-  }
-  struct Work {
-    std::size_t index;
-    std::uint32_t slot;
-  };
-  std::vector<Work> work;
-  // A key repeated in the batch: its first copy is the one written; the others report that
-  // copy's outcome (already present once it is stored, its failure otherwise).
-  std::unordered_map<KVKey, std::size_t> first_of;
-  std::vector<std::pair<std::size_t, std::size_t>> duplicates;  // (index, its first copy's)
-  const auto settle_duplicates = [&] {
-    for (const auto& [i, first] : duplicates)
-      results[i] = results[first].ok() ? result(KVStatus::already_present) : results[first];
-  };
-  {
-    std::lock_guard lock(s.mutex);
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const std::uint64_t size = total_size(sources[i]);
-      if (std::string why = check_pieces(sources[i]); !why.empty()) {
-        results[i] = result(KVStatus::unsupported, "KV put of key " + std::to_string(keys[i]) +
-                                                        ": " + why);
-        continue;
-      }
-      if (size == 0 || size > s.block_bytes) {
-        results[i] = result(KVStatus::bad_size, "KV put of key " + std::to_string(keys[i]) +
-                                                    ": " + std::to_string(size) +
-                                                    " bytes; blocks are 1 to " +
-                                                    std::to_string(s.block_bytes));
-        continue;
-      }
-      if (const std::uint32_t found = s.index->find(keys[i]); found != kNoSlot) {
-        s.index->touch(found);
-        results[i] = result(KVStatus::already_present);
-        continue;
-      }
-      if (const auto first = first_of.find(keys[i]); first != first_of.end()) {
-        duplicates.push_back({i, first->second});  // takes the first copy's outcome
-        continue;
-      }
-      if (!s.pending.insert(keys[i]).second) {  // another thread's put of it is in flight
-        results[i] = result(KVStatus::already_present);
-        continue;
-      }
-      first_of.emplace(keys[i], i);
-      std::optional<std::uint64_t> evicted;
-      const std::uint32_t slot = s.index->take_slot(evicted);
-      if (slot == kNoSlot) {
-        s.pending.erase(keys[i]);
-        results[i] = result(KVStatus::no_space,
-                            "KV put: every slot is busy with reads or writes in flight");
-        continue;
-      }
-      if (evicted) ++s.counters.evictions;
-      work.push_back({i, slot});
-    }
-  }
-  if (work.empty()) {
-    settle_duplicates();
-    return results;
-  }
-
-  // Data first: write every block, then make each touched slab durable.
-  std::vector<std::vector<BlockSpan>> spans(work.size());
-  std::vector<BlockRequest> requests(work.size());
-  for (std::size_t w = 0; w < work.size(); ++w) {
-    for (const KVPiece& p : sources[work[w].index]) spans[w].push_back({p.data, p.size, p.device});
-    requests[w].slab = s.slab_of(work[w].slot);
-    requests[w].offset = s.offset_of(work[w].slot);
-    requests[w].pieces = spans[w];
-  }
-  const auto start = Clock::now();
-  s.io->write(requests, options.after_event);
-  const auto written = Clock::now();
-  std::set<int> touched;
-  for (const BlockRequest& r : requests)
-    if (r.outcome == BlockOutcome::ok) touched.insert(r.slab);
-  // The slabs' syncs at once (each a flush of the device's cache; together they can share one).
-  const std::vector<int> to_sync(touched.begin(), touched.end());
-  std::vector<std::string> sync_errors(to_sync.size());
-  const auto sync_one = [&](std::size_t k) {
-    try {
-      s.io->sync(to_sync[k]);
-    } catch (const std::exception& e) {
-      sync_errors[k] = e.what();
-    }
-  };
-  std::vector<std::thread> syncing;
-  for (std::size_t k = 1; k < to_sync.size(); ++k) {
-    try {
-      syncing.emplace_back(sync_one, k);
-    } catch (const std::system_error&) {
-      sync_one(k);  // no thread: this one syncs it
-    }
-  }
-  if (!to_sync.empty()) sync_one(0);
-  for (auto& t : syncing) t.join();
-  for (std::size_t k = 0; k < to_sync.size(); ++k) {
-    if (sync_errors[k].empty()) continue;
-    for (BlockRequest& r : requests)
-      if (r.slab == to_sync[k] && r.outcome == BlockOutcome::ok) {
-        r.outcome = BlockOutcome::io_error;
-        r.message = sync_errors[k];
-      }
-  }
-
-  const auto synced = Clock::now();
-
-  // Then the records that make them visible, durable before the index shows them.
-  std::lock_guard commit_lock(s.commit);
-  std::vector<Record> records;
-  for (std::size_t w = 0; w < work.size(); ++w)
-    if (requests[w].outcome == BlockOutcome::ok)
-      records.push_back({RecordKind::put, s.last_sequence + records.size() + 1,
-                         keys[work[w].index], work[w].slot, total_size(sources[work[w].index]),
-                         requests[w].checksum});
-  std::string journal_error;
-  if (!records.empty()) {
-    try {
-      s.append_records(records);
-      s.last_sequence = records.back().sequence;
-    } catch (const std::exception& e) {
-      journal_error = e.what();
-    }
-  }
-  const auto journaled = Clock::now();
-  {
-    std::lock_guard lock(s.mutex);
-    s.counters.put_move_seconds += seconds(start, written);
-    s.counters.put_sync_seconds += seconds(written, synced);
-    s.counters.put_journal_seconds += seconds(synced, journaled);
-    for (std::size_t w = 0; w < work.size(); ++w) {
-      const std::size_t i = work[w].index;
-      s.pending.erase(keys[i]);
-      if (requests[w].outcome == BlockOutcome::ok && journal_error.empty()) {
-        s.index->publish(work[w].slot, keys[i], static_cast<std::uint32_t>(total_size(sources[i])),
-                         requests[w].checksum);
-        ++s.counters.puts;
-        results[i] = result(KVStatus::ok);
-      } else {
-        s.index->release_writing(work[w].slot);
-        results[i] = requests[w].outcome == BlockOutcome::ok
-                         ? result(KVStatus::io_error, journal_error)
-                         : result(status_of(requests[w].outcome), requests[w].message);
-      }
-      results[i].route = requests[w].route;
-    }
-  }
-  if (s.records_since_checkpoint >= s.options.checkpoint_every) {
-    try {
-      s.checkpoint_locked();
-    } catch (...) {
-      // The journal keeps every commit; the next checkpoint tries again.
-    }
-  }
-  settle_duplicates();
-  return results;
 }
 
 template <class Work>

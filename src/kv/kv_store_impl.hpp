@@ -63,8 +63,31 @@ struct KVStore::Impl {
   // In a fork()ed child: the parent's worker threads do not exist here, so they are leaked.
   void forget_threads_after_fork();
 
+  // A put in steps (kv_put.cpp): admit the batch (slots taken, bad input and duplicates
+  // settled), write the blocks, make the touched slabs durable, commit the records to the
+  // journal (under `commit`), publish them in the index, checkpoint where due.
+  struct PutWork {
+    std::size_t index;  // in the batch
+    std::uint32_t slot;
+    std::uint64_t size;
+  };
+  struct PutBatch {
+    std::span<const KVKey> keys;
+    std::span<const KVBlock> sources;
+    std::vector<KVResult> results;
+    std::vector<PutWork> work;  // the blocks to write
+    std::vector<std::pair<std::size_t, std::size_t>> duplicates;  // (index, its first copy's)
+    std::vector<std::vector<BlockSpan>> spans;
+    std::vector<BlockRequest> requests;  // per work item
+  };
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);
+  void admit(PutBatch& batch);
+  void write_blocks(PutBatch& batch, void* after_event);
+  void sync_slabs(PutBatch& batch);
+  std::string commit_records(PutBatch& batch);  // the journal's error, or empty
+  void publish(PutBatch& batch, const std::string& journal_error);
+  void checkpoint_if_due();
   std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
   nlohmann::json manifest_json() const;
   void check_manifest(bool writable);
