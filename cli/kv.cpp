@@ -9,9 +9,9 @@
 
 #include "commands.hpp"
 #include "ferry/error.hpp"
-#include "ferry/kv_bench.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/utf8_path.hpp"
+#include "kv_bench.hpp"
 
 namespace ferry::cli {
 namespace {

@@ -12,8 +12,7 @@
 #include <string>
 
 #include "ferry/file_set.hpp"
-#include "ferry/load_options.hpp"
-#include "ferry/load_stats.hpp"
+#include "ferry/io_types.hpp"
 #include "io/file_descriptor.hpp"
 #include "platform/file.hpp"
 

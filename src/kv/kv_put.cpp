@@ -13,7 +13,7 @@
 #include "ferry/error.hpp"
 #include "kv/kv_call_support.hpp"
 #include "kv/kv_store_impl.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry {
 

@@ -1,7 +1,7 @@
 // Facts about this machine: the CUDA driver and GPUs, cuFile's mode, file systems, page cache.
 #include <algorithm>
 
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "dstorage/availability.hpp"
 #ifdef _WIN32
 #include "dstorage/adapters.hpp"

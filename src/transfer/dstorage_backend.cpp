@@ -23,10 +23,10 @@
 #include "platform/windows/win32.hpp"
 #include "shim/dstorage.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 #include "transfer/dstorage_bridge.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -1,11 +1,11 @@
 // GdsFile: a face over the transfer core's cuFile backend for one file. Each read or write is a
 // one-extent submission (Backend::Cufile), so the file is opened once in a file set and its
 // cuFile handle comes from the backend's cache, keyed by the file's identity.
-#include "ferry/gds_file.hpp"
+#include "backends/cufile/gds_file.hpp"
 
 #include "cuda/cuda_resources.hpp"
-#include "cufile/cufile_files.hpp"
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/cufile_files.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "platform/system.hpp"
 #include "ferry/transfer.hpp"

@@ -1,4 +1,4 @@
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 
 #include <cstring>
 #include <map>

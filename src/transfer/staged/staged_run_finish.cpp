@@ -1,7 +1,7 @@
 // The end of a staged run: the jobs' statistics merged into the ticket's.
 #include <algorithm>
 
-#include "transfer/staged_run.hpp"
+#include "transfer/staged/staged_run.hpp"
 
 namespace ferry::detail {
 namespace {

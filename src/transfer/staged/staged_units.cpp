@@ -1,4 +1,4 @@
-#include "transfer/staged_units.hpp"
+#include "transfer/staged/staged_units.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "transfer/staged_settings.hpp"
+#include "transfer/staged/staged_settings.hpp"
 
 #include <algorithm>
 #include <thread>
@@ -6,7 +6,7 @@
 #include "ferry/error.hpp"
 #include "platform/file.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

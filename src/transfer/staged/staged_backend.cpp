@@ -8,12 +8,12 @@
 
 #include "io/source_file.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/copier.hpp"
-#include "transfer/staged_plan.hpp"
-#include "transfer/staged_run.hpp"
-#include "transfer/staged_units.hpp"
+#include "transfer/staged/copier.hpp"
+#include "transfer/staged/staged_plan.hpp"
+#include "transfer/staged/staged_run.hpp"
+#include "transfer/staged/staged_units.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

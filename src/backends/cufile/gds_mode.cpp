@@ -1,4 +1,4 @@
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 
 #include <cerrno>
 #include <cstdio>

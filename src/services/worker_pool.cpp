@@ -1,4 +1,4 @@
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 #include <new>
 #include <system_error>

@@ -1,4 +1,4 @@
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 
 #include <algorithm>
 #include <utility>

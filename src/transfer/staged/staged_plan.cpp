@@ -1,4 +1,4 @@
-#include "transfer/staged_plan.hpp"
+#include "transfer/staged/staged_plan.hpp"
 
 #include <algorithm>
 

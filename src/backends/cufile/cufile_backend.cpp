@@ -6,16 +6,16 @@
 #include <atomic>
 
 #include "cuda/cuda_resources.hpp"
-#include "cufile/aligned_split.hpp"
-#include "cufile/cufile_files.hpp"
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/aligned_split.hpp"
+#include "backends/cufile/cufile_files.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "platform/system.hpp"
 #include "platform/file.hpp"
 #include "shim/cufile.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/ticket_state.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "ferry/load_stats.hpp"
+#include "ferry/io_types.hpp"
 
 namespace ferry {
 

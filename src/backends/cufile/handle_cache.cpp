@@ -1,4 +1,4 @@
-#include "cufile/handle_cache.hpp"
+#include "backends/cufile/handle_cache.hpp"
 
 #include <sys/resource.h>
 

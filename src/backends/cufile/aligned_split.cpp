@@ -1,4 +1,4 @@
-#include "cufile/aligned_split.hpp"
+#include "backends/cufile/aligned_split.hpp"
 
 #include <algorithm>
 

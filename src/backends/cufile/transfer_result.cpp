@@ -1,4 +1,4 @@
-#include "cufile/transfer_result.hpp"
+#include "backends/cufile/transfer_result.hpp"
 
 #include <cerrno>
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "transfer/staged_plan.hpp"
+#include "transfer/staged/staged_plan.hpp"
 
 namespace ferry::detail {
 

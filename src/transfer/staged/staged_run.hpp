@@ -14,10 +14,10 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/transfer.hpp"
 #include "io/source_file.hpp"
-#include "transfer/copier.hpp"
-#include "transfer/staged_page_cache.hpp"
-#include "transfer/staged_plan.hpp"
-#include "transfer/staged_settings.hpp"
+#include "transfer/staged/copier.hpp"
+#include "transfer/staged/staged_page_cache.hpp"
+#include "transfer/staged/staged_plan.hpp"
+#include "transfer/staged/staged_settings.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry::detail {

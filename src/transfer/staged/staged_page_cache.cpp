@@ -1,4 +1,4 @@
-#include "transfer/staged_page_cache.hpp"
+#include "transfer/staged/staged_page_cache.hpp"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "cufile/cufile_files.hpp"
+#include "backends/cufile/cufile_files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "cufile/aligned_split.hpp"
-#include "cufile/transfer_result.hpp"
+#include "backends/cufile/aligned_split.hpp"
+#include "backends/cufile/transfer_result.hpp"
 #include "ferry/error.hpp"
 #include "platform/file.hpp"
 #include "shim/cufile.hpp"

@@ -1,5 +1,5 @@
-// `ferry kv bench` (ferry/kv_bench.hpp): timings for reporting only, never for tests.
-#include "ferry/kv_bench.hpp"
+// `ferry kv bench` (kv_bench.hpp): timings for reporting only, never for tests.
+#include "kv_bench.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +10,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/gpu_checksum.hpp"
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "ferry/transfer.hpp"
-#include "transfer/staged_plan.hpp"
+#include "transfer/staged/staged_plan.hpp"
 
 namespace ferry::detail {
 

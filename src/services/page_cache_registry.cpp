@@ -1,4 +1,4 @@
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 #include <atomic>
 #include <chrono>

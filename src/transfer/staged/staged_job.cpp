@@ -7,7 +7,7 @@
 //     oldest and write it (O_DIRECT for the aligned body, buffered edges) while the copies of
 //     the next ones run.
 // A group that fails is redone piece by piece, so each extent reports its own failure.
-#include "transfer/staged_run.hpp"
+#include "transfer/staged/staged_run.hpp"
 
 #include <algorithm>
 #include <array>
@@ -18,10 +18,10 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "io/source_file.hpp"
-#include "transfer/copier.hpp"
-#include "transfer/pinned_pool.hpp"
-#include "transfer/staged_plan.hpp"
-#include "transfer/staged_units.hpp"
+#include "transfer/staged/copier.hpp"
+#include "services/pinned_pool.hpp"
+#include "transfer/staged/staged_plan.hpp"
+#include "transfer/staged/staged_units.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry::detail {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "cufile/handle_cache.hpp"
+#include "backends/cufile/handle_cache.hpp"
 
 namespace ferry::detail {
 

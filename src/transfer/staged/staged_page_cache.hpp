@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "ferry/load_stats.hpp"
-#include "transfer/page_cache_registry.hpp"
-#include "transfer/staged_plan.hpp"
+#include "ferry/device.hpp"
+#include "ferry/io_types.hpp"
+#include "services/page_cache_registry.hpp"
+#include "transfer/staged/staged_plan.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry::detail {
