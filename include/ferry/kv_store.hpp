@@ -79,6 +79,11 @@ struct KVStoreOptions {
   // it writes into. Else, for host memory, and where ferry was built without nvcc (no GPU
   // checksum kernel), the usual path (each result says why).
   std::uint64_t page_cache_pin_bytes = 0;
+  // A fleet of writer processes on one namespace (fixed at creation; 0: one writer). The slots
+  // are split into this many shares; each writer takes a free share (its own journal and
+  // checkpoint, its slots the only ones it writes and evicts) and every call first folds in the
+  // other shares' commits. Readers take the count from the store (leave it 0).
+  unsigned fleet_writers = 0;
 };
 
 // One memory span of a block. A block is one span or a list of per-layer pieces, gathered

@@ -33,7 +33,7 @@ void KVStore::Impl::create_directory_whole(const fs::path& root) {
   if (!detail::create_directory(staged, 0700))
     FERRY_SYSCALL_FAIL(staged.string(), ": cannot create the namespace directory");
   try {
-    const std::string manifest = manifest_json().dump(2) + "\n";
+    const std::string manifest = manifest_json_now().dump(2) + "\n";
     write_atomically(staged / "manifest.json", std::as_bytes(std::span(manifest)));
     { SlabFiles made(staged, slab_count, slots_per_slab * slot_bytes, true); }  // fsynced
     write_atomically(staged / "journal", encode_journal_header(0));
@@ -53,7 +53,9 @@ void KVStore::Impl::create_directory_whole(const fs::path& root) {
 }
 
 void KVStore::Impl::clear_unfinished_creation() {
-  if (present(journal_path) || present(checkpoint_path) || !present(dir / "manifest.json")) return;
+  // The single writer's names: a store made by this ferry always has a journal.
+  if (present(dir / "journal") || present(dir / "checkpoint") || !present(dir / "manifest.json"))
+    return;
   // Nothing was ever committed here (every commit is in the journal or the checkpoint).
   for (unsigned i = 0; i < 256; ++i) {
     const fs::path slab = dir / ("slab-" + std::to_string(i) + ".dat");

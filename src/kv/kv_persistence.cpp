@@ -36,6 +36,21 @@ void KVStore::Impl::load_checkpoint(std::span<const std::byte> bytes, std::uint6
 }
 
 void KVStore::Impl::load_state(bool writable) {
+  if (fleet > 0) {
+    // One index over every share: this writer's own first (its checkpoint straight in), then
+    // each other share as a follower.
+    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
+    if (writable) {
+      index->limit_takes(share_first(share), share_first(share + 1));
+      load_own_state(true);
+    }
+    for (Follower& f : followers) reload(f);
+    return;
+  }
+  load_own_state(writable);
+}
+
+void KVStore::Impl::load_own_state(bool writable) {
   const std::string journal_name = journal_path.string();
   // A reader may race with the writer's checkpoint (a new checkpoint, then a new journal):
   // a journal newer than the checkpoint read means the checkpoint changed in between.
@@ -62,7 +77,7 @@ void KVStore::Impl::load_state(bool writable) {
                           "): the checkpoint is missing or old");
       continue;
     }
-    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
+    if (fleet == 0) index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
     if (checkpoint) load_checkpoint(*checkpoint, base.count, *index);
     epoch = base.epoch;
     last_sequence = base.last_sequence;
@@ -110,6 +125,7 @@ void KVStore::Impl::checkpoint_locked() {
     snapshot.epoch = epoch + 1;
     snapshot.last_sequence = last_sequence;
     for (std::uint32_t s : index->lru_order()) {
+      if (!own_slot(s)) continue;  // a fleet: another writer's block, in its own checkpoint
       const SlotEntry& e = index->slot(s);
       snapshot.entries.push_back({RecordKind::put, 0, e.key, s, e.length, e.checksum});
     }

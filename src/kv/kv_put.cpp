@@ -57,6 +57,7 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     for (auto& r : batch.results) r = result(KVStatus::read_only, "KV put: this store is a reader");
     return std::move(batch.results);
   }
+  if (fleet > 0) catch_up();  // the other writers' blocks count as present
   admit(batch);
   if (!batch.work.empty()) {
     const auto start = Clock::now();

@@ -31,7 +31,7 @@ std::vector<bool> KVStore::Impl::recheck_mismatches(const std::vector<KVKey>& ke
   auto pause = kFirstPause;
   for (int round = 0; round < kRechecks && !suspects.empty(); ++round, pause *= 2) {
     std::this_thread::sleep_for(pause);
-    refresh();
+    catch_up();
     std::vector<std::size_t> still;
     {
       std::lock_guard lock(mutex);

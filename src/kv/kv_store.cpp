@@ -115,7 +115,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   Impl& s = *this;
   FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ",
                keys.size(), " keys but ", destinations.size(), " destinations");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::vector<KVResult> results(keys.size());
   struct Work {
     std::size_t index;
@@ -147,7 +147,9 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
                                                     std::to_string(e.length));
         continue;
       }
-      if (!s.options.read_only) s.index->pin(slot);  // no eviction while it is read
+      // No eviction while it is read (a reader's or another fleet writer's slot can change
+      // under it anyway: its checksum and the re-check below catch that).
+      if (!s.options.read_only && s.own_slot(slot)) s.index->pin(slot);
       s.index->touch(slot);
       BlockRequest request;
       request.slab = s.slab_of(slot);
@@ -168,14 +170,15 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   std::vector<std::uint32_t> slots(work.size());
   for (std::size_t w = 0; w < work.size(); ++w) slots[w] = work[w].slot;
   std::vector<bool> moved;  // a reader's block the writer replaced while it was read
-  if (s.options.read_only) moved = s.recheck_mismatches(keys_of(keys, work), slots, requests);
+  if (s.options.read_only || s.fleet > 0)
+    moved = s.recheck_mismatches(keys_of(keys, work), slots, requests);
   const auto read = Clock::now();
   std::lock_guard lock(s.mutex);
   s.counters.get_move_seconds += seconds(start, read);
   for (std::size_t w = 0; w < work.size(); ++w) {
     const std::size_t i = work[w].index;
     const std::uint32_t slot = work[w].slot;
-    if (!s.options.read_only) s.index->unpin(slot);
+    if (!s.options.read_only && s.own_slot(slot)) s.index->unpin(slot);
     if (!moved.empty() && moved[w]) {  // not corrupt: gone from the writer's index meanwhile
       ++s.counters.misses;
       results[i] = result(KVStatus::missing);
@@ -215,6 +218,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
     for (auto& r : results) r = result(KVStatus::read_only, "KV remove: this store is a reader");
     return results;
   }
+  s.catch_up();
   std::lock_guard commit_lock(s.commit);
   std::vector<Record> records;
   {
@@ -223,6 +227,13 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (s.index->find(keys[i]) == kNoSlot || !seen.insert(keys[i]).second) {
         results[i] = result(KVStatus::missing);
+        continue;
+      }
+      if (const std::uint32_t slot = s.index->find(keys[i]); !s.own_slot(slot)) {
+        results[i] = result(KVStatus::unsupported,
+                            "KV remove of key " + std::to_string(keys[i]) +
+                                ": its block is in another fleet writer's slots (slot " +
+                                std::to_string(slot) + "); only that writer removes it");
         continue;
       }
       records.push_back({RecordKind::remove, s.last_sequence + records.size() + 1, keys[i],
@@ -246,7 +257,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
 std::size_t KVStore::lookup(std::span<const KVKey> keys) {
   _impl->check_process("lookup");
   Impl& s = *_impl;
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::size_t n = 0;
   while (n < keys.size() && s.index->find(keys[n]) != kNoSlot) ++n;
@@ -256,7 +267,7 @@ std::size_t KVStore::lookup(std::span<const KVKey> keys) {
 std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
   _impl->check_process("contains");
   Impl& s = *_impl;
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<bool> out(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) out[i] = s.index->find(keys[i]) != kNoSlot;
@@ -266,7 +277,7 @@ std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
 std::uint64_t KVStore::stored_length(KVKey key) {
   _impl->check_process("stored_length");
   Impl& s = *_impl;
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   const std::uint32_t slot = s.index->find(key);
   return slot == kNoSlot ? 0 : s.index->slot(slot).length;
@@ -281,13 +292,13 @@ void KVStore::checkpoint() {
 }
 
 void KVStore::refresh() {
-  if (_impl->options.read_only) _impl->refresh();
+  _impl->catch_up();
 }
 
 KVStats KVStore::stats() {
   _impl->check_process("stats");
   Impl& s = *_impl;
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard commit_lock(s.commit);
   std::lock_guard lock(s.mutex);
   KVStats out = s.counters;
@@ -327,7 +338,7 @@ KVStats KVStore::stats() {
 std::vector<KVKey> KVStore::keys() {
   _impl->check_process("keys");
   Impl& s = *_impl;
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<KVKey> out;
   for (std::uint32_t slot : s.index->lru_order()) out.push_back(s.index->slot(slot).key);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -44,6 +45,34 @@ struct KVStore::Impl {
   std::uint64_t epoch = 0, last_sequence = 0, records_since_checkpoint = 0;
   bool following = false;            // a reader: applying the journal of epoch `epoch`
   std::uint64_t journal_offset = 0;  // a reader: bytes of it applied
+
+  // A fleet (kv_fleet.cpp; 0: one writer): the slots split into `fleet` shares, this writer's
+  // own (`share`; its journal and checkpoint are journal_path and checkpoint_path), and every
+  // other share followed as a reader follows a writer (a reader follows them all).
+  unsigned fleet = 0, share = 0;
+  struct Follower {
+    fs::path journal, checkpoint;
+    std::uint32_t first = 0, end = 0;  // its slots
+    std::uint64_t epoch = 0, offset = 0, last_sequence = 0;
+    bool following = false;
+    // Its blocks whose key another share's copy holds in the index (keys name content, so two
+    // writers may store one): by slot, promoted when that key leaves the index.
+    std::unordered_map<std::uint32_t, Record> shadows;
+  };
+  std::vector<Follower> followers;
+  std::uint32_t share_first(unsigned m) const;
+  bool own_slot(std::uint32_t slot) const {
+    return fleet == 0 || (!options.read_only && slot >= share_first(share) &&
+                          slot < share_first(share + 1));
+  }
+  // Before a call: a reader's refresh, a fleet member's fold of the other shares.
+  void catch_up();
+  void take_share();           // a fleet writer's open: the first share whose lock is free
+  void set_up_followers();
+  void fold(Follower& f);      // under `commit`
+  void reload(Follower& f);    // under `commit`: the share again from its checkpoint
+  void apply_foreign(Follower& f, const Record& r);  // under `mutex`
+  void promote_shadows();                            // under `mutex`
 
   std::mutex mutex;  // the index, pending keys and counters
   std::unique_ptr<KvIndex> index;
@@ -90,12 +119,14 @@ struct KVStore::Impl {
   void checkpoint_if_due();
   std::vector<KVResult> get(std::span<const KVKey> keys, std::span<const KVBlock> destinations);
   nlohmann::json manifest_json() const;
+  nlohmann::json manifest_json_now() const;  // with a fleet's share count
   void check_manifest(bool writable);
   // A writer's open: makes the directory whole where it is missing (kv_create.cpp), and clears
   // an older ferry's unfinished creation (a manifest, no journal and no checkpoint).
   void create_directory_whole(const fs::path& root);
   void clear_unfinished_creation();
   void load_state(bool writable);
+  void load_own_state(bool writable);  // the single writer's (or a fleet writer's own share)
   void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
   void append_records(const std::vector<Record>& records);
