@@ -13,7 +13,7 @@
 
 #include "ferry/file_set.hpp"
 #include "ferry/io_types.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 
 namespace ferry::detail {

@@ -13,6 +13,7 @@
 #include "ferry/error.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "platform/file_ops.hpp"
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 namespace ferry {
 
@@ -37,6 +38,7 @@ void KVStore::Impl::take_share() {
     const fs::path lock_path = dir / ("writer." + std::to_string(m) + ".lock");
     detail::FileDescriptor fd = detail::open_or_create(lock_path, 0600);
     if (!fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
+    require_regular(fd, lock_path);
     if (!detail::lock_exclusive(fd.get())) {
       if (errno == EWOULDBLOCK) continue;  // another writer's share
       FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
@@ -154,6 +156,7 @@ void KVStore::Impl::fold(Follower& f) {
     if (errno == ENOENT) return;  // a share no writer has taken yet
     FERRY_SYSCALL_FAIL(name, ": cannot open");
   }
+  require_regular(fd, f.journal);
   const auto st = detail::identity_of_open(fd.get());
   if (!st) FERRY_SYSCALL_FAIL(name);
   std::byte header[kJournalHeaderSize];

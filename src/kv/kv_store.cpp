@@ -14,7 +14,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
@@ -70,35 +70,76 @@ KVPath parse_kv_path(std::string_view text) {
 
 KVStore::KVStore(std::unique_ptr<Impl> impl) : _impl(std::move(impl)) {}
 KVStore::KVStore(KVStore&&) noexcept = default;
-KVStore& KVStore::operator=(KVStore&&) noexcept = default;
+KVStore& KVStore::operator=(KVStore&& other) noexcept {
+  if (this != &other) {
+    if (_impl) _impl->close();  // as its destructor would
+    _impl = std::move(other._impl);
+  }
+  return *this;
+}
 
 KVStore::~KVStore() {
-  if (!_impl) return;
-  if (detail::process_id() != _impl->opened_by) {
-    // A fork()ed child: the parent's threads are not here, and a checkpoint would replace the
-    // parent's journal under it. The files stay as the parent keeps them.
-    _impl->forget_threads_after_fork();
-    _impl->options.checkpoint_on_close = false;
+  if (_impl) _impl->close();
+}
+
+void KVStore::close() {
+  if (_impl) _impl->close();
+}
+
+void KVStore::Impl::close() {
+  if (detail::process_id() != opened_by) {
+    // A fork()ed child: the parent's threads are not here (joining them would hang), and a
+    // checkpoint would replace the parent's journal under it. The files stay as the parent's.
+    // Calls the parent had in flight never leave here: close without waiting for them.
+    forget_threads_after_fork();
+    options.checkpoint_on_close = false;
+    gate.close(false);
+    return;
   }
-  _impl->async.reset();  // its batches finish first
-  if (_impl->options.read_only || !_impl->options.checkpoint_on_close) return;
-  try {
-    std::lock_guard commit_lock(_impl->commit);
-    if (_impl->records_since_checkpoint > 0) _impl->checkpoint_locked();
-  } catch (...) {
-    // The journal already holds every commit; the next open replays it.
+  // On one of this store's worker threads (a completion callback), its own batch is in flight:
+  // no waiting, and the runner stays for ~Impl (run by the last batch's thread).
+  bool worker = false;
+  {
+    std::lock_guard lock(mutex);
+    worker = async && async->on_this_thread();
   }
+  gate.close(!worker);
+  if (worker) return;
+  std::unique_ptr<AsyncRunner> idle;
+  {
+    std::lock_guard lock(mutex);
+    idle = std::move(async);
+  }
+  idle.reset();  // joins its threads: no batch holds the store after this
+}
+
+void KVStore::Impl::finish_close() {
+  if (!options.read_only && options.checkpoint_on_close) {
+    try {
+      std::lock_guard commit_lock(commit);
+      if (records_since_checkpoint > 0) checkpoint_locked();
+    } catch (...) {
+      // The journal already holds every commit; the next open replays it.
+    }
+  }
+  std::lock_guard commit_lock(commit);
+  journal = AppendFile();
+  io.reset();
+  slabs.reset();
+  lock_fd = detail::FileDescriptor();
 }
 
 std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                                    const KVPutOptions& options) {
   _impl->check_process("put");
+  const auto pass = _impl->enter("put");
   return _impl->put(keys, sources, options);
 }
 
 std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
                                    std::span<const KVBlock> destinations) {
   _impl->check_process("get");
+  const auto pass = _impl->enter("get");
   return _impl->get(keys, destinations);
 }
 
@@ -213,6 +254,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
 std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
   _impl->check_process("remove");
   Impl& s = *_impl;
+  const auto pass = s.enter("remove");
   std::vector<KVResult> results(keys.size());
   if (s.options.read_only) {
     for (auto& r : results) r = result(KVStatus::read_only, "KV remove: this store is a reader");
@@ -257,6 +299,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
 std::size_t KVStore::lookup(std::span<const KVKey> keys) {
   _impl->check_process("lookup");
   Impl& s = *_impl;
+  const auto pass = s.enter("lookup");
   s.catch_up();
   std::lock_guard lock(s.mutex);
   std::size_t n = 0;
@@ -267,6 +310,7 @@ std::size_t KVStore::lookup(std::span<const KVKey> keys) {
 std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
   _impl->check_process("contains");
   Impl& s = *_impl;
+  const auto pass = s.enter("contains");
   s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<bool> out(keys.size());
@@ -277,6 +321,7 @@ std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
 std::uint64_t KVStore::stored_length(KVKey key) {
   _impl->check_process("stored_length");
   Impl& s = *_impl;
+  const auto pass = s.enter("stored_length");
   s.catch_up();
   std::lock_guard lock(s.mutex);
   const std::uint32_t slot = s.index->find(key);
@@ -285,6 +330,7 @@ std::uint64_t KVStore::stored_length(KVKey key) {
 
 void KVStore::checkpoint() {
   _impl->check_process("checkpoint");
+  const auto pass = _impl->enter("checkpoint");
   FERRY_EXPECT(!_impl->options.read_only, std::invalid_argument, _impl->dir.string(),
                ": a reader cannot checkpoint");
   std::lock_guard commit_lock(_impl->commit);
@@ -292,12 +338,15 @@ void KVStore::checkpoint() {
 }
 
 void KVStore::refresh() {
+  _impl->check_process("refresh");
+  const auto pass = _impl->enter("refresh");
   _impl->catch_up();
 }
 
 KVStats KVStore::stats() {
   _impl->check_process("stats");
   Impl& s = *_impl;
+  const auto pass = s.enter("stats");
   s.catch_up();
   std::lock_guard commit_lock(s.commit);
   std::lock_guard lock(s.mutex);
@@ -338,6 +387,7 @@ KVStats KVStore::stats() {
 std::vector<KVKey> KVStore::keys() {
   _impl->check_process("keys");
   Impl& s = *_impl;
+  const auto pass = s.enter("keys");
   s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<KVKey> out;

@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "ferry/kv_store.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/async_runner.hpp"
+#include "kv/call_gate.hpp"
 #include "kv/block_io.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
@@ -25,7 +26,7 @@ namespace ferry {
 using namespace detail::kv;
 namespace fs = std::filesystem;
 
-struct KVStore::Impl {
+struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   KVNamespace ns;
   KVStoreOptions options;
   fs::path dir, journal_path, checkpoint_path;
@@ -79,6 +80,12 @@ struct KVStore::Impl {
   std::unordered_set<KVKey> pending;
   KVStats counters;
 
+  // Calls in flight, and close (kv/call_gate.hpp); the finish releases the files.
+  detail::kv::CallGate gate{[this] { finish_close(); }};
+  detail::kv::CallGate::Pass enter(const char* call) { return gate.enter(call, dir); }
+  void close();
+  void finish_close();
+
   int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
   std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
 
@@ -91,6 +98,8 @@ struct KVStore::Impl {
   void check_process(const char* call) const;
   // In a fork()ed child: the parent's worker threads do not exist here, so they are leaked.
   void forget_threads_after_fork();
+  KVTicket post_batch(const char* call, std::size_t keys, KVCallback done,
+                      std::function<std::vector<KVResult>(Impl&)> batch);
 
   // A put in steps (kv_put.cpp): admit the batch (slots taken, bad input and duplicates
   // settled), write the blocks, make the touched slabs durable, commit the records to the

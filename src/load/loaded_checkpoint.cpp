@@ -7,7 +7,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
-#include "ferry/load_plan.hpp"
+#include "load/load_plan.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
 #include "load/ticket_wait.hpp"

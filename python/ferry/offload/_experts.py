@@ -27,9 +27,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _ferry
-from ._offload import (_aligned_bytes, _checked_entry, _checkpoint_table, _compute_stream,
-                       _disk_groups, _nbytes)
+from .. import _ferry
+from ._shared import (aligned_bytes, checked_entry, checkpoint_table, compute_stream, disk_groups,
+                      engine_device, fill_arena, move_others, nbytes, resolve_device)
 
 __all__ = ["ExpertOffload", "find_fused_experts", "find_moe_blocks", "offload_experts"]
 
@@ -101,7 +101,7 @@ class _Fused:
         top_k_index, top_k_weights = bound.arguments["top_k_index"], bound.arguments["top_k_weights"]
         hit = [e for e in torch.unique(top_k_index).tolist() if 0 <= e < self.experts]
         self.uses.update(hit)
-        stream = _compute_stream(self.device)
+        stream = compute_stream(self.device)
         batches = self.batches(hit)
         out = None
         for n, (chunk, park) in enumerate(batches):
@@ -154,7 +154,7 @@ class _Block:
         self.handles = []
 
     def _acquire(self, experts: List[int], speculative: List[int] = ()) -> None:
-        slots = self.cache.acquire(experts, _compute_stream(self.device), list(speculative))
+        slots = self.cache.acquire(experts, compute_stream(self.device), list(speculative))
         self.pinned.update(zip(experts, slots))
 
     def route(self, module, inputs, output) -> None:
@@ -216,7 +216,7 @@ class ExpertOffload:
             b.cache.synchronize()
         self._blocks = []
         for f in self._fused:
-            stream = _compute_stream(f.device)
+            stream = compute_stream(f.device)
             copies = [torch.empty(p.shape, dtype=p.dtype, device=f.device) for p in f.params]
             for e in range(f.experts):
                 (slot,) = f.cache.acquire([e], stream)
@@ -270,29 +270,16 @@ def offload_experts(model: torch.nn.Module, *, slots: int, device: Any = None,
     if not blocks and not fused:
         raise ValueError("offload_experts: no MoE block (a `gate` and an `experts` ModuleList, or "
                          "fused [num_experts, ...] experts) in the model")
-    if device is None:
-        first = next(model.parameters(), None)
-        device = first.device if first is not None and first.device.type == "cuda" else (
-            "cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    engine_device = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    device = resolve_device(model, device)
     checkpoint_handle, names_of = None, {}
     if source == "disk":
-        from ._open import open_checkpoint
+        from .._open import open_checkpoint
         checkpoint_handle = open_checkpoint(checkpoint)
         names_of = {id(p): n for n, p in model.named_parameters()}
     out = ExpertOffload()
     expert_ids = {id(p) for b in blocks for e in b.experts for p in e.parameters()}
     expert_ids |= {id(p) for f in fused for p in f.parameters(recurse=False)}
-    for module in model.modules():  # everything else: resident on the device
-        for name, p in module.named_parameters(recurse=False):
-            if id(p) not in expert_ids and p.device != device:
-                p.data = p.data.to(device)
-        for name, b in module.named_buffers(recurse=False):
-            if b is not None and b.device != device:
-                module._buffers[name] = b.to(device)
+    move_others(model, device, expert_ids)  # everything else: resident on the device
     for index, block in enumerate(blocks):
         k = top_k or getattr(block, "top_k", None) or getattr(block, "num_experts_per_tok", None)
         if not k:
@@ -307,22 +294,18 @@ def offload_experts(model: torch.nn.Module, *, slots: int, device: Any = None,
                              f"block {index}: 1 to {len(params)}")
         if source == "disk":
             names = [[prefix + names_of[id(p)] for p in ps] for ps in params]
-            groups = _disk_groups(checkpoint_handle, names, params)
+            groups = disk_groups(checkpoint_handle, names, params)
         else:
-            groups = [[(_nbytes(p), 0, 0, 0) for p in ps] for ps in params]
-        offsets, slot_bytes = _ferry.slot_offsets([_nbytes(p) for p in params[0]])
-        slot_tensors = [_aligned_bytes(slot_bytes, device) for _ in range(slots)]
-        cache = _ferry.ExpertCache(groups, slots, engine_device, checkpoint_handle, policy,
+            groups = [[(nbytes(p), 0, 0, 0) for p in ps] for ps in params]
+        offsets, slot_bytes = _ferry.slot_offsets([nbytes(p) for p in params[0]])
+        slot_tensors = [aligned_bytes(slot_bytes, device) for _ in range(slots)]
+        cache = _ferry.ExpertCache(groups, slots, engine_device(device), checkpoint_handle, policy,
                                    [s.data_ptr() for s in slot_tensors], io)
         if source == "cpu":
-            import ctypes
             for e, ps in enumerate(params):
                 for t, p in enumerate(ps):
-                    n = _nbytes(p)
-                    arena = torch.frombuffer((ctypes.c_uint8 * n).from_address(cache.host_address(e, t)),
-                                             dtype=torch.uint8)
-                    arena.copy_(p.data.detach().contiguous().reshape(-1).view(torch.uint8))
-        views = [[s[o:o + _nbytes(p)].view(p.dtype).view(p.shape) for o, p in zip(offsets, params[0])]
+                    fill_arena(cache.host_address(e, t), p.data)
+        views = [[s[o:o + nbytes(p)].view(p.dtype).view(p.shape) for o, p in zip(offsets, params[0])]
                  for s in slot_tensors]
         for ps in params:  # parked on slot 0 (right shape and device) until they run
             for p, view in zip(ps, views[0]):
@@ -335,13 +318,12 @@ def offload_experts(model: torch.nn.Module, *, slots: int, device: Any = None,
         out._blocks.append(state)
     for index, module in enumerate(fused):
         out._fused.append(_offload_fused(module, index, slots, policy, speculative, source,
-                                         checkpoint_handle, names_of, prefix, io, device,
-                                         engine_device))
+                                         checkpoint_handle, names_of, prefix, io, device))
     return out
 
 
 def _offload_fused(module, index, slots, policy, speculative, source, checkpoint, names_of, prefix,
-                   io, device, engine_device) -> _Fused:
+                   io, device) -> _Fused:
     params = list(module.parameters(recurse=False))
     count = module.num_experts
     if not 2 <= slots <= count:
@@ -352,26 +334,22 @@ def _offload_fused(module, index, slots, policy, speculative, source, checkpoint
         if not p.is_contiguous():
             raise ValueError(f"offload_experts: fused experts {index} have a non-contiguous "
                              "parameter")
-    sizes = [_nbytes(p[0]) for p in params]
+    sizes = [nbytes(p[0]) for p in params]
     if source == "disk":
-        table = _checkpoint_table(checkpoint)
-        entries = [_checked_entry(checkpoint, table, prefix + names_of[id(p)], p) for p in params]
+        table = checkpoint_table(checkpoint)
+        entries = [checked_entry(checkpoint, table, prefix + names_of[id(p)], p) for p in params]
         groups = [[(n, 0, file, offset + e * n) for n, (_, file, offset) in zip(sizes, entries)]
                   for e in range(count)]
     else:
         groups = [[(n, 0, 0, 0) for n in sizes] for _ in range(count)]
     offsets, slot_bytes = _ferry.slot_offsets(sizes)
-    big = _aligned_bytes(slots * slot_bytes, device)
-    cache = _ferry.ExpertCache(groups, slots, engine_device, checkpoint, policy,
+    big = aligned_bytes(slots * slot_bytes, device)
+    cache = _ferry.ExpertCache(groups, slots, engine_device(device), checkpoint, policy,
                                [big.data_ptr() + s * slot_bytes for s in range(slots)], io)
     if source == "cpu":
-        import ctypes
         for e in range(count):
             for t, p in enumerate(params):
-                arena = torch.frombuffer(
-                    (ctypes.c_uint8 * sizes[t]).from_address(cache.host_address(e, t)),
-                    dtype=torch.uint8)
-                arena.copy_(p.data[e].detach().reshape(-1).view(torch.uint8))
+                fill_arena(cache.host_address(e, t), p.data[e])
     state = _Fused(module, index, cache, big, params, offsets, slot_bytes, speculative, device)
     state.park()
     _wrap_fused(state)

@@ -1,4 +1,4 @@
-#include "dstorage/adapters.hpp"
+#include "backends/dstorage/adapters.hpp"
 
 #include "platform/windows/win32.hpp"
 // windows.h first: dxgi.h needs its types.

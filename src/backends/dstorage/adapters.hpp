@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dstorage/adapter_match.hpp"
+#include "backends/dstorage/adapter_match.hpp"
 
 struct IDXGIAdapter1;
 

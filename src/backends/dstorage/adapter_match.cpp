@@ -1,4 +1,4 @@
-#include "dstorage/adapter_match.hpp"
+#include "backends/dstorage/adapter_match.hpp"
 
 #include <cstdio>
 

@@ -1,8 +1,8 @@
-// The D3D12 -> CUDA bridge of the DirectStorage backend (transfer/dstorage_bridge.hpp), made step
+// The D3D12 -> CUDA bridge of the DirectStorage backend (backends/dstorage/dstorage_bridge.hpp), made step
 // by step; a step that fails is named in the error with the system's own words, and what the
 // steps before it made is released. d3d12.dll (shim/d3d12.hpp) and dxgi.dll are loaded at run
 // time, as dstorage.dll and nvcuda.dll are: nothing is linked.
-#include "transfer/dstorage_bridge.hpp"
+#include "backends/dstorage/dstorage_bridge.hpp"
 
 #include "shim/d3d12.hpp"
 // d3d12.h (through the shim) before dxgi.h.
@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "cuda/cuda_resources.hpp"
-#include "dstorage/adapters.hpp"
+#include "backends/dstorage/adapters.hpp"
 #include "shim/dstorage.hpp"
 
 namespace ferry::detail {

@@ -1,9 +1,9 @@
 // The DirectStorage backend (Windows), file -> memory. One job per submission: DirectStorage
 // runs its own I/O in parallel, so ferry only feeds it. Extents are cut into pieces of at most
-// 32 MiB (dstorage/request_split.hpp) and gathered into 64 MiB batches, each ONE submit, its
+// 32 MiB (backends/dstorage/request_split.hpp) and gathered into 64 MiB batches, each ONE submit, its
 // error record read and reported per extent on failure. Two ways in:
 // - a GPU destination (cuda:N): straight into a D3D12 buffer shared with CUDA
-//   (transfer/dstorage_bridge.hpp), two halves in turn; each batch ends with a signal of the
+//   (backends/dstorage/dstorage_bridge.hpp), two halves in turn; each batch ends with a signal of the
 //   shared fence, and the copy stream waits on that value (cuWaitExternalSemaphoresAsync) before
 //   copying the batch device to device into the destination. The host checks each batch's status
 //   before the half is filled again, and signals the fence itself after a failed batch, so the
@@ -17,14 +17,14 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
-#include "dstorage/availability.hpp"
-#include "dstorage/request_split.hpp"
+#include "shim/dstorage_availability.hpp"
+#include "backends/dstorage/request_split.hpp"
 #include "ferry/error.hpp"
 #include "platform/windows/win32.hpp"
 #include "shim/dstorage.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/staged/copier.hpp"
-#include "transfer/dstorage_bridge.hpp"
+#include "backends/dstorage/dstorage_bridge.hpp"
 #include "transfer/ticket_state.hpp"
 #include "services/worker_pool.hpp"
 

@@ -1,6 +1,6 @@
 // Whether DirectStorage can run in this process, and why not: on Windows, whether Microsoft's
 // redistributable dstorage.dll loads and hands out its factory (shim/dstorage.cpp); elsewhere
-// never (transfer/dstorage_unavailable.cpp). What the route, `ferry doctor` and the tests ask.
+// never (backends/dstorage/dstorage_unavailable.cpp). What the route, `ferry doctor` and the tests ask.
 #pragma once
 
 #include <string>

@@ -1,7 +1,7 @@
 // The DirectStorage entry of the backend table where DirectStorage cannot exist (it is a Windows
 // API): `--backend directstorage` is answered with the reason, and falls back to the staged path
 // only when allowed (the route says so per file).
-#include "dstorage/availability.hpp"
+#include "shim/dstorage_availability.hpp"
 #include "ferry/error.hpp"
 #include "transfer/backend.hpp"
 

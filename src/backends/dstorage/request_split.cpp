@@ -1,4 +1,4 @@
-#include "dstorage/request_split.hpp"
+#include "backends/dstorage/request_split.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -7,8 +7,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
-from . import _ferry
-from ._offload import _block_params, _nbytes, choose_layers, find_blocks
+from .. import _ferry
+from ._layers import _block_params, choose_layers, find_blocks
+from ._shared import nbytes
 
 __all__ = ["plan_offload"]
 
@@ -24,7 +25,7 @@ def plan_offload(model: torch.nn.Module, run: Callable[[], Any], *,
     choose_layers). Returns the plan: `layers`, bytes per step, GPU bytes, and the seconds of a
     step resident (`compute_seconds`), streamed (`step_seconds`) and stalled (`stall_seconds`)."""
     blocks = list(blocks) if blocks is not None else list(find_blocks(model))
-    sizes = [sum(_nbytes(p) for p in _block_params(b)) for b in blocks]
+    sizes = [sum(nbytes(p) for p in _block_params(b)) for b in blocks]
     chosen = sorted(set(layers)) if layers is not None else choose_layers(
         sizes, group_size, last, budget_bytes, prefetch)
     device = next(model.parameters()).device
@@ -55,7 +56,7 @@ def plan_offload(model: torch.nn.Module, run: Callable[[], Any], *,
         if not gpu:
             raise ValueError("plan_offload: no GPU to measure the link on: give link_bytes_per_second")
         link_bytes_per_second = _pinned_copy_rate(device)
-    other = sum(_nbytes(p) for p in model.parameters()) - sum(sizes)
+    other = sum(nbytes(p) for p in model.parameters()) - sum(sizes)
     plan = _ferry.plan_stream(sizes, seconds, max(other, 0), float(link_bytes_per_second), prefetch,
                               chosen, None)
     plan["layers"] = plan.pop("streamed")
