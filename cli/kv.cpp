@@ -2,6 +2,8 @@
 // a running writer). verify reads every committed block and checks its checksum. bench ROOT:
 // put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +19,14 @@
 
 namespace ferry::cli {
 namespace {
+
+// Records failing their checksum in the middle of the journal (not a torn tail), in words.
+std::string journal_damage(const KVStats& s) {
+  return "journal: " + std::to_string(s.journal_corrupt_records) +
+         " record(s) fail their checksum in the middle (the first at offset " +
+         std::to_string(s.journal_corrupt_offset) +
+         "): skipped, the later records kept; those commits are lost";
+}
 
 void print_store(const KVStoreInfo& info, const KVStats& s) {
   // Names come from a file: escaped, so that they cannot drive the terminal.
@@ -36,6 +46,8 @@ void print_store(const KVStoreInfo& info, const KVStats& s) {
   if (s.journal_tail_dropped)
     std::printf("  a torn journal tail of %llu bytes is ignored (the writer cuts it)\n",
                 static_cast<unsigned long long>(s.journal_tail_dropped));
+  if (s.journal_corrupt_records)
+    std::printf("  %s\n", journal_damage(s).c_str());
 }
 
 // A namespace that cannot be opened, said on stdout beside the others (the command then fails).
@@ -279,6 +291,11 @@ void add_kv(CLI::App& app) {
         continue;
       }
       KVStore& store = *opened;
+      if (const KVStats s = store.stats(); s.journal_corrupt_records) {
+        bad += s.journal_corrupt_records;
+        std::printf("%s: %s\n", printable(utf8_of(info.directory)).c_str(),
+                    journal_damage(s).c_str());
+      }
       std::vector<std::byte> buffer(info.block_bytes);
       for (KVKey key : store.keys()) {
         const std::uint64_t length = store.stored_length(key);

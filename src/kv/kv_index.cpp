@@ -87,11 +87,12 @@ std::uint32_t KvIndex::take_slot(std::optional<std::uint64_t>& evicted) {
     const std::uint32_t s = _free.back();
     _free.pop_back();
     if (_slots[s].state != SlotState::free) continue;
+    if (s < _take_first || s >= _take_end) continue;  // another writer's (it stays free)
     _slots[s].state = SlotState::writing;
     return s;
   }
   for (std::uint32_t s = _tail; s != kNoSlot; s = _slots[s].prev) {
-    if (_slots[s].pins != 0) continue;
+    if (_slots[s].pins != 0 || s < _take_first || s >= _take_end) continue;
     evicted = _slots[s].key;
     drop_slot(s);
     _slots[s].state = SlotState::writing;
