@@ -40,6 +40,10 @@
 #   buffer): warm gets without page-cache DMA (staged), registering the windows (their
 #   registration time apart) and from registered windows, beside pinned H2D, and where the
 #   registered pass's time went (device ms of DMA, GPU checksum, scatter);
+#   kvlayout (not in the default; `tools/gpu_check.sh build kvlayout`): the engines' KV layouts
+#   (vLLM, vLLM canonical, MLA, SGLang) on the GPU: their tests, then `ferry kv bench --layout`
+#   beside one piece, pinned H2D and raw O_DIRECT (128 and 16 blocks per call, page-cache DMA),
+#   host memory, and bench/kv_vs_fs_tier.py;
 #   stream (not in the default): weight streaming's GPU tests and bench/stream_bench.py,
 #   bench/moe_bench.py; stream-tests: the tests alone (about 5 minutes with `build`);
 #   stream-bench: the benchmarks alone (about 6 minutes with `build`).
@@ -101,7 +105,7 @@ build() {
   ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
-    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma) nopip=1 ;;
+    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma | "build kvlayout" | kvlayout) nopip=1 ;;
     *) nopip=0 ;;
   esac
   if [ "$nopip" = 1 ]; then
@@ -401,6 +405,46 @@ kv_dma() {
   rm -rf /tmp/kvbench
 }
 
+# The engines' KV layouts (many small per-layer pieces per block): the layout tests on the GPU
+# (staged, direct, page-cache DMA; the SIGKILL test with a refilled GPU source), the crash trials
+# with refilled sources, then `ferry kv bench` per layout on cuda:0 beside pinned H2D and raw
+# O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 128 blocks and
+# 16 blocks per call, with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
+kv_layout_stage() {
+  log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
+  for t in test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  mkdir -p /tmp/kvbench
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for batch in 128 16; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call, page-cache DMA on"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
+  for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
+           "--layout sglang --layers 32" "--layout vllm --layers 128 --kv-heads 4 --dtype fp8"; do
+    "$ferry" kv bench /tmp/kvbench $common $l --batch 128 --page-cache-pin 8G 2>&1 |
+      tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: host memory, one piece and vLLM's layout (beside raw O_DIRECT)"
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 2M --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  log "bench/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
 kv_stage() {
   kv_tests
   kv_bench_rows
@@ -505,6 +549,7 @@ want core-full && core_checks full
 want kv && kv_stage
 want kvperf && KV_CRASH_SECONDS=${KV_CRASH_SECONDS:-30} kv_stage perf
 want kvdma && kv_dma
+want kvlayout && kv_layout_stage
 want stream && { stream_tests; stream_bench; }
 want stream-tests && stream_tests
 want stream-bench && stream_bench

@@ -44,6 +44,9 @@ class KvIndex {
   // A free slot, else the least recently used unpinned live one (its key returned in
   // `evicted`), now in state `writing`; kNoSlot when every slot is busy.
   std::uint32_t take_slot(std::optional<std::uint64_t>& evicted);
+  // The same, also giving the evicted block's entry (key, length, checksum) to a caller that may
+  // have to put it back with publish() (its bytes untouched).
+  std::uint32_t take_slot(std::optional<std::uint64_t>& evicted, SlotEntry& evicted_entry);
   // Gives a `writing` slot back (its put failed).
   void release_writing(std::uint32_t s);
 

@@ -46,11 +46,39 @@ std::uint64_t total_size(KVBlock block) {
 
 // Why a block's pieces cannot be used, or an empty string.
 std::string check_pieces(KVBlock block) {
+  int gpu = -1;
   for (const KVPiece& p : block) {
     if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
                                                  " bytes has no memory (null pointer)";
     if (p.device.is_cuda() && !cuda_available())
       return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
+    if (p.size == 0 || !p.device.is_cuda()) continue;
+    if (gpu >= 0 && p.device.index != gpu)
+      return "its pieces lie on cuda:" + std::to_string(gpu) + " and " + p.device.to_string() +
+             " (a block's GPU pieces must all be on one GPU)";
+    gpu = p.device.index;
+  }
+  // No two pieces may share a byte (a get would write it twice, in no defined order).
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < block.size(); ++i)
+    if (block[i].size) order.push_back(i);
+  const auto address = [&](std::size_t i) {
+    return reinterpret_cast<std::uintptr_t>(block[i].data);
+  };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const bool ga = block[a].device.is_cuda(), gb = block[b].device.is_cuda();
+    return ga != gb ? gb : address(a) < address(b);
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const KVPiece& a = block[order[k - 1]];
+    const KVPiece& b = block[order[k]];
+    if (a.device.is_cuda() == b.device.is_cuda() &&
+        address(order[k - 1]) + a.size > address(order[k]))
+      return "pieces " + std::to_string(std::min(order[k - 1], order[k])) + " and " +
+             std::to_string(std::max(order[k - 1], order[k])) + " overlap (" +
+             std::to_string(a.size) + " bytes at " + std::to_string(address(order[k - 1])) +
+             " and " + std::to_string(b.size) + " bytes at " + std::to_string(address(order[k])) +
+             " on " + a.device.to_string() + ")";
   }
   return {};
 }
@@ -153,6 +181,14 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     std::uint32_t slot;
   };
   std::vector<Work> work;
+  // A slot taken from an evicted block is written only once a remove record of that block is in
+  // the journal: else a writer killed before this put's own record leaves the old key's record
+  // pointing at new bytes, a visible block that fails its checksum. Admission runs under the
+  // commit lock so that those records keep the order of the evictions (a later put of the same
+  // key cannot slip its record in before the remove).
+  std::unique_lock commit_admission(s.commit);
+  std::vector<Record> evictions;
+  std::vector<SlotEntry> evicted_entries;  // to put back where their removal cannot be written
   {
     std::lock_guard lock(s.mutex);
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -179,17 +215,50 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
         continue;
       }
       std::optional<std::uint64_t> evicted;
-      const std::uint32_t slot = s.index->take_slot(evicted);
+      SlotEntry evicted_entry;
+      const std::uint32_t slot = s.index->take_slot(evicted, evicted_entry);
       if (slot == kNoSlot) {
         s.pending.erase(keys[i]);
         results[i] = result(KVStatus::no_space,
                             "KV put: every slot is busy with reads or writes in flight");
         continue;
       }
-      if (evicted) ++s.counters.evictions;
+      if (evicted) {
+        ++s.counters.evictions;
+        evictions.push_back(
+            {RecordKind::remove, s.last_sequence + evictions.size() + 1, *evicted, slot, 0, 0});
+        evicted_entries.push_back(evicted_entry);
+      }
       work.push_back({i, slot});
     }
   }
+  if (!evictions.empty()) {
+    try {
+      // Written, not yet synced: a process kill keeps it (the page cache holds it); the
+      // journal's sync at this put's commit makes it durable with the put's records.
+      s.append_records(evictions, false);
+      s.last_sequence = evictions.back().sequence;
+    } catch (const std::exception& e) {
+      // The journal still maps the evicted blocks to their slots, whose bytes are intact (nothing
+      // was written over them): they are put back, so no later put reuses those slots as free
+      // before a removal is written. The other slots go back to the free list; the batch fails.
+      std::lock_guard lock(s.mutex);
+      for (const Work& w : work) {
+        s.pending.erase(keys[w.index]);
+        results[w.index] = result(KVStatus::io_error, e.what());
+        const auto back = std::find_if(evictions.begin(), evictions.end(),
+                                       [&](const Record& r) { return r.slot == w.slot; });
+        if (back == evictions.end()) {
+          s.index->release_writing(w.slot);
+          continue;
+        }
+        const SlotEntry& old = evicted_entries[static_cast<std::size_t>(back - evictions.begin())];
+        s.index->publish(w.slot, old.key, old.length, old.checksum);
+      }
+      return results;
+    }
+  }
+  commit_admission.unlock();
   if (work.empty()) return results;
 
   // Data first: write every block, then make each touched slab durable.
@@ -276,6 +345,7 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
                          : result(status_of(requests[w].outcome), requests[w].message);
       }
       results[i].route = requests[w].route;
+      results[i].route_reason = std::move(requests[w].route_reason);
     }
   }
   if (s.records_since_checkpoint >= s.options.checkpoint_every) {

@@ -61,7 +61,8 @@ struct KVStore::Impl {
   void load_state(bool writable);
   void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
-  void append_records(const std::vector<Record>& records);
+  // `sync`: fdatasync the journal after (false: written only, enough for a process kill).
+  void append_records(const std::vector<Record>& records, bool sync = true);
   void checkpoint_locked();
   void refresh();
 };
