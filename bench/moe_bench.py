@@ -16,7 +16,7 @@ import time
 import torch
 
 import ferry.torch
-from ferry._experts import find_fused_experts, find_moe_blocks
+from ferry.offload import find_fused_experts, find_moe_blocks
 
 
 def build(args, device):

@@ -25,7 +25,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/device.hpp"
 #include "ferry/error.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 
 namespace {
 

@@ -4,21 +4,26 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "commands.hpp"
+#include "report.hpp"
 #include "ferry/error.hpp"
-#include "ferry/kv_bench.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/utf8_path.hpp"
+#include "kv_bench.hpp"
 
 namespace ferry::cli {
 namespace {
 
 void print_store(const KVStoreInfo& info, const KVStats& s) {
+  // Names come from a file: escaped, so that they cannot drive the terminal.
   std::printf("%s\n  namespace: model=%s dtype=%s layout=%s rank %d of %d\n",
-              utf8_of(info.directory).c_str(), info.ns.model.c_str(), info.ns.dtype.c_str(),
-              info.ns.block_layout.c_str(), info.ns.tp_rank, info.ns.world_size);
+              printable(utf8_of(info.directory)).c_str(), printable(info.ns.model).c_str(),
+              printable(info.ns.dtype).c_str(), printable(info.ns.block_layout).c_str(),
+              info.ns.tp_rank, info.ns.world_size);
   std::printf("  blocks: %llu of %llu (block %llu bytes, slot %llu); index %.1f MiB; "
               "journal %llu records since %s; slab I/O %s\n",
               static_cast<unsigned long long>(s.blocks),
@@ -31,6 +36,12 @@ void print_store(const KVStoreInfo& info, const KVStats& s) {
   if (s.journal_tail_dropped)
     std::printf("  a torn journal tail of %llu bytes is ignored (the writer cuts it)\n",
                 static_cast<unsigned long long>(s.journal_tail_dropped));
+}
+
+// A namespace that cannot be opened, said on stdout beside the others (the command then fails).
+void print_damaged(const std::filesystem::path& directory, const std::string& problem) {
+  std::printf("%s\n  DAMAGED: %s\n", printable(utf8_of(directory)).c_str(),
+              printable(problem).c_str());
 }
 
 KVStore open_reader(const std::filesystem::path& root, const KVStoreInfo& info) {
@@ -262,16 +273,40 @@ void add_kv(CLI::App& app) {
   stats->add_option("root", root, "the KV store root")->required();
   stats->callback([] {
     const auto stores = KVStore::list(path_from_utf8(root));
-    if (stores.empty()) std::printf("no KV stores under %s\n", root.c_str());
-    for (const KVStoreInfo& info : stores)
-      print_store(info, open_reader(path_from_utf8(root), info).stats());
+    if (stores.empty()) std::printf("no KV stores under %s\n", printable(root).c_str());
+    std::size_t damaged = 0;
+    for (const KVStoreInfo& info : stores) {
+      try {
+        if (!info.problem.empty()) throw std::runtime_error(info.problem);
+        print_store(info, open_reader(path_from_utf8(root), info).stats());
+      } catch (const std::exception& e) {
+        print_damaged(info.directory, e.what());
+        ++damaged;
+      }
+    }
+    FERRY_EXPECT(damaged == 0, std::runtime_error, damaged, " of ", stores.size(),
+                 " KV stores under ", root, " cannot be opened (see DAMAGED above)");
   });
   auto* verify = kv->add_subcommand("verify", "Read every committed block and check its checksum");
   verify->add_option("root", root, "the KV store root")->required();
   verify->callback([] {
     std::uint64_t bad = 0, good = 0;
+    std::size_t damaged = 0;
     for (const KVStoreInfo& info : KVStore::list(path_from_utf8(root))) {
-      KVStore store = open_reader(path_from_utf8(root), info);
+      if (!info.problem.empty()) {
+        print_damaged(info.directory, info.problem);
+        ++damaged;
+        continue;
+      }
+      std::optional<KVStore> opened;
+      try {
+        opened.emplace(open_reader(path_from_utf8(root), info));
+      } catch (const std::exception& e) {
+        print_damaged(info.directory, e.what());
+        ++damaged;
+        continue;
+      }
+      KVStore& store = *opened;
       std::vector<std::byte> buffer(info.block_bytes);
       for (KVKey key : store.keys()) {
         const std::uint64_t length = store.stored_length(key);
@@ -283,14 +318,18 @@ void add_kv(CLI::App& app) {
           ++good;
         } else if (!r.message.empty()) {  // a checksum failure or an I/O error says where
           ++bad;
-          std::printf("%s: key %llu: %s: %s\n", utf8_of(info.directory).c_str(),
-                      static_cast<unsigned long long>(key), to_string(r.status), r.message.c_str());
+          std::printf("%s: key %llu: %s: %s\n", printable(utf8_of(info.directory)).c_str(),
+                      static_cast<unsigned long long>(key), to_string(r.status),
+                      printable(r.message).c_str());
         }
       }
     }
-    std::printf("verified %llu blocks, %llu bad\n", static_cast<unsigned long long>(good + bad),
-                static_cast<unsigned long long>(bad));
-    FERRY_EXPECT(bad == 0, std::runtime_error, bad, " blocks failed verification");
+    std::printf("verified %llu blocks, %llu bad%s\n", static_cast<unsigned long long>(good + bad),
+                static_cast<unsigned long long>(bad),
+                damaged ? (", " + std::to_string(damaged) + " namespaces DAMAGED").c_str() : "");
+    FERRY_EXPECT(bad == 0 && damaged == 0, std::runtime_error, bad,
+                 " blocks failed verification; ", damaged,
+                 " namespaces cannot be opened (see DAMAGED above)");
   });
 }
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "ferry/transfer.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 
 namespace ferry::test {
 

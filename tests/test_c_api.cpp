@@ -1,10 +1,14 @@
 // The C ABI, used the way a C host would: handles, statuses, last-error strings.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <latch>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/ferry.h"
@@ -400,6 +404,136 @@ TEST(CApiTransfer, BadArgumentsAreStatusesNotCrashes) {
   EXPECT_EQ(ferry_ticket_ready(nullptr), 1);
   ferry_ticket_free(nullptr);
   ferry_file_set_free(set);
+}
+
+
+// The KV store's C ABI against its own callbacks and a free beside work in flight.
+struct CKvStore {
+  TempDir dir;
+  ferry_kv_store* store = nullptr;
+  std::vector<char> block = std::vector<char>(4096, 'k');
+  ferry_kv_piece piece{block.data(), block.size(), "cpu"};
+  ferry_kv_block one{&piece, 1};
+  CKvStore() { EXPECT_EQ(open(), FERRY_STATUS_OK) << ferry_last_error(); }
+  ferry_status open() {
+    ferry_kv_options o;
+    ferry_kv_options_init(&o);
+    o.model = "m";
+    o.capacity_bytes = 16 * 4096;
+    o.block_bytes = 4096;
+    return ferry_kv_open(dir.path().string().c_str(), &o, &store);
+  }
+};
+
+// ferry_kv_free from a completion callback of the store (before: std::terminate, "Resource
+// deadlock avoided"): the put stands, and the store opens again once its last batch ended.
+TEST(CApiKv, FreeInsideACompletionCallback) {
+  CKvStore s;
+  struct Seen {
+    ferry_kv_store* store;
+    int32_t status = -1;
+  } seen{s.store};
+  const auto free_it = [](void* user, const ferry_kv_result* r, size_t n) {
+    auto* seen = static_cast<Seen*>(user);
+    if (n == 1) seen->status = r[0].status;
+    ferry_kv_free(seen->store);
+  };
+  const uint64_t key = 1;
+  ferry_kv_ticket* t = nullptr;
+  ASSERT_EQ(ferry_kv_put_async(s.store, &key, &s.one, 1, nullptr, free_it, &seen, &t),
+            FERRY_STATUS_OK);
+  int ready = 0;
+  ASSERT_EQ(ferry_kv_ticket_wait(t, -1, &ready), FERRY_STATUS_OK);
+  ferry_kv_ticket_free(t);
+  EXPECT_EQ(seen.status, FERRY_KV_OK);
+  ferry_status opened;
+  while ((opened = s.open()) == FERRY_STATUS_IO_ERROR &&
+         std::string(ferry_last_error()).find("another process") != std::string::npos)
+    std::this_thread::yield();  // the writer lock goes when the freed store's batch has ended
+  ASSERT_EQ(opened, FERRY_STATUS_OK) << ferry_last_error();
+  size_t hits = 0;
+  ASSERT_EQ(ferry_kv_lookup(s.store, &key, 1, &hits), FERRY_STATUS_OK);
+  EXPECT_EQ(hits, 1u);
+  ferry_kv_free(s.store);
+}
+
+// ferry_kv_ticket_wait and ferry_kv_ticket_result on the ticket whose callback is running
+// (before: the wait never returned). Another batch posted and awaited from the callback, too.
+TEST(CApiKv, TicketWaitAndResultInsideTheTicketsOwnCallback) {
+  CKvStore s;
+  struct Inside {
+    CKvStore* s;
+    std::atomic<ferry_kv_ticket*> ticket{nullptr};
+    int ready = 0;
+    ferry_status wait_status = FERRY_STATUS_INTERNAL_ERROR, result_status = wait_status;
+    ferry_kv_result result{-1, -1};
+    ferry_status inner_status = FERRY_STATUS_INTERNAL_ERROR;
+    int32_t inner_result = -1;
+  } inside{&s};
+  const auto callback = [](void* user, const ferry_kv_result*, size_t) {
+    auto* in = static_cast<Inside*>(user);
+    ferry_kv_ticket* own = nullptr;
+    while ((own = in->ticket.load()) == nullptr) std::this_thread::yield();  // set by the poster
+    in->wait_status = ferry_kv_ticket_wait(own, -1, &in->ready);
+    in->result_status = ferry_kv_ticket_result(own, 0, &in->result, nullptr);
+    const uint64_t key = 2;
+    ferry_kv_ticket* inner = nullptr;
+    in->inner_status = ferry_kv_put_async(in->s->store, &key, &in->s->one, 1, nullptr, nullptr,
+                                          nullptr, &inner);
+    if (in->inner_status != FERRY_STATUS_OK) return;
+    int ready = 0;
+    in->inner_status = ferry_kv_ticket_wait(inner, -1, &ready);
+    ferry_kv_ticket_result(inner, 0, nullptr, nullptr);
+    ferry_kv_result r{-1, -1};
+    if (ferry_kv_ticket_result(inner, 0, &r, nullptr) == FERRY_STATUS_OK) in->inner_result = r.status;
+    ferry_kv_ticket_free(inner);
+  };
+  const uint64_t key = 1;
+  ferry_kv_ticket* t = nullptr;
+  ASSERT_EQ(ferry_kv_put_async(s.store, &key, &s.one, 1, nullptr, callback, &inside, &t),
+            FERRY_STATUS_OK);
+  inside.ticket = t;
+  int ready = 0;
+  ASSERT_EQ(ferry_kv_ticket_wait(t, -1, &ready), FERRY_STATUS_OK);
+  EXPECT_EQ(inside.wait_status, FERRY_STATUS_OK);
+  EXPECT_EQ(inside.ready, 1);
+  EXPECT_EQ(inside.result_status, FERRY_STATUS_OK);
+  EXPECT_EQ(inside.result.status, FERRY_KV_OK);
+  EXPECT_EQ(inside.inner_status, FERRY_STATUS_OK);
+  EXPECT_EQ(inside.inner_result, FERRY_KV_OK);
+  ferry_kv_ticket_free(t);
+  ferry_kv_free(s.store);
+}
+
+// ferry_kv_free on one thread while a batch's callback runs on another: the free returns only
+// after the batch (callback included) ended; nothing is used after it is freed (ASan).
+TEST(CApiKv, FreeWaitsForABatchInFlight) {
+  CKvStore s;
+  struct Held {
+    std::latch inside{1}, release{1};
+  } held;
+  const auto callback = [](void* user, const ferry_kv_result*, size_t) {
+    auto* h = static_cast<Held*>(user);
+    h->inside.count_down();
+    h->release.wait();
+  };
+  const uint64_t key = 1;
+  ferry_kv_ticket* t = nullptr;
+  ASSERT_EQ(ferry_kv_put_async(s.store, &key, &s.one, 1, nullptr, callback, &held, &t),
+            FERRY_STATUS_OK);
+  held.inside.wait();
+  std::thread freer([&] { ferry_kv_free(s.store); });
+  held.release.count_down();
+  freer.join();
+  int ready = 0;
+  EXPECT_EQ(ferry_kv_ticket_wait(t, 0, &ready), FERRY_STATUS_OK);
+  EXPECT_EQ(ready, 1);
+  ferry_kv_ticket_free(t);
+  ASSERT_EQ(s.open(), FERRY_STATUS_OK) << ferry_last_error();
+  size_t hits = 0;
+  ASSERT_EQ(ferry_kv_lookup(s.store, &key, 1, &hits), FERRY_STATUS_OK);
+  EXPECT_EQ(hits, 1u);
+  ferry_kv_free(s.store);
 }
 
 }  // namespace

@@ -6,10 +6,10 @@
 #include <cerrno>
 #include <map>
 
-#include "cufile/aligned_split.hpp"
-#include "cufile/gds_mode.hpp"
-#include "cufile/handle_cache.hpp"
-#include "cufile/transfer_result.hpp"
+#include "backends/cufile/aligned_split.hpp"
+#include "backends/cufile/gds_mode.hpp"
+#include "backends/cufile/handle_cache.hpp"
+#include "backends/cufile/transfer_result.hpp"
 #include "ferry/error.hpp"
 #include "ferry/file_set.hpp"
 #include "platform/file.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ferry/checkpoint.hpp"
-#include "ferry/destination_match.hpp"
+#include "load/destination_match.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "test_support.hpp"
 

@@ -10,7 +10,7 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "test_support.hpp"
-#include "transfer/dstorage_bridge.hpp"
+#include "backends/dstorage/dstorage_bridge.hpp"
 
 namespace ferry {
 namespace {

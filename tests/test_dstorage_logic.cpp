@@ -6,14 +6,14 @@
 
 #include <cstring>
 
-#include "dstorage/adapter_match.hpp"
-#include "dstorage/request_split.hpp"
+#include "backends/dstorage/adapter_match.hpp"
+#include "backends/dstorage/request_split.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/machine.hpp"
 #include "test_support.hpp"
 #ifdef _WIN32
 #include "shim/cuda_driver.hpp"
-#include "transfer/dstorage_bridge.hpp"
+#include "backends/dstorage/dstorage_bridge.hpp"
 #endif
 
 namespace ferry {

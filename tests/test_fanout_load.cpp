@@ -12,7 +12,7 @@
 #include "platform/file_mapping.hpp"
 #include "shard_reference.hpp"
 #include "test_support.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {

@@ -17,7 +17,7 @@
 #include "shard_reference.hpp"
 #include "shim/cuda_driver.hpp"
 #include "test_support.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {

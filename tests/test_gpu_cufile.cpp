@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_resources.hpp"
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
-#include "ferry/gds_file.hpp"
+#include "backends/cufile/gds_file.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "shim/cuda_driver.hpp"

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "cuda/cuda_resources.hpp"
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/tensor_reader.hpp"
@@ -16,7 +16,7 @@
 #include "shim/cuda_driver.hpp"
 #include "staging_limit.hpp"
 #include "test_support.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 
 namespace ferry {
 namespace {

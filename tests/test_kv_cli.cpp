@@ -1,5 +1,6 @@
 // `ferry kv stats`, `verify` and `bench` on stores made here (the CLI as a user runs it).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -87,6 +88,74 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() + " --sizes 4Q");
   EXPECT_EQ(status, 1) << out;
   EXPECT_NE(out.find("\"4Q\" is not a size"), std::string::npos) << out;
+}
+
+
+// A namespace whose manifest.json is gone (its journal and slabs are there) is reported as
+// damaged by stats and verify, which fail; before, verify said "verified 0 blocks, 0 bad" (exit
+// 0) and stats "no KV stores".
+TEST(KvCli, ANamespaceWithoutItsManifestIsReportedDamaged) {
+  TempDir dir;
+  {
+    auto good = KVStore::open(dir.path(), kv_namespace("kept"), 8 * 4096, 4096);
+    auto lost = KVStore::open(dir.path(), kv_namespace("lost"), 8 * 4096, 4096);
+    ASSERT_TRUE(put_one(good, 1, kv_bytes(1, 4096)).ok());
+    ASSERT_TRUE(put_one(lost, 2, kv_bytes(2, 4096)).ok());
+  }
+  const auto lost_dir = dir.path() / KVStore::directory_name(kv_namespace("lost"));
+  std::filesystem::remove(lost_dir / "manifest.json");
+  for (const char* command : {"kv stats ", "kv verify "}) {
+    auto [status, out] = run_cli(command + dir.path().string());
+    EXPECT_EQ(status, 1) << command << out;
+    EXPECT_NE(out.find("DAMAGED"), std::string::npos) << command << out;
+    EXPECT_NE(out.find((lost_dir / "manifest.json").string() + " is missing"), std::string::npos)
+        << command << out;
+  }
+  // The healthy namespace is still reported and verified beside it.
+  auto [status, out] = run_cli("kv verify " + dir.path().string());
+  EXPECT_NE(out.find("verified 1 blocks, 0 bad, 1 namespaces DAMAGED"), std::string::npos) << out;
+  std::tie(status, out) = run_cli("kv stats " + dir.path().string());
+  EXPECT_NE(out.find("model=kept"), std::string::npos) << out;
+}
+
+// A FIFO (or a directory) in place of a namespace's manifest, journal or checkpoint: stats and
+// verify end at once, naming the file as not a regular file, instead of hanging on the open.
+TEST(KvCli, AFifoOrDirectoryInPlaceOfAStoreFileIsRefusedNotWaitedOn) {
+  for (const char* name : {"manifest.json", "journal", "checkpoint", "slab-0.dat"}) {
+    for (const bool fifo : {true, false}) {
+      TempDir dir;
+      {
+        auto store = KVStore::open(dir.path(), kv_namespace(), 8 * 4096, 4096);
+        ASSERT_TRUE(put_one(store, 1, kv_bytes(1, 4096)).ok());
+      }  // the close checkpoints: every file exists
+      const auto file = dir.path() / KVStore::directory_name(kv_namespace()) / name;
+      std::filesystem::remove(file);
+      if (fifo)
+        ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+      else
+        std::filesystem::create_directory(file);
+      for (const char* command : {"kv stats ", "kv verify "}) {
+        auto [status, out] = run_cli(command + dir.path().string());
+        EXPECT_EQ(status, 1) << name << " " << command << out;
+        EXPECT_NE(out.find(file.string() + ": not a regular file"), std::string::npos)
+            << name << (fifo ? " (FIFO) " : " (directory) ") << command << out;
+      }
+    }
+  }
+}
+
+// Names come from the store's manifest, written by whoever made the store: stats prints them
+// with control characters escaped, so a model name cannot retitle or recolour the terminal.
+TEST(KvCli, StatsEscapesControlCharactersInStoredNames) {
+  TempDir dir;
+  const KVNamespace ns{"\x1b]0;TITLE\x07\x1b[31mRED\x1b[0m", "bf\x1b[2J16", "l=\n4", 0, 1};
+  { auto store = KVStore::open(dir.path(), ns, 8 * 4096, 4096); }
+  auto [status, out] = run_cli("kv stats " + dir.path().string());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x07'), std::string::npos) << out;
+  EXPECT_NE(out.find("model=\\x1b]0;TITLE\\x07\\x1b[31mRED\\x1b[0m"), std::string::npos) << out;
+  EXPECT_NE(out.find("dtype=bf\\x1b[2J16 layout=l=\\n4"), std::string::npos) << out;
 }
 
 }  // namespace

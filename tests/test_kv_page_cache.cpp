@@ -19,7 +19,7 @@
 #include "ferry/machine.hpp"
 #include "kv_page_cache_support.hpp"
 #include "platform/file_mapping.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry::test {
 namespace {

@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "ferry/error.hpp"
-#include "ferry/load_plan.hpp"
+#include "load/load_plan.hpp"
 #include "test_support.hpp"
 
 namespace ferry {

@@ -16,8 +16,8 @@
 #include "ferry/transfer.hpp"
 #include "platform/file_mapping.hpp"
 #include "test_support.hpp"
-#include "transfer/page_cache_registry.hpp"
-#include "transfer/staged_page_cache.hpp"
+#include "services/page_cache_registry.hpp"
+#include "transfer/staged/staged_page_cache.hpp"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-// The page-cache registry's cache logic (transfer/page_cache_registry.hpp) with a host stand-in
+// The page-cache registry's cache logic (services/page_cache_registry.hpp) with a host stand-in
 // for the driver's registration: reuse while a file is unchanged, a changed file registered
 // afresh, the budget's LRU eviction, and each refusal said in words.
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 
 #include "platform/file_mapping.hpp"
 #include "test_support.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {

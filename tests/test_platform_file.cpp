@@ -12,7 +12,7 @@
 #include "ferry/file_set.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/utf8_path.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/system.hpp"

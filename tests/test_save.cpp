@@ -17,7 +17,7 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/safetensors_save.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "test_support.hpp"
 
 namespace ferry {

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "cuda/cuda_resources.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry::test {
 

@@ -17,8 +17,8 @@
 #include "ferry/transfer.hpp"
 #include "platform/file.hpp"
 #include "test_support.hpp"
-#include "transfer/pinned_pool.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/pinned_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry {
 namespace {

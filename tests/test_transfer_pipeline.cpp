@@ -17,10 +17,10 @@
 #include "platform/file.hpp"
 #include "staging_limit.hpp"
 #include "test_support.hpp"
-#include "transfer/pinned_pool.hpp"
-#include "transfer/staged_plan.hpp"
-#include "transfer/staged_units.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/pinned_pool.hpp"
+#include "transfer/staged/staged_plan.hpp"
+#include "transfer/staged/staged_units.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry {
 namespace {

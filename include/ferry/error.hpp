@@ -20,6 +20,13 @@ class FormatError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A KV store's own file (manifest, journal, checkpoint) that is not what its format says; the
+// message names the file. Python: ferry.KVFormatError (not a SafetensorError).
+class KVFormatError : public FormatError {
+ public:
+  using FormatError::FormatError;
+};
+
 // The CUDA driver or a GPU refused an operation, or none is usable for what was asked.
 class CudaError : public std::runtime_error {
  public:

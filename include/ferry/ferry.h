@@ -67,7 +67,11 @@ typedef struct ferry_tensor_info {
  * ferry_X_options_init(o) fills the struct as this header lays it out, which a newer library
  * lays out longer: a host that may run with a newer library than its header calls
  * ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6), which writes no more than
- * that size and sets struct_size to it. */
+ * that size and sets struct_size to it.
+ * struct_size is a uint32_t in the load and fanout options and statistics and a size_t in the
+ * others. It stays so: widening it would move no field on 64-bit targets, but a host built
+ * against this header writes only its low four bytes, and a library reading eight would take
+ * the padding after them for part of the size. */
 typedef struct ferry_load_options {
   uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
@@ -77,8 +81,11 @@ typedef struct ferry_load_options {
   uint64_t staging_bytes; /* 0: the default, 256 MiB */
   uint64_t chunk_bytes;   /* 0: chosen */
   unsigned reader_threads; /* 0: chosen */
-  const char* backend;     /* "auto", "cufile" or "posix"; NULL means "auto" */
-  int32_t allow_compat;    /* nonzero lets backend "cufile" run in cuFile's compatibility mode */
+  /* "auto", "cufile", "posix" or "directstorage" ("dstorage"); NULL means "auto" */
+  const char* backend;
+  /* nonzero lets backend "cufile" run in cuFile's compatibility mode, and "directstorage" fall
+   * back to the staged path where DirectStorage cannot run (said so per file) */
+  int32_t allow_compat;
   unsigned slots_per_thread; /* staging slots each reader cycles through; 0: chosen */
   /* Page-cache DMA (Linux, GPU destinations): the most bytes of files wholly in the page cache kept
    * registered with the GPU driver and copied straight from there; 0: off (the default). The
@@ -94,7 +101,8 @@ typedef struct ferry_load_options {
 
 typedef struct ferry_file_stats {
   const char* path;
-  const char* io_path; /* "odirect" or "buffered" */
+  /* "odirect", "buffered", "cufile-gds", "cufile-compat", "directstorage" or "page-cache-dma" */
+  const char* io_path;
   const char* reason;
   uint64_t bytes_read;
 } ferry_file_stats;
@@ -332,7 +340,10 @@ typedef struct ferry_kv_stats {
 } ferry_kv_stats;
 
 /* Called once on a worker thread when an asynchronous batch has finished, before
- * ferry_kv_ticket_wait returns; `results` holds `count` entries, valid during the call. */
+ * ferry_kv_ticket_wait returns; `results` holds `count` entries, valid during the call. The
+ * results are final then: inside a callback, ferry_kv_ticket_wait and ferry_kv_ticket_result on
+ * its own ticket (or any other) return once the results are, and a callback may call the store
+ * again, start batches and wait for them, or ferry_kv_free it. */
 typedef void (*ferry_kv_callback)(void* user_data, const ferry_kv_result* results, size_t count);
 
 FERRY_API void ferry_kv_options_init(ferry_kv_options* options);
@@ -344,7 +355,9 @@ FERRY_API uint64_t ferry_kv_key(const void* bytes, size_t length);
  * checkpoint), NOT_FOUND (a reader with no store) or IO_ERROR. */
 FERRY_API ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
                                      ferry_kv_store** out);
-/* Waits for its asynchronous batches, checkpoints (a writer) and closes; NULL is ignored. */
+/* Waits for the calls in flight on other threads and its asynchronous batches (callbacks
+ * included), checkpoints (a writer) and closes; NULL is ignored. From a completion callback of
+ * the store, the rest is closed when its last batch has ended. No call may start after it. */
 FERRY_API void ferry_kv_free(ferry_kv_store* store);
 /* One batch: `count` keys and blocks; results[i] for key i (results may be NULL). Returns OK when
  * the batch ran, whatever each key's status; the message of the first key that did not succeed

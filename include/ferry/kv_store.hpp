@@ -141,7 +141,10 @@ struct KVTicketState;
 }
 
 // An asynchronous put or get. The batch runs on the store's worker threads; results are per key
-// in order. The completion callback (if any) runs once on a worker thread, before wait() returns.
+// in order. The completion callback (if any) runs once on a worker thread, before wait() returns;
+// the results are final when it runs. Inside a completion callback, a wait (or results(), ready())
+// ends once the results are final: a callback may ask its own ticket, or start another batch of
+// the store and wait for it (a worker thread runs queued batches while it waits).
 class KVTicket {
  public:
   KVTicket() = default;
@@ -203,12 +206,16 @@ struct KVStats {
   bool read_only = false;
 };
 
-// A store found under a root (from its manifest), enough to open it again.
+// A store found under a root (from its manifest), enough to open it again; or a damaged one.
 struct KVStoreInfo {
   std::filesystem::path directory;
   KVNamespace ns;
   std::uint64_t block_bytes = 0;
   std::uint64_t capacity_bytes = 0;  // slots x slot size
+  // Empty for a store that can be opened; else why not (its manifest is missing while the
+  // store's files are there, or is not a regular file, or not a manifest): the other fields
+  // are then unset.
+  std::string problem;
 };
 
 class KVStore {
@@ -221,7 +228,17 @@ class KVStore {
 
   KVStore(KVStore&&) noexcept;
   KVStore& operator=(KVStore&&) noexcept;
-  ~KVStore();  // see checkpoint_on_close (errors are ignored: the journal has it all)
+  ~KVStore();  // close(), then frees what the calls in flight no longer hold
+
+  // Waits for the calls and batches in flight (their callbacks included), checkpoints (a writer;
+  // see checkpoint_on_close; errors are ignored: the journal has it all) and releases the files
+  // and the writer lock. Later calls throw std::invalid_argument naming the store. Safe beside
+  // calls on other threads; a second close() returns when the first is done. From a completion
+  // callback of this store (which runs inside its batch, so cannot wait for it): new calls are
+  // refused at once, and the files are released when the last batch in flight has ended. The
+  // destructor, too, may run in a callback (the last owner letting go there): what is left is
+  // freed by the store's last batch, never by a thread joining itself.
+  void close();
 
   // One batch each; results are per key, in order (one bad key does not fail the others).
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
@@ -249,13 +266,15 @@ class KVStore {
 
   // A namespace's directory name under the root: "ns-" and 16 hex digits of its hash.
   static std::string directory_name(const KVNamespace& ns);
-  // Every store under `root`, read from the manifests (a bad manifest is an error naming it).
+  // Every namespace directory under `root`, read from the manifests; those that cannot be
+  // opened are listed with their problem (a directory being created, with no store file yet,
+  // is left out).
   static std::vector<KVStoreInfo> list(const std::filesystem::path& root);
 
  private:
   struct Impl;
   explicit KVStore(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> _impl;
+  std::shared_ptr<Impl> _impl;  // shared with the batches in flight
 };
 
 }  // namespace ferry

@@ -10,31 +10,9 @@
 #include <vector>
 
 #include "ferry/device.hpp"
+#include "ferry/io_types.hpp"
 
 namespace ferry {
-
-enum class IoMode {
-  Auto,      // per file: buffered when mostly in page cache, else O_DIRECT where supported
-  Direct,    // O_DIRECT, an error where the file system refuses it
-  Buffered,  // always through the page cache
-};
-
-// "auto" | "direct" | "buffered"; throws std::invalid_argument otherwise.
-IoMode parse_io_mode(std::string_view text);
-
-enum class Backend {
-  Auto,           // cuFile where it really does GPUDirect Storage for every file, else staged
-  Cufile,         // cuFile; an error where it cannot run, or would run in compatibility mode unless
-                  // allow_compat is set
-  Posix,          // the staged path: reads into pinned host memory, then asynchronous copies
-  DirectStorage,  // Windows' DirectStorage (dstorage.dll); an error where it cannot run unless
-                  // allow_compat lets the staged path stand in (said so per file)
-};
-
-// "auto" | "cufile" | "posix" | "directstorage"; throws std::invalid_argument otherwise.
-Backend parse_backend(std::string_view text);
-
-inline constexpr std::uint64_t kDefaultStagingBytes = 256ull << 20;
 
 struct LoadOptions {
   Device device = Device::cpu();

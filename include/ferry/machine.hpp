@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/load_options.hpp"
+#include "ferry/io_types.hpp"
 
 namespace ferry {
 

@@ -15,8 +15,7 @@
 
 #include "ferry/device.hpp"
 #include "ferry/file_set.hpp"
-#include "ferry/load_options.hpp"
-#include "ferry/load_stats.hpp"
+#include "ferry/io_types.hpp"
 
 namespace ferry {
 

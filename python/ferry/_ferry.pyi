@@ -7,6 +7,9 @@ __version__: str
 class SafetensorError(ValueError):
     """A malformed file, a closed handle or a bad argument, as safetensors names them."""
 
+class KVFormatError(ValueError):
+    """A KV store's own file (journal, checkpoint, manifest) that is malformed; names it."""
+
 class Checkpoint:
     @staticmethod
     def open(path: Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]) -> "Checkpoint":
@@ -125,7 +128,7 @@ class KVTicketCore:
     def results(self) -> List[Tuple[str, str, str, str]]: ...
 
 class KVStoreCore:
-    def __init__(self, root: str, model: str, dtype: str, block_layout: str, tp_rank: int,
+    def __init__(self, root: bytes, model: str, dtype: str, block_layout: str, tp_rank: int,
                  world_size: int, capacity_bytes: int, block_bytes: int, gpu_path: str,
                  allow_compat: bool, read_only: bool, slab_count: int,
                  checkpoint_every: int, page_cache_pin: str) -> None: ...

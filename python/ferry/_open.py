@@ -338,7 +338,7 @@ class safe_open:
         if self._framework == "np":
             return {name: numpy_view(loaded, name, dtype, shape, size)
                     for name, (dtype, shape, size) in table.items()}
-        from .torch import _tensors
+        from ._views import _tensors
 
         tensors = _tensors(loaded, table)
         if engine_device(self._device) != self._device:

@@ -112,7 +112,11 @@ class KVStore:
                  slab_count: int = 4, checkpoint_every: int = 65536,
                  page_cache_pin: Union[int, str] = 0):
         import os
-        self._core = _ferry.KVStoreCore(os.fsdecode(root), model, dtype, block_layout, tp_rank,
+        where = os.fsencode(root)  # str, bytes or os.PathLike; names need not be UTF-8
+        if b"\0" in where:
+            raise ValueError(f"KV store root {os.fsdecode(where)!r}: a path cannot hold a NUL "
+                             f"byte")
+        self._core = _ferry.KVStoreCore(where, model, dtype, block_layout, tp_rank,
                                         world_size, capacity_bytes, block_bytes, gpu_path,
                                         allow_compat, read_only, slab_count, checkpoint_every,
                                         str(page_cache_pin))
@@ -125,7 +129,10 @@ class KVStore:
         self.close()
 
     def close(self) -> None:
-        """Waits for the batches in flight, checkpoints (a writer) and closes."""
+        """Waits for the calls and batches in flight (their callbacks included), checkpoints (a
+        writer) and closes; later calls raise ValueError. From a completion callback it cannot
+        wait for its own batch: new calls are refused at once, the files are released when the
+        last batch ends. Dropping the last reference in a callback is fine, too."""
         self._core.close()
 
     def put(self, keys: Sequence[Key], blocks: Sequence[Any], *,

@@ -3,39 +3,24 @@ plus loaders for inference servers (load_with_stats, iterate_weights, load_into)
 streaming (offload)."""
 import concurrent.futures
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 
 from . import _ferry
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._ferry import SafetensorError
-from ._experts import ExpertOffload, offload_experts
-from ._offload import Offload, offload
 from ._open import check_backend, open_checkpoint, safe_open
-from ._plan import plan_offload
 from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
+from ._views import _tensors
+from .offload import ExpertOffload, Offload, offload, offload_experts, plan_offload
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 __all__ = ["ExpertOffload", "iterate_weights", "load", "load_file", "load_into", "load_model",
            "load_with_stats", "Offload", "offload", "offload_experts", "plan_offload", "safe_open",
            "SafetensorError", "save", "save_file", "slice_plan"]
-
-
-def _as_tensor(loaded: "_ferry.Loaded", name: str, dtype: str, shape: List[int]) -> torch.Tensor:
-    """A torch view of a loaded tensor's bytes: no copy, and it keeps the memory alive."""
-    raw = torch.from_dlpack(loaded.bytes(name))
-    target = torch_dtype(dtype, name)
-    return raw.view(target).reshape(torch_shape(dtype, shape))
-
-
-def _tensors(loaded: "_ferry.Loaded", table) -> Dict[str, torch.Tensor]:
-    # Typed views need one torch call per tensor instead of three (measured: a 3,219-tensor MoE
-    # checkpoint lost a fifth of its load time to building views).
-    return {name: torch.from_dlpack(view) if view is not None else _as_tensor(loaded, name, *table[name][:2])
-            for name, view in loaded.views()}
 
 
 def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterable[str]] = None,
@@ -128,7 +113,7 @@ def _aliases_to_drop(state: Dict[str, torch.Tensor], preferred: Iterable[str]) -
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
-               device: Union[str, int] = "cpu", *, backend: str = "mmap") -> Tuple[List[str], List[str]]:
+               device: Union[str, int] = "cpu", *, backend: str = "mmap") -> Tuple[Set[str], List[str]]:
     """Like safetensors.torch.load_model: loads `filename` into `model`, where tensors the model
     shares (tied weights) are stored once in the file. Returns (missing, unexpected); with strict,
     either raises RuntimeError as torch's load_state_dict does."""

@@ -4,10 +4,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set,
 import torch
 
 from ._ferry import SafetensorError as SafetensorError
-from ._experts import ExpertOffload as ExpertOffload, offload_experts as offload_experts
-from ._offload import Offload as Offload, offload as offload
 from ._open import safe_open as safe_open
-from ._plan import plan_offload as plan_offload
+from .offload import ExpertOffload as ExpertOffload, Offload as Offload
+from .offload import offload as offload, offload_experts as offload_experts, plan_offload as plan_offload
 
 PathLike = Union[str, os.PathLike]
 

@@ -219,7 +219,7 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
     for name, dtype_name in ((n, table[n][0]) for n in mapping):
         _torch_dtype(dtype_name, name)  # refuse dtypes this torch lacks before loading
     loaded = _ferry.load(checkpoint, dev, list(mapping))
-    from .torch import _tensors
+    from ._views import _tensors
 
     tensors = _tensors(loaded, table)
     with torch.no_grad():
@@ -292,7 +292,7 @@ def _through_transformers(model_class, path, checkpoint, dev, dtype, config, str
     them (its conversion mapping: renames, fused MoE experts, casts) and fills the model. No
     model path goes with the state_dict: transformers 5 refuses both, and without one it reads
     no file itself."""
-    from .torch import _tensors
+    from ._views import _tensors
 
     loaded = _ferry.load(checkpoint, dev)
     state = _tensors(loaded, tensor_table(checkpoint))

@@ -197,6 +197,8 @@ NB_MODULE(_ferry, m) {
   // (safetensors' own SafetensorError derives from Exception; ferry's from ValueError, so that
   // both `except ValueError` and `except SafetensorError` catch it).
   nb::exception<FormatError>(m, "SafetensorError", PyExc_ValueError);
+  // A KV store's own files (journal, checkpoint, manifest): registered later, so tried first.
+  nb::exception<KVFormatError>(m, "KVFormatError", PyExc_ValueError);
   InterpreterExit::get().set_main_thread(
       nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
   nb::module_::import_("atexit").attr("register")(

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,7 +108,10 @@ KVCallback py_callback(nb::object callback) {
 }
 
 // The store, closable before Python drops it (close waits for batches whose callbacks need the
-// GIL, so it runs without it).
+// GIL, so it runs without it). The KVStore object itself lives as long as this one: a call on
+// another thread may still be entering it when close() runs (KVStore::close refuses it then).
+// Dropped by a completion callback's captures, it is destroyed on the store's worker thread,
+// which KVStore's destructor allows.
 struct PyKVStore {
   std::optional<KVStore> store;
   KVStore& get() {
@@ -115,10 +119,10 @@ struct PyKVStore {
     return *store;
   }
   void close() {
-    without_gil([&] { store.reset(); });
+    if (store) without_gil([&] { store->close(); });
   }
   ~PyKVStore() {
-    if (store) close();
+    if (store) without_gil([&] { store.reset(); });
   }
 };
 
@@ -154,7 +158,7 @@ void bind_kv(nb::module_& m) {
   nb::class_<PyKVStore>(m, "KVStoreCore")
       .def(
           "__init__",
-          [](PyKVStore* self, const std::string& root, const std::string& model,
+          [](PyKVStore* self, nb::bytes root, const std::string& model,
              const std::string& dtype, const std::string& block_layout, int tp_rank, int world_size,
              std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
              bool allow_compat, bool read_only, unsigned slab_count,
@@ -169,9 +173,11 @@ void bind_kv(nb::module_& m) {
             set_load_option(sized, "page_cache_pin", page_cache_pin);
             o.page_cache_pin_bytes = sized.page_cache_pin_bytes;
             const KVNamespace ns{model, dtype, block_layout, tp_rank, world_size};
+            // The bytes the system sees (os.fsencode in ferry/kv.py, which refuses a NUL).
+            const std::filesystem::path where(std::string(root.c_str(), root.size()));
             new (self) PyKVStore();
             self->store.emplace(without_gil(
-                [&] { return KVStore::open(root, ns, capacity_bytes, block_bytes, o); }));
+                [&] { return KVStore::open(where, ns, capacity_bytes, block_bytes, o); }));
           },
           "root"_a, "model"_a, "dtype"_a, "block_layout"_a, "tp_rank"_a, "world_size"_a,
           "capacity_bytes"_a, "block_bytes"_a, "gpu_path"_a, "allow_compat"_a, "read_only"_a,
@@ -234,7 +240,9 @@ void bind_kv(nb::module_& m) {
       .def("stats", [](PyKVStore& s) {
         const KVStats st = s.get().stats();
         nb::dict d;
-        d["directory"] = st.directory.string();
+        const std::string& dir = st.directory.native();  // as os.fsdecode shows it
+        d["directory"] = nb::steal<nb::str>(
+            PyUnicode_DecodeFSDefaultAndSize(dir.data(), static_cast<Py_ssize_t>(dir.size())));
         d["block_bytes"] = st.block_bytes;
         d["slot_bytes"] = st.slot_bytes;
         d["capacity_blocks"] = st.capacity_blocks;

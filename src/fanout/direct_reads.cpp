@@ -4,7 +4,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry::detail {
 

@@ -17,7 +17,7 @@
 
 #include "ferry/device.hpp"
 #include "ferry/fanout_load.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 
 namespace ferry::detail {
 
@@ -39,7 +39,7 @@ using MapSources = std::function<std::vector<MappedSource>(
 // Every file staged (page-cache DMA off).
 MapSources staged_sources_only();
 
-// The process's page-cache registry (transfer/page_cache_registry.hpp): a lease on each read
+// The process's page-cache registry (services/page_cache_registry.hpp): a lease on each read
 // file's registered mapping where options.page_cache_pin_bytes > 0 and the registrations serve
 // every rank's device; else (not fully in the page cache, over the budget, host ranks...) the
 // file is staged and says why.

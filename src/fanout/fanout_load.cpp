@@ -21,7 +21,7 @@
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
 #include "load/ticket_wait.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry {
 

@@ -9,7 +9,7 @@
 #include "ferry/error.hpp"
 #include "format/tensor_layout.hpp"
 #include "ferry/ggml_type.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry {
 namespace {

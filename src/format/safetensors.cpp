@@ -6,7 +6,7 @@
 #include "ferry/error.hpp"
 #include "format/safetensors_json.hpp"
 #include "format/tensor_layout.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry {
 namespace {

@@ -7,7 +7,7 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "format/strict_json.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry::detail {
 namespace {

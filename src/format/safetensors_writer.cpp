@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry {
 namespace {

@@ -12,9 +12,8 @@
 #include <string>
 
 #include "ferry/file_set.hpp"
-#include "ferry/load_options.hpp"
-#include "ferry/load_stats.hpp"
-#include "io/file_descriptor.hpp"
+#include "ferry/io_types.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 
 namespace ferry::detail {

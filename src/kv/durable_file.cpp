@@ -28,6 +28,10 @@ void write_all(NativeDescriptor fd, const std::byte* data, std::size_t size, std
 
 }  // namespace
 
+void require_regular(const FileDescriptor& fd, const std::filesystem::path& path) {
+  (void)file_size(fd, path);  // throws "not a regular file"
+}
+
 std::optional<std::vector<std::byte>> read_if_exists(const std::filesystem::path& path) {
   FileDescriptor fd = open_existing(path, false);
   if (!fd) {
@@ -70,6 +74,7 @@ void write_atomically(const std::filesystem::path& path, std::span<const std::by
 AppendFile::AppendFile(const std::filesystem::path& path, std::uint64_t size)
     : _fd(open_existing(path, true)), _name(path.string()), _size(size) {
   if (!_fd) FERRY_SYSCALL_FAIL(_name, ": cannot open for appending");
+  require_regular(_fd, path);
   const auto now = identity_of_open(_fd.get());
   if (!now) FERRY_SYSCALL_FAIL(_name);
   if (now->size != size) {

@@ -11,9 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry::detail::kv {
+
+// Every file the KV store opens must be a regular file: a FIFO, device, socket or directory in
+// its place (which would hang a read or feed it garbage) throws std::invalid_argument naming it.
+void require_regular(const FileDescriptor& fd, const std::filesystem::path& path);
 
 // The whole file, or nullopt where it does not exist; other failures throw naming the path.
 std::optional<std::vector<std::byte>> read_if_exists(const std::filesystem::path& path);

@@ -18,7 +18,7 @@
 #include "kv/checksum.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/system.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail::kv {
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ferry/error.hpp"
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 namespace ferry::detail::kv {
 namespace {

@@ -13,7 +13,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
@@ -21,6 +21,7 @@
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
 #include "platform/file_ops.hpp"
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 
 namespace ferry {
@@ -57,7 +58,7 @@ nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>&
     found = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
                                   reinterpret_cast<const char*>(bytes.data() + bytes.size()));
   } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path.string() + ": not JSON: " + e.what());
+    throw KVFormatError(path.string() + ": not JSON: " + e.what());
   }
   FERRY_FORMAT_EXPECT(found.is_object() && found.value("format", "") == "ferry-kv-store" &&
                           found.value("version", 0) == kManifestVersion,
@@ -73,7 +74,7 @@ nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>&
     (void)ns.at("block_layout").get<std::string>(), (void)ns.at("tp_rank").get<int>();
     (void)ns.at("world_size").get<int>();
   } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path.string() + ": " + e.what());
+    throw KVFormatError(path.string() + ": " + e.what());
   }
   return found;
 }
@@ -122,23 +123,49 @@ void KVStore::Impl::check_manifest(bool writable) {
   slots_per_slab = found_per_slab;
 }
 
+namespace {
+
+// A namespace directory without a manifest: a store being created has no other file of the
+// store yet (the manifest is written first); one holding a journal, checkpoint or slab lost it.
+bool holds_store_files(const fs::path& dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "journal" || name == "checkpoint" || name.rfind("slab-", 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<KVStoreInfo> KVStore::list(const fs::path& root) {
   std::vector<KVStoreInfo> out;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
     const fs::path path = entry.path() / "manifest.json";
     if (entry.path().filename().string().rfind("ns-", 0) != 0) continue;
-    auto bytes = read_if_exists(path);
-    if (!bytes) continue;  // a store being created
-    const nlohmann::json m = read_manifest(path, *bytes);
     KVStoreInfo info;
     info.directory = entry.path();
-    const auto& ns = m["namespace"];
-    info.ns = {ns["model"].get<std::string>(), ns["dtype"].get<std::string>(),
-               ns["block_layout"].get<std::string>(), ns["tp_rank"].get<int>(),
-               ns["world_size"].get<int>()};
-    info.block_bytes = m["block_bytes"].get<std::uint64_t>();
-    info.capacity_bytes = m["slot_count"].get<std::uint64_t>() * m["slot_bytes"].get<std::uint64_t>();
+    try {
+      auto bytes = read_if_exists(path);
+      if (!bytes) {
+        if (!holds_store_files(entry.path())) continue;  // a store being created
+        info.problem = path.string() + " is missing: the namespace's journal, checkpoint or "
+                                       "slabs are there, but it cannot be opened without it";
+        out.push_back(std::move(info));
+        continue;
+      }
+      const nlohmann::json m = read_manifest(path, *bytes);
+      const auto& ns = m["namespace"];
+      info.ns = {ns["model"].get<std::string>(), ns["dtype"].get<std::string>(),
+                 ns["block_layout"].get<std::string>(), ns["tp_rank"].get<int>(),
+                 ns["world_size"].get<int>()};
+      info.block_bytes = m["block_bytes"].get<std::uint64_t>();
+      info.capacity_bytes =
+          m["slot_count"].get<std::uint64_t>() * m["slot_bytes"].get<std::uint64_t>();
+    } catch (const std::exception& e) {  // not a regular file, unreadable, not a manifest
+      info = KVStoreInfo{entry.path(), {}, 0, 0, e.what()};
+    }
     out.push_back(std::move(info));
   }
   if (error) detail::fail_errno(error.value(), root.string(), ": cannot list the KV root");
@@ -189,6 +216,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
     const fs::path lock_path = impl->dir / "writer.lock";
     impl->lock_fd = detail::open_or_create(lock_path, 0600);
     if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
+    require_regular(impl->lock_fd, lock_path);
     if (!detail::lock_exclusive(impl->lock_fd.get())) {
       if (errno == EWOULDBLOCK)
         FERRY_SYSCALL_FAIL(lock_path.string(),

@@ -7,6 +7,7 @@
 #include "ferry/error.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "platform/file_ops.hpp"
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 namespace ferry {
 
@@ -28,7 +29,7 @@ void KVStore::Impl::load_checkpoint(std::span<const std::byte> bytes, std::uint6
     const Record r = decode_checkpoint_entry(bytes, i, limits, name);
     if (!into.insert_new(r.slot, r.key, static_cast<std::uint32_t>(r.length), r.checksum)) {
       const bool slot_taken = into.slot(r.slot).state != SlotState::free;
-      detail::fail<FormatError>(name, ": checkpoint entry at offset ", checkpoint_entry_offset(i),
+      detail::fail<KVFormatError>(name, ": checkpoint entry at offset ", checkpoint_entry_offset(i),
                                 slot_taken ? " repeats slot " : " repeats key ",
                                 slot_taken ? r.slot : r.key);
     }
@@ -45,6 +46,7 @@ void KVStore::Impl::load_state(bool writable) {
     if (checkpoint) base = decode_checkpoint_header(*checkpoint, limits, checkpoint_path.string());
     detail::FileDescriptor fd = detail::open_existing(journal_path, false);
     if (!fd && errno != ENOENT) FERRY_SYSCALL_FAIL(journal_name, ": cannot open");
+    if (fd) require_regular(fd, journal_path);
     std::vector<std::byte> bytes;
     detail::FileIdentity st;
     if (fd) {
@@ -138,6 +140,7 @@ void KVStore::Impl::refresh() {
     if (errno == ENOENT) return;  // between the writer's creation steps
     FERRY_SYSCALL_FAIL(journal_path.string(), ": cannot open");
   }
+  require_regular(fd, journal_path);
   const auto st = detail::identity_of_open(fd.get());
   if (!st) FERRY_SYSCALL_FAIL(journal_path.string());
   if (st->inode != journal_inode) {  // the writer checkpointed: start again from its snapshot

@@ -17,7 +17,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
@@ -142,26 +142,65 @@ KVPath parse_kv_path(std::string_view text) {
 
 KVStore::KVStore(std::unique_ptr<Impl> impl) : _impl(std::move(impl)) {}
 KVStore::KVStore(KVStore&&) noexcept = default;
-KVStore& KVStore::operator=(KVStore&&) noexcept = default;
+KVStore& KVStore::operator=(KVStore&& other) noexcept {
+  if (this != &other) {
+    if (_impl) _impl->close();  // as its destructor would
+    _impl = std::move(other._impl);
+  }
+  return *this;
+}
 
 KVStore::~KVStore() {
-  if (_impl) _impl->async.reset();  // its batches finish first
-  if (!_impl || _impl->options.read_only || !_impl->options.checkpoint_on_close) return;
-  try {
-    std::lock_guard commit_lock(_impl->commit);
-    if (_impl->records_since_checkpoint > 0) _impl->checkpoint_locked();
-  } catch (...) {
-    // The journal already holds every commit; the next open replays it.
+  if (_impl) _impl->close();
+}
+
+void KVStore::close() {
+  if (_impl) _impl->close();
+}
+
+void KVStore::Impl::close() {
+  // On one of this store's worker threads (a completion callback), its own batch is in flight:
+  // no waiting, and the runner stays for ~Impl (run by the last batch's thread).
+  bool worker = false;
+  {
+    std::lock_guard lock(mutex);
+    worker = async && async->on_this_thread();
   }
+  gate.close(!worker);
+  if (worker) return;
+  std::unique_ptr<AsyncRunner> idle;
+  {
+    std::lock_guard lock(mutex);
+    idle = std::move(async);
+  }
+  idle.reset();  // joins its threads: no batch holds the store after this
+}
+
+void KVStore::Impl::finish_close() {
+  if (!options.read_only && options.checkpoint_on_close) {
+    try {
+      std::lock_guard commit_lock(commit);
+      if (records_since_checkpoint > 0) checkpoint_locked();
+    } catch (...) {
+      // The journal already holds every commit; the next open replays it.
+    }
+  }
+  std::lock_guard commit_lock(commit);
+  journal = AppendFile();
+  io.reset();
+  slabs.reset();
+  lock_fd = detail::FileDescriptor();
 }
 
 std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                                    const KVPutOptions& options) {
+  const auto pass = _impl->enter("put");
   return _impl->put(keys, sources, options);
 }
 
 std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
                                    std::span<const KVBlock> destinations) {
+  const auto pass = _impl->enter("get");
   return _impl->get(keys, destinations);
 }
 
@@ -448,6 +487,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
 
 std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
   Impl& s = *_impl;
+  const auto pass = s.enter("remove");
   std::vector<KVResult> results(keys.size());
   if (s.options.read_only) {
     for (auto& r : results) r = result(KVStatus::read_only, "KV remove: this store is a reader");
@@ -483,6 +523,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
 
 std::size_t KVStore::lookup(std::span<const KVKey> keys) {
   Impl& s = *_impl;
+  const auto pass = s.enter("lookup");
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
   std::size_t n = 0;
@@ -492,6 +533,7 @@ std::size_t KVStore::lookup(std::span<const KVKey> keys) {
 
 std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
   Impl& s = *_impl;
+  const auto pass = s.enter("contains");
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
   std::vector<bool> out(keys.size());
@@ -501,6 +543,7 @@ std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
 
 std::uint64_t KVStore::stored_length(KVKey key) {
   Impl& s = *_impl;
+  const auto pass = s.enter("stored_length");
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
   const std::uint32_t slot = s.index->find(key);
@@ -508,6 +551,7 @@ std::uint64_t KVStore::stored_length(KVKey key) {
 }
 
 void KVStore::checkpoint() {
+  const auto pass = _impl->enter("checkpoint");
   FERRY_EXPECT(!_impl->options.read_only, std::invalid_argument, _impl->dir.string(),
                ": a reader cannot checkpoint");
   std::lock_guard commit_lock(_impl->commit);
@@ -515,11 +559,13 @@ void KVStore::checkpoint() {
 }
 
 void KVStore::refresh() {
+  const auto pass = _impl->enter("refresh");
   if (_impl->options.read_only) _impl->refresh();
 }
 
 KVStats KVStore::stats() {
   Impl& s = *_impl;
+  const auto pass = s.enter("stats");
   if (s.options.read_only) s.refresh();
   std::lock_guard commit_lock(s.commit);
   std::lock_guard lock(s.mutex);
@@ -559,6 +605,7 @@ KVStats KVStore::stats() {
 
 std::vector<KVKey> KVStore::keys() {
   Impl& s = *_impl;
+  const auto pass = s.enter("keys");
   if (s.options.read_only) s.refresh();
   std::lock_guard lock(s.mutex);
   std::vector<KVKey> out;

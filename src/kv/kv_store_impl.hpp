@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "ferry/kv_store.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "kv/async_runner.hpp"
+#include "kv/call_gate.hpp"
 #include "kv/block_io.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
@@ -23,7 +24,7 @@ namespace ferry {
 using namespace detail::kv;
 namespace fs = std::filesystem;
 
-struct KVStore::Impl {
+struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   KVNamespace ns;
   KVStoreOptions options;
   fs::path dir, journal_path, checkpoint_path;
@@ -46,6 +47,12 @@ struct KVStore::Impl {
   std::unordered_set<KVKey> pending;
   KVStats counters;
 
+  // Calls in flight, and close (kv/call_gate.hpp); the finish releases the files.
+  detail::kv::CallGate gate{[this] { finish_close(); }};
+  detail::kv::CallGate::Pass enter(const char* call) { return gate.enter(call, dir); }
+  void close();
+  void finish_close();
+
   int slab_of(std::uint32_t slot) const { return static_cast<int>(slot / slots_per_slab); }
   std::uint64_t offset_of(std::uint32_t slot) const { return slot % slots_per_slab * slot_bytes; }
 
@@ -53,6 +60,8 @@ struct KVStore::Impl {
   // first, so queued batches finish while the rest of the store is still whole.
   std::unique_ptr<AsyncRunner> async;
   AsyncRunner& runner();
+  KVTicket post_batch(const char* call, std::size_t keys, KVCallback done,
+                      std::function<std::vector<KVResult>(Impl&)> batch);
 
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);

@@ -13,7 +13,7 @@
 #include "ferry/error.hpp"
 #include "kv/checksum.hpp"
 #include "platform/file_ranges.hpp"
-#include "transfer/page_cache_registry.hpp"
+#include "services/page_cache_registry.hpp"
 
 namespace ferry::detail::kv {
 namespace {

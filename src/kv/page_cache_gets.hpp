@@ -1,7 +1,7 @@
 // Page-cache DMA for KV gets (KVStoreOptions::page_cache_pin_bytes): a block whose slab window
 // is wholly in the page cache is copied to its destination straight from the window's pages,
 // mapped read-only and registered with the GPU driver (the process's PageCacheRegistry,
-// transfer/page_cache_registry.hpp): one pass over host memory (the DMA) instead of the staged
+// services/page_cache_registry.hpp): one pass over host memory (the DMA) instead of the staged
 // path's three (read into pinned slots, hash, copy out).
 //
 // Windows: whole slots, about 64 MiB (kWindowTarget), aligned in the slab, so that no block

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file_ops.hpp"
 
 namespace ferry::detail::kv {

@@ -1,4 +1,4 @@
-#include "ferry/destination_match.hpp"
+#include "load/destination_match.hpp"
 
 #include <map>
 #include <unordered_set>

@@ -1,4 +1,4 @@
-#include "ferry/load_plan.hpp"
+#include "load/load_plan.hpp"
 
 #include <algorithm>
 #include <unordered_set>

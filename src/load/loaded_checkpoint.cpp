@@ -7,12 +7,12 @@
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
-#include "ferry/load_plan.hpp"
+#include "load/load_plan.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
 #include "load/ticket_wait.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/pinned_pool.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry {
@@ -116,42 +116,6 @@ PlanOptions plan_options(const detail::EngineSettings& settings) {
 }
 
 }  // namespace
-
-IoMode parse_io_mode(std::string_view text) {
-  if (text == "auto") return IoMode::Auto;
-  if (text == "direct") return IoMode::Direct;
-  if (text == "buffered") return IoMode::Buffered;
-  detail::fail<std::invalid_argument>("unknown I/O mode \"", text,
-                                      "\": expected auto, direct or buffered");
-}
-
-Backend parse_backend(std::string_view text) {
-  if (text == "auto") return Backend::Auto;
-  if (text == "cufile") return Backend::Cufile;
-  if (text == "posix") return Backend::Posix;
-  // "dstorage": the name of Microsoft's DLL, which users and the issue use for it too.
-  if (text == "directstorage" || text == "dstorage") return Backend::DirectStorage;
-  detail::fail<std::invalid_argument>(
-      "unknown backend \"", text, "\": expected auto, cufile, posix or directstorage (dstorage)");
-}
-
-std::string_view io_path_name(IoPath path) {
-  switch (path) {
-    case IoPath::Direct:
-      return "odirect";
-    case IoPath::Buffered:
-      return "buffered";
-    case IoPath::CufileGds:
-      return "cufile-gds";
-    case IoPath::CufileCompat:
-      return "cufile-compat";
-    case IoPath::DirectStorage:
-      return "directstorage";
-    case IoPath::PageCacheDma:
-      return "page-cache-dma";
-  }
-  return "unknown";
-}
 
 void release_staging_memory() { detail::staging_pool().release_idle(); }
 

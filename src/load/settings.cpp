@@ -5,7 +5,7 @@
 
 #include "ferry/error.hpp"
 #include "platform/file.hpp"
-#include "transfer/worker_pool.hpp"
+#include "services/worker_pool.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "ferry/error.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "io/source_file.hpp"
 
 namespace ferry {

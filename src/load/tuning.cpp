@@ -15,7 +15,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 #include "platform/system.hpp"
 #include "shim/cuda_driver.hpp"

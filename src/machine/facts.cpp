@@ -1,16 +1,16 @@
 // Facts about this machine: the CUDA driver and GPUs, cuFile's mode, file systems, page cache.
 #include <algorithm>
 
-#include "cufile/gds_mode.hpp"
-#include "dstorage/availability.hpp"
+#include "backends/cufile/gds_mode.hpp"
+#include "shim/dstorage_availability.hpp"
 #ifdef _WIN32
-#include "dstorage/adapters.hpp"
-#include "transfer/dstorage_bridge.hpp"
+#include "backends/dstorage/adapters.hpp"
+#include "backends/dstorage/dstorage_bridge.hpp"
 #endif
 #include "ferry/error.hpp"
 #include "ferry/machine.hpp"
 #include "ferry/utf8_path.hpp"
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "io/source_file.hpp"
 #include "load/settings.hpp"
 #include "platform/file.hpp"

@@ -1,6 +1,6 @@
-// What io/file_descriptor.hpp does the same way on every system, over the reads that
+// What platform/file_descriptor.hpp does the same way on every system, over the reads that
 // platform/<os>/file_descriptor.cpp implements.
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 #include "ferry/error.hpp"
 

@@ -1,5 +1,5 @@
 // A read-only, shared mapping of an open file (the whole file, or a window of it): the page
-// cache's own pages in this process's address space, for page-cache DMA (transfer/page_cache_registry.hpp). POSIX only
+// cache's own pages in this process's address space, for page-cache DMA (services/page_cache_registry.hpp). POSIX only
 // (platform/posix/file_mapping.cpp); on Windows mapping refuses with "not supported on this
 // platform" (platform/windows/file_mapping.cpp).
 #pragma once

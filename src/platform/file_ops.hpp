@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 #include "platform/file.hpp"
 
 namespace ferry::detail {
@@ -18,7 +18,8 @@ namespace ferry::detail {
 using NativeDescriptor = FileDescriptor::Native;
 
 // An existing file, read-only or read-write; `direct`: unbuffered (O_DIRECT;
-// FILE_FLAG_NO_BUFFERING), which a file system may refuse (EINVAL).
+// FILE_FLAG_NO_BUFFERING), which a file system may refuse (EINVAL). Neither this nor
+// open_or_create waits where the name is a FIFO: callers check for a regular file (file_size).
 FileDescriptor open_existing(const std::filesystem::path& path, bool writable,
                              bool direct = false) noexcept;
 // Read-write, created with `mode` (before the umask; ignored on Windows) where missing.

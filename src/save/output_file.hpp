@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry::detail {
 

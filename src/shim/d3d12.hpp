@@ -1,5 +1,5 @@
 // Direct3D 12, loaded at run time (d3d12.dll, Windows 10 and later): the one entry point the
-// DirectStorage bridge needs (transfer/dstorage_bridge.cpp). Never linked, never unloaded.
+// DirectStorage bridge needs (backends/dstorage/dstorage_bridge.cpp). Never linked, never unloaded.
 #pragma once
 
 #include <string>

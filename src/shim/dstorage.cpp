@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "dstorage/availability.hpp"
+#include "shim/dstorage_availability.hpp"
 #include "shim/dynamic_library.hpp"
 
 namespace ferry::shim {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "dstorage/dstorage_api.hpp"
+#include "shim/dstorage_api.hpp"
 
 namespace ferry::shim {
 

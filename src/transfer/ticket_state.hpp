@@ -12,7 +12,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/transfer.hpp"
-#include "transfer/copier.hpp"
+#include "transfer/staged/copier.hpp"
 
 namespace ferry::detail {
 

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <chrono>
 
-#include "cufile/gds_mode.hpp"
+#include "backends/cufile/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "transfer/backend.hpp"
-#include "transfer/page_cache_registry.hpp"
-#include "transfer/pinned_pool.hpp"
+#include "services/page_cache_registry.hpp"
+#include "services/pinned_pool.hpp"
 #include "transfer/ticket_state.hpp"
 
 namespace ferry {

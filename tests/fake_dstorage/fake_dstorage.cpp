@@ -1,6 +1,6 @@
 // A stand-in for Microsoft's dstorage.dll, for tests under Wine (where the real runtime cannot
 // start: Wine lacks the I/O ring API it calls). It implements the interfaces ferry declares
-// (src/dstorage/dstorage_api.hpp) over plain Win32 reads: file requests into memory, executed in
+// (src/shim/dstorage_api.hpp) over plain Win32 reads: file requests into memory, executed in
 // order at Submit, status entries completed with the first failure since the last one, and the
 // queue's error record. Requests on a file whose name contains "fail-dstorage" fail (the disk's
 // CRC error), so that tests see how a failed request is reported. Buffer destinations are read
@@ -11,7 +11,7 @@
 #include <cwchar>
 #include <vector>
 
-#include "dstorage/dstorage_api.hpp"
+#include "shim/dstorage_api.hpp"
 // After windows.h (through dstorage_api.hpp): the methods of the destination buffer and fence.
 #include <d3d12.h>
 

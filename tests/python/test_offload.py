@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import ferry.torch  # noqa: E402
 from ferry import _ferry  # noqa: E402
-from ferry._offload import choose_layers, find_blocks  # noqa: E402
+from ferry.offload import choose_layers, find_blocks  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -161,7 +161,7 @@ def swap_blocks(model, cls):
 
 
 def test_a_blocks_tail_is_its_last_matrix_without_a_bias():
-    from ferry._offload import _tail_of
+    from ferry.offload._order import _tail_of
     assert _tail_of(Block(32, 96))[0] == "down"  # registered after the norm and up
     biased = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4))
     assert _tail_of(biased) is None  # ordered at its edges
@@ -313,7 +313,7 @@ def test_torch_compile_on_the_host_equals_the_resident_compile():
 
 def test_a_dropped_model_frees_its_stream():
     import gc
-    from ferry import _offload
+    from ferry.offload import _ops as _offload
 
     model = make()
     handle = ferry.torch.offload(model, device="cpu").handle

@@ -1,4 +1,4 @@
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -9,15 +9,27 @@
 #include <cerrno>
 
 namespace ferry::detail {
+namespace {
+
+// O_NONBLOCK: opening a FIFO must not wait for a writer (callers refuse what is not a regular
+// file); it is cleared at once, as it changes nothing for files.
+FileDescriptor open_without_waiting(const std::filesystem::path& path, int flags,
+                                    unsigned mode = 0) noexcept {
+  FileDescriptor fd(::open(path.c_str(), flags | O_NONBLOCK, mode));
+  if (fd) ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
 
 FileDescriptor open_existing(const std::filesystem::path& path, bool writable,
                              bool direct) noexcept {
   const int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | (direct ? O_DIRECT : 0);
-  return FileDescriptor(::open(path.c_str(), flags));
+  return open_without_waiting(path, flags);
 }
 
 FileDescriptor open_or_create(const std::filesystem::path& path, unsigned mode) noexcept {
-  return FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, mode));
+  return open_without_waiting(path, O_RDWR | O_CREAT | O_CLOEXEC, mode);
 }
 
 FileDescriptor create_new(const std::filesystem::path& path, unsigned mode) noexcept {

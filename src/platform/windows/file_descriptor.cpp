@@ -1,6 +1,6 @@
-// The Windows implementation of io/file_descriptor.hpp: a HANDLE from CreateFileW on the UTF-16
+// The Windows implementation of platform/file_descriptor.hpp: a HANDLE from CreateFileW on the UTF-16
 // path, read and written at explicit offsets, binary always.
-#include "io/file_descriptor.hpp"
+#include "platform/file_descriptor.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,0 +1,570 @@
+// `ferry kv bench` (kv_bench.hpp): timings for reporting only, never for tests.
+#include "kv_bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "cuda/cuda_resources.hpp"
+#include "cuda/gpu_checksum.hpp"
+#include "backends/cufile/gds_mode.hpp"
+#include "ferry/error.hpp"
+#include "kv/checksum.hpp"
+#include "platform/file_ops.hpp"
+#include "platform/file_ranges.hpp"
+#include "platform/thread_barrier.hpp"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr std::uint64_t kAlign = 4096;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Where a block's pieces sit in a batch's memory: equal parts of one contiguous block, or an
+// engine's layout over per-layer cache tensors laid back to back (all of them together hold the
+// batch's blocks exactly, so the memory is the same size either way).
+struct PieceLayout {
+  std::string name;  // empty: equal parts
+  unsigned pieces = 1, layers = 0, per_layer = 0;
+  std::uint64_t page = 0;  // bytes of one piece
+  // Offset and size of piece p of block b among `batch`.
+  std::pair<std::uint64_t, std::uint64_t> piece(std::uint64_t block, std::uint64_t batch,
+                                                std::uint64_t b, unsigned p) const {
+    if (name.empty()) {
+      const std::uint64_t part = block / pieces;
+      return {b * block + part * p, p + 1 == pieces ? block - part * p : part};
+    }
+    const unsigned layer = p / per_layer, kv = p % per_layer;
+    if (name == "vllm")  // [2, batch, page] per layer: K pages, then V pages
+      return {layer * 2 * batch * page + (kv * batch + b) * page, page};
+    // vllm-canonical, mla: [batch, page] per layer; sglang: a K and a V tensor [batch, page]
+    return {(layer * per_layer + kv) * batch * page + b * page, page};
+  }
+};
+
+PieceLayout piece_layout(const KVBenchOptions& o) {
+  PieceLayout l;
+  l.name = o.layout;
+  l.pieces = o.pieces;
+  if (o.layout.empty()) return l;
+  const std::uint64_t tokens_bytes = std::uint64_t(o.block_tokens) * o.element_bytes;
+  l.layers = o.layers;
+  if (o.layout == "vllm" || o.layout == "sglang") {
+    l.per_layer = 2;
+    l.page = tokens_bytes * o.kv_heads * o.head_dim;
+  } else if (o.layout == "vllm-canonical") {
+    l.per_layer = 1;
+    l.page = 2 * tokens_bytes * o.kv_heads * o.head_dim;
+  } else if (o.layout == "mla") {
+    l.per_layer = 1;
+    l.page = tokens_bytes * 576;  // the latent (512) and rope (64) values of each token
+  } else {
+    detail::fail<std::invalid_argument>("kv bench: unknown layout \"", o.layout,
+                                        "\" (vllm, vllm-canonical, mla or sglang)");
+  }
+  FERRY_EXPECT(o.layers >= 1 && l.page >= 1, std::invalid_argument,
+               "kv bench: a layout needs layers, block tokens, heads, head size and element "
+               "bytes of at least 1");
+  l.pieces = o.layers * l.per_layer;
+  return l;
+}
+
+// One batch of blocks in memory on the bench's device: `batch` blocks laid out as `layout`.
+class BatchMemory {
+ public:
+  BatchMemory(const Device& device, std::uint64_t block, std::uint64_t batch, PieceLayout layout)
+      : _device(device), _block(block), _batch(batch), _layout(std::move(layout)) {
+    const std::uint64_t bytes = block * batch;
+    if (device.is_cuda()) {
+      _context = std::make_shared<detail::PrimaryContext>(device.index);
+      _memory = detail::allocate_device_memory(_context, bytes);
+    } else {
+      _memory = detail::allocate_host_memory(bytes);
+    }
+  }
+  std::byte* base() const { return static_cast<std::byte*>(_memory.get()); }
+  std::vector<KVPiece> block(std::uint64_t b) const {
+    std::vector<KVPiece> out;
+    for (unsigned p = 0; p < _layout.pieces; ++p) {
+      const auto [offset, size] = _layout.piece(_block, _batch, b, p);
+      out.push_back({base() + offset, size, _device});
+    }
+    return out;
+  }
+  void fill(const std::vector<std::byte>& bytes) const {
+    if (!_device.is_cuda()) return void(std::memcpy(base(), bytes.data(), bytes.size()));
+    _context->make_current();
+    FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(base()), bytes.data(),
+             bytes.size(), nullptr);
+    FERRY_CU(cuStreamSynchronize, nullptr);
+  }
+  std::vector<std::byte> read() const {
+    std::vector<std::byte> out(_block * _batch);
+    if (!_device.is_cuda()) {
+      std::memcpy(out.data(), base(), out.size());
+      return out;
+    }
+    _context->make_current();
+    FERRY_CU(cuMemcpyDtoH, out.data(), reinterpret_cast<shim::cu::DevicePtr>(base()), out.size());
+    return out;
+  }
+
+ private:
+  Device _device;
+  std::uint64_t _block, _batch;
+  PieceLayout _layout;
+  std::shared_ptr<detail::PrimaryContext> _context;
+  std::shared_ptr<void> _memory;
+};
+
+// Median GB/s of copying `bytes` between pinned host memory and the device, each way.
+std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
+  bytes = std::max<std::uint64_t>(bytes, 256ull << 20);  // large enough to show the link
+  auto context = std::make_shared<detail::PrimaryContext>(ordinal);
+  auto device = detail::allocate_device_memory(context, bytes);
+  detail::HostBuffer pinned(bytes, context.get());
+  std::memset(pinned.data(), 1, bytes);
+  detail::Stream stream;
+  const auto dptr = reinterpret_cast<shim::cu::DevicePtr>(device.get());
+  const auto time = [&](bool to_device) {
+    std::vector<double> rates;
+    for (int r = 0; r < 6; ++r) {
+      const auto start = Clock::now();
+      if (to_device)
+        FERRY_CU(cuMemcpyHtoDAsync, dptr, pinned.data(), bytes, stream.get());
+      else
+        FERRY_CU(cuMemcpyDtoHAsync, pinned.data(), dptr, bytes, stream.get());
+      stream.synchronize();
+      if (r > 0) rates.push_back(double(bytes) / seconds_since(start) / 1e9);
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
+  };
+  const double d2h = time(false);
+  return {d2h, time(true)};
+}
+
+// Median GB/s of the GPU checksum over `batch` blocks of `block` bytes in device memory, after
+// checking its digests against the host's on the same bytes; 0 and the reason where it cannot run.
+std::pair<double, std::string> gpu_checksum_rate(int ordinal, std::uint64_t block,
+                                                 std::uint64_t batch) {
+  if (std::string why = detail::gpu_checksum_unavailable(ordinal); !why.empty()) return {0, why};
+  auto context = std::make_shared<detail::PrimaryContext>(ordinal);
+  const std::uint64_t bytes = block * batch;
+  auto device = detail::allocate_device_memory(context, bytes);
+  std::vector<std::byte> host(bytes);
+  for (std::uint64_t i = 0; i < bytes; ++i) host[i] = std::byte(i * 2654435761u >> 13);
+  detail::Stream stream;
+  const auto base = reinterpret_cast<shim::cu::DevicePtr>(device.get());
+  FERRY_CU(cuMemcpyHtoDAsync, base, host.data(), bytes, stream.get());
+  std::vector<detail::DeviceBytes> blocks;
+  for (std::uint64_t b = 0; b < batch; ++b) blocks.push_back({base + b * block, block});
+  const std::vector<std::uint64_t> digests = detail::gpu_checksums(ordinal, blocks, stream.get());
+  for (std::uint64_t b = 0; b < batch; ++b)
+    FERRY_EXPECT(digests[b] == detail::kv::checksum(host.data() + b * block, block),
+                 std::runtime_error, "the GPU checksum of block ", b, " (", block,
+                 " bytes) differs from the host's");
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const auto start = Clock::now();
+    detail::gpu_checksums(ordinal, blocks, stream.get());
+    rates.push_back(double(bytes) / seconds_since(start) / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], ""};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or
+// synced), so the next read comes from the device.
+void drop_cache(const fs::path& file) {
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  detail::sync_data(fd.get());
+  detail::drop_cached_pages(fd.get());
+}
+
+// The slab files of a store's directory.
+std::vector<fs::path> slabs_of(const fs::path& directory) {
+  std::vector<fs::path> out;
+  for (const auto& entry : fs::directory_iterator(directory))
+    if (entry.path().filename().string().rfind("slab-", 0) == 0) out.push_back(entry.path());
+  return out;
+}
+
+// The share of the files' bytes in the page cache, probed in 64 MiB windows (a window counts
+// when wholly resident).
+double resident_share(const std::vector<fs::path>& files) {
+  constexpr std::uint64_t kWindow = 64ull << 20;
+  std::uint64_t total = 0, resident = 0;
+  for (const auto& file : files) {
+    const detail::FileDescriptor fd = detail::open_existing(file, false);
+    if (!fd) continue;
+    const std::uint64_t size = fs::file_size(file);
+    for (std::uint64_t at = 0; at < size; at += kWindow) {
+      const std::uint64_t n = std::min(kWindow, size - at);
+      total += n;
+      if (detail::range_resident(fd.get(), at, n)) resident += n;
+    }
+  }
+  return total ? double(resident) / double(total) : 0;
+}
+
+// Where one pass's time went: the difference of the store's statistics around it.
+KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
+  KVBenchTimes t;
+  t.pass = pass;
+  t.move = (b.put_move_seconds - a.put_move_seconds) + (b.get_move_seconds - a.get_move_seconds);
+  t.sync = b.put_sync_seconds - a.put_sync_seconds;
+  t.journal = b.put_journal_seconds - a.put_journal_seconds;
+  t.io = b.staged_io_seconds - a.staged_io_seconds;
+  t.copy_wait = b.staged_copy_wait_seconds - a.staged_copy_wait_seconds;
+  t.queue = b.staged_queue_seconds - a.staged_queue_seconds;
+  t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
+  t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
+  t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
+  t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
+  t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
+  t.copies = double(b.staged_copies - a.staged_copies);
+  return t;
+}
+
+void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
+  into.pass += t.pass * weight;
+  into.move += t.move * weight;
+  into.sync += t.sync * weight;
+  into.journal += t.journal * weight;
+  into.io += t.io * weight;
+  into.copy_wait += t.copy_wait * weight;
+  into.queue += t.queue * weight;
+  into.setup += t.setup * weight;
+  into.hash += t.hash * weight;
+  into.hash_wait += t.hash_wait * weight;
+  into.transfer += t.transfer * weight;
+  into.span += t.span * weight;
+  into.copies += t.copies * weight;
+}
+
+// Reads a file through the page cache.
+void warm(const fs::path& file) {
+  std::vector<char> buffer(8 << 20);
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  for (std::uint64_t at = 0;;) {
+    const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
+    if (n <= 0) break;
+    at += static_cast<std::uint64_t>(n);
+  }
+}
+
+// Raw I/O of the same bytes as the store moves: `count` blocks, one pwrite/pread per block at
+// 4 KiB-aligned slots, in batches whose blocks run on as many threads as the store keeps in
+// flight; writes are O_DIRECT with one fdatasync per batch (as a durable put), cold reads
+// O_DIRECT, warm reads buffered from the page cache.
+class RawFile {
+ public:
+  RawFile(fs::path file, std::uint64_t block, std::uint64_t count, std::uint64_t batch)
+      : _path(std::move(file)), _slot(round_up(block)), _count(count), _batch(batch) {
+    _buffered = detail::open_or_create(_path, 0600);
+    if (!_buffered) FERRY_SYSCALL_FAIL(_path.string(), ": cannot open");
+    if (const int error = detail::preallocate(_buffered.get(), _slot * count); error != 0)
+      detail::fail_errno(error, _path.string(), ": fallocate");
+    _direct = detail::open_existing(_path, true, true);  // empty where O_DIRECT is refused
+    const std::size_t threads = std::min<std::uint64_t>(kThreads, batch);
+    for (std::size_t t = 0; t < threads; ++t) {
+      _buffers.push_back(detail::allocate_host_memory(_slot));
+      std::memset(_buffers.back().get(), 0x5A, _slot);
+    }
+  }
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  ~RawFile() {
+    _direct = {};
+    _buffered = {};  // closed before the removal (Windows removes an open file only at its close)
+    std::error_code ignored;
+    fs::remove(_path, ignored);
+  }
+
+  // Seconds for one pass over every block.
+  double write() { return pass(true, direct()); }
+  double read_cold() {
+    drop_cache(_path);
+    return pass(false, direct());
+  }
+  double read_warm() {
+    warm(_path);
+    return pass(false, _buffered.get());
+  }
+
+ private:
+  static constexpr std::uint64_t kThreads = 16;
+
+  // The threads stay for the whole pass, meeting at a barrier after each batch (whose last
+  // arrival syncs a write batch), so no thread is made per batch.
+  detail::NativeDescriptor direct() const { return _direct ? _direct.get() : _buffered.get(); }
+
+  double pass(bool writing, detail::NativeDescriptor fd) {
+    const std::size_t threads = _buffers.size();
+    const std::uint64_t batches = (_count + _batch - 1) / _batch;
+    std::atomic<bool> failed{false};
+    // Not std::barrier: it loses wake-ups in the Windows build (platform/thread_barrier.hpp).
+    detail::ThreadBarrier meet(threads, [&]() noexcept {
+      if (writing && !detail::sync_data(fd)) failed = true;
+    });
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        for (std::uint64_t b = 0; b < batches; ++b) {
+          const std::uint64_t first = b * _batch, end = std::min(_count, first + _batch);
+          for (std::uint64_t i = first + t; i < end; i += threads) {
+            void* buffer = _buffers[t].get();
+            const std::int64_t done = writing
+                                          ? detail::write_some_at(fd, buffer, _slot, i * _slot)
+                                          : detail::read_some_at(fd, buffer, _slot, i * _slot);
+            if (done != static_cast<std::int64_t>(_slot)) failed = true;
+          }
+          meet.arrive_and_wait();
+        }
+      });
+    for (auto& t : pool) t.join();
+    FERRY_EXPECT(!failed, std::runtime_error, _path.string(), ": raw ",
+                 writing ? "pwrite or fdatasync" : "pread", " failed");
+    return seconds_since(start);
+  }
+
+  fs::path _path;
+  std::uint64_t _slot, _count, _batch;
+  detail::FileDescriptor _buffered, _direct;
+  std::vector<std::shared_ptr<void>> _buffers;
+};
+
+// Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw
+// I/O of the same bytes (alternating which goes first); returns the row of medians.
+KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
+  const std::uint64_t batch = kv_bench_batch(o, block);
+  const std::uint64_t count = std::max(batch, o.bytes / block);
+  const PieceLayout layout = piece_layout(o);
+  const KVNamespace ns{"kv-bench", "bytes",
+                       "block=" + std::to_string(block) +
+                           ",pieces=" + std::to_string(layout.pieces) + ",layout=" + o.layout,
+                       0, 1};
+  KVStoreOptions options;
+  options.gpu_path = path;
+  options.allow_compat = true;
+  options.checkpoint_on_close = false;
+  options.page_cache_pin_bytes = o.page_cache_pin;
+  BatchMemory source(o.device, block, batch, layout), target(o.device, block, batch, layout);
+  std::vector<std::byte> pattern(block * batch);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
+  source.fill(pattern);
+  std::vector<std::vector<KVPiece>> in(batch), out(batch);
+  for (std::uint64_t b = 0; b < batch; ++b) {
+    in[b] = source.block(b);
+    out[b] = target.block(b);
+  }
+  const std::vector<KVBlock> sources(in.begin(), in.end()), targets(out.begin(), out.end());
+  KVBenchRow row;
+  row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
+  row.block_bytes = block;
+  row.blocks = count;
+  row.batch = batch;
+  row.warm_resident = 1;
+  row.rounds = std::max(1u, o.rounds);
+  const fs::path dir = o.root / KVStore::directory_name(ns);
+  fs::remove_all(dir);
+  std::vector<double> put_s, cold_s, warm_s, raw_write_s, raw_cold_s, raw_warm_s;
+  std::vector<double> registered_s, register_s, staged_s;
+  row.page_cache_dma_share = o.page_cache_pin ? 1 : 0;
+  {
+    // Room for one round's blocks: each round's puts evict the round before's.
+    auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
+    // With page-cache DMA: the same store read without it, for the warm gets it is measured
+    // against (a reader follows the writer's commits).
+    std::unique_ptr<KVStore> staged;
+    if (o.page_cache_pin) {
+      KVStoreOptions plain = options;
+      plain.page_cache_pin_bytes = 0;
+      plain.read_only = true;
+      staged = std::make_unique<KVStore>(
+          KVStore::open(o.root, ns, count * round_up(block), block, plain));
+    }
+    RawFile raw(o.root / "kv-bench-raw.bin", block, count, batch);
+    const std::vector<fs::path> slabs = slabs_of(dir);
+    std::vector<KVKey> keys(batch);
+    // One pass over the round's `count` keys (through `through`: the store, or the reader
+    // without page-cache DMA), its times added to `times`.
+    const auto run = [&](bool put, std::uint64_t round, KVBenchTimes& times,
+                         KVStore* through = nullptr) {
+      KVStore& store_ = through ? *through : store;
+      const KVStats before = store_.stats();
+      const auto start = Clock::now();
+      for (std::uint64_t i = 0; i < count; i += batch) {
+        const std::uint64_t n = std::min(batch, count - i);
+        for (std::uint64_t k = 0; k < n; ++k) keys[k] = round * count + i + k + 1;
+        const auto results = put ? store_.put(std::span(keys).first(n), std::span(sources).first(n))
+                                 : store_.get(std::span(keys).first(n), std::span(targets).first(n));
+        for (const KVResult& r : results) {
+          FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
+                       "kv bench ", put ? "put" : "get", " of ", block,
+                       "-byte blocks: ", to_string(r.status), ": ", r.message);
+          row.path = to_string(r.route);
+        }
+      }
+      const double pass = seconds_since(start);
+      accumulate(times, times_between(before, store_.stats(), pass), 1.0 / row.rounds);
+      return pass;
+    };
+    const std::uint64_t last = count - (count - 1) / batch * batch;  // blocks in the last batch
+    const auto check = [&] {
+      const std::vector<std::byte> got = target.read();
+      FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
+                   std::runtime_error, "kv bench: the blocks got back differ from those put (",
+                   block, "-byte blocks, ", row.path, ")");
+    };
+    // Each pair in turn, ferry's first in even rounds.
+    const auto pair = [](std::uint64_t round, const auto& ferry, const auto& raw_io) {
+      if (round % 2 == 0) {
+        ferry();
+        raw_io();
+      } else {
+        raw_io();
+        ferry();
+      }
+    };
+    for (std::uint64_t r = 0; r < row.rounds; ++r) {
+      pair(
+          r, [&] { put_s.push_back(run(true, r, row.put_times)); },
+          [&] { raw_write_s.push_back(raw.write()); });
+      pair(
+          r,
+          [&] {
+            for (const auto& slab : slabs) drop_cache(slab);
+            cold_s.push_back(run(false, r, row.cold_times));
+          },
+          [&] { raw_cold_s.push_back(raw.read_cold()); });
+      check();
+      target.fill(std::vector<std::byte>(pattern.size()));
+      pair(
+          r,
+          [&] {
+            for (const auto& slab : slabs) warm(slab);
+            if (staged) {
+              KVBenchTimes unused;
+              staged_s.push_back(run(false, r, unused, staged.get()));
+              row.warm_staged_path = row.path;
+              check();
+              target.fill(std::vector<std::byte>(pattern.size()));  // each pass's bytes checked
+            }
+            const KVStats before = store.stats();
+            warm_s.push_back(run(false, r, row.warm_times));
+            row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
+            if (o.page_cache_pin == 0) return;
+            const KVStats registered = store.stats();
+            register_s.push_back(registered.page_cache_register_seconds -
+                                 before.page_cache_register_seconds);
+            check();
+            target.fill(std::vector<std::byte>(pattern.size()));
+            KVBenchTimes unused;
+            registered_s.push_back(run(false, r, unused));
+            row.warm_registered_path = row.path;
+            const KVStats after = store.stats();
+            const double share = 1.0 / row.rounds;
+            row.registered_pass_seconds += registered_s.back() * share;
+            row.page_cache_dma_seconds +=
+                (after.page_cache_dma_seconds - registered.page_cache_dma_seconds) * share;
+            row.page_cache_checksum_seconds +=
+                (after.page_cache_checksum_seconds - registered.page_cache_checksum_seconds) *
+                share;
+            row.page_cache_scatter_seconds +=
+                (after.page_cache_scatter_seconds - registered.page_cache_scatter_seconds) * share;
+            const double dma =
+                double(after.page_cache_dma_bytes - registered.page_cache_dma_bytes);
+            row.page_cache_dma_share =
+                std::min(row.page_cache_dma_share, dma / (double(count) * double(block)));
+          },
+          [&] { raw_warm_s.push_back(raw.read_warm()); });
+      check();
+    }
+  }
+  fs::remove_all(dir);
+  const double gb = double(count) * double(block) / 1e9;
+  row.put_gbps = gb / median(put_s);
+  row.get_cold_gbps = gb / median(cold_s);
+  row.get_warm_gbps = gb / median(warm_s);
+  row.put_iops = double(count) / median(put_s);
+  row.get_iops = double(count) / median(cold_s);
+  row.raw_write_gbps = gb / median(raw_write_s);
+  row.raw_read_gbps = gb / median(raw_cold_s);
+  row.raw_warm_read_gbps = gb / median(raw_warm_s);
+  if (o.page_cache_pin) {
+    row.get_warm_registered_gbps = gb / median(registered_s);
+    row.get_warm_staged_gbps = gb / median(staged_s);
+    row.page_cache_register_seconds = median(register_s);
+  }
+  if (o.device.is_cuda()) {
+    std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
+        pinned_copies(o.device.index, block * batch);
+    try {  // a measurement beside the store's rows: its failure is reported, not fatal
+      std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
+          gpu_checksum_rate(o.device.index, block, batch);
+    } catch (const std::exception& e) {
+      row.gpu_checksum_note = e.what();
+    }
+  }
+  return row;
+}
+
+}  // namespace
+
+std::uint64_t kv_bench_batch(const KVBenchOptions& o, std::uint64_t block) {
+  return o.batch_bytes ? std::max<std::uint64_t>(1, o.batch_bytes / block) : o.batch;
+}
+
+std::uint64_t kv_layout_block_bytes(const KVBenchOptions& o) {
+  const PieceLayout l = piece_layout(o);
+  return l.name.empty() ? 0 : l.page * l.pieces;
+}
+
+std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& o,
+                                     const std::function<void(const KVBenchRow&)>& on_row) {
+  FERRY_EXPECT(o.batch >= 1 && o.pieces >= 1, std::invalid_argument,
+               "kv bench: batch and pieces must be at least 1");
+  std::vector<KVPath> paths = o.paths;
+  if (!o.device.is_cuda()) {
+    paths = {KVPath::Auto};  // host memory: the host path whatever is asked
+  } else if (paths.empty()) {
+    paths.push_back(KVPath::Staged);
+    if (detail::driver_verdict(detail::probe_cufile()).mode != detail::CuFileMode::Unavailable)
+      paths.push_back(KVPath::Direct);
+  }
+  fs::create_directories(o.root);
+  std::vector<KVBenchRow> rows;
+  const std::vector<std::uint64_t> sizes =
+      o.layout.empty() ? o.block_sizes : std::vector<std::uint64_t>{kv_layout_block_bytes(o)};
+  for (std::uint64_t block : sizes) {
+    FERRY_EXPECT(block >= o.pieces, std::invalid_argument, "kv bench: ", block,
+                 "-byte blocks cannot hold ", o.pieces, " pieces");
+    for (KVPath path : paths) {
+      rows.push_back(bench_one(o, block, path));
+      if (on_row) on_row(rows.back());
+    }
+  }
+  return rows;
+}
+
+}  // namespace ferry

@@ -1,0 +1,153 @@
+#include "services/pinned_pool.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+namespace {
+
+constexpr std::uint64_t kPage = 4096;
+
+std::uint64_t round_to_pages(std::uint64_t bytes) {
+  return std::max<std::uint64_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+}
+
+}  // namespace
+
+PinnedPool::Lease::Lease(Lease&& other) noexcept { *this = std::move(other); }
+
+PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (_slab) _pool->give_back(_slab);
+    _pool = other._pool;
+    _slab = std::exchange(other._slab, nullptr);
+    _slots = std::exchange(other._slots, 0);
+    _slot_bytes = other._slot_bytes;
+  }
+  return *this;
+}
+
+PinnedPool::Lease::~Lease() {
+  if (_slab) _pool->give_back(_slab);
+}
+
+PinnedPool::PinnedPool(std::uint64_t bound_bytes) : _bound(bound_bytes) {}
+
+PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, unsigned min_slots,
+                                    const PrimaryContext* pin_in) {
+  slot_bytes = round_to_pages(slot_bytes);
+  min_slots = std::max(1u, min_slots);
+  wanted = std::max(wanted, min_slots);
+  std::unique_lock lock(_mutex);
+  FERRY_EXPECT(slot_bytes * min_slots <= _bound, std::invalid_argument, "staging of ", _bound,
+               " bytes cannot hold ", min_slots, " slots of ", slot_bytes, " bytes");
+  Lease lease;
+  lease._pool = this;
+  lease._slot_bytes = slot_bytes;
+  for (;;) {
+    // An idle slab of the right kind that holds at least the minimum: the most slots first.
+    Slab* best = nullptr;
+    for (auto& s : _slabs)
+      if (!s.leased && s.buffer.pinned() == (pin_in != nullptr) &&
+          s.buffer.size() >= slot_bytes * min_slots &&
+          (!best || s.buffer.size() > best->buffer.size()))
+        best = &s;
+    const std::uint64_t want_bytes = slot_bytes * wanted;
+    if (best && best->buffer.size() >= want_bytes) {
+      lease._slots = wanted;
+    } else {
+      // A new slab, as large as fits beside the others once idle slabs are freed.
+      free_idle_locked(want_bytes, best);
+      const std::uint64_t room = _bound > _held ? _bound - _held : 0;
+      const auto fits = static_cast<unsigned>(std::min<std::uint64_t>(wanted, room / slot_bytes));
+      if (fits >= min_slots && (!best || fits * slot_bytes > best->buffer.size())) {
+        _slabs.push_back({HostBuffer(fits * slot_bytes, nullptr), false});
+        _held += fits * slot_bytes;
+        _high_water = std::max(_high_water, _held);
+        best = &_slabs.back();
+      }
+      if (best)
+        lease._slots = static_cast<unsigned>(
+            std::min<std::uint64_t>(wanted, best->buffer.size() / slot_bytes));
+    }
+    if (best) {
+      best->leased = true;
+      lease._slab = best;
+      _leased += best->buffer.size();
+      break;
+    }
+    _returned.wait(lock);
+  }
+  lock.unlock();
+  if (pin_in) {
+    try {
+      lease._slab->buffer.pin(*pin_in);
+    } catch (...) {
+      Lease dropped = std::move(lease);
+      throw;
+    }
+  }
+  return lease;
+}
+
+void PinnedPool::free_idle_locked(std::uint64_t need, const Slab* keep) {
+  for (auto it = _slabs.begin(); it != _slabs.end() && _held + need > _bound;) {
+    if (it->leased || &*it == keep) {
+      ++it;
+      continue;
+    }
+    _held -= it->buffer.size();
+    it = _slabs.erase(it);
+  }
+}
+
+void PinnedPool::give_back(Slab* slab) {
+  {
+    std::lock_guard lock(_mutex);
+    slab->leased = false;
+    _leased -= slab->buffer.size();
+    if (_held > _bound) free_idle_locked(0);
+  }
+  _returned.notify_all();
+}
+
+PinnedPool::Stats PinnedPool::stats() const {
+  std::lock_guard lock(_mutex);
+  return {_bound, _held, _high_water, _leased};
+}
+
+std::uint64_t PinnedPool::bound() const {
+  std::lock_guard lock(_mutex);
+  return _bound;
+}
+
+void PinnedPool::set_bound(std::uint64_t bytes) {
+  {
+    std::lock_guard lock(_mutex);
+    _bound = bytes;
+    free_idle_locked(0);
+  }
+  _returned.notify_all();
+}
+
+void PinnedPool::release_idle() {
+  std::lock_guard lock(_mutex);
+  const std::uint64_t bound = _bound;
+  _bound = 0;
+  free_idle_locked(0);
+  _bound = bound;
+}
+
+void PinnedPool::reset_high_water() {
+  std::lock_guard lock(_mutex);
+  _high_water = _held;
+}
+
+PinnedPool& staging_pool() {
+  static PinnedPool* pool = new PinnedPool(kDefaultStagingLimit);
+  return *pool;
+}
+
+}  // namespace ferry::detail

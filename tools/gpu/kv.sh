@@ -1,0 +1,129 @@
+# The KV block store (stages kv, kvperf, kvdma and kvlayout).
+# Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
+
+# The KV block store on the GPU (issue 13). `kv`: everything below; `kvperf`: the tests, the
+# bench rows and the crash trials (no index, torch.save or CPU rows: about 4 minutes after build).
+kv_tests() {
+  log "KV store tests (ctest -R 'Kv|kv_|c_header|c_abi')"
+  (cd /tmp/build && ctest --output-on-failure -R 'Kv|kv_|c_header|c_abi' >"$OUT/kv-ctest.log" 2>&1) ||
+    { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/kv-ctest.log" | head -80; }
+  tail -3 "$OUT/kv-ctest.log" | tee -a "$OUT/summary.txt"
+  # The GPU binary's own summary: which ran, which were skipped (no GPU, no cuFile) and why.
+  /tmp/build/tests/test_gpu_kv >"$OUT/kv-gpu-tests.log" 2>&1 || status=1
+  grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/kv-gpu-tests.log" | tee -a "$OUT/summary.txt" || true
+  log "KV Python tests (cuda:0 and cpu)"
+  python3 -m pytest -q -rs tests/python/test_kv.py 2>&1 | tail -8 | tee -a "$OUT/summary.txt" || status=1
+}
+
+kv_bench_rows() {
+  log "ferry kv bench (cuda:0, staged and direct; medians of 3 rounds alternating with raw I/O)"
+  mkdir -p /tmp/kvbench
+  # Batches of 16 blocks, then prefixes of 256 MiB per call (16 to 256 blocks) on the staged
+  # path (the default one), where the per-call cost is not what is measured.
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 64K,256K,1M,4M,16M --bytes 512M --rounds 3 \
+    --json "$OUT/kv-bench.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M,16M --batch-bytes 256M --bytes 1G \
+    --path staged --rounds 3 --json "$OUT/kv-bench-prefix.json" 2>&1 | tee -a "$OUT/summary.txt" ||
+    status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 2M --bytes 512M --pieces 64 --path staged \
+    --rounds 3 --json "$OUT/kv-bench-pieces.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+kv_extras() {
+  mkdir -p /tmp/kvbench
+  log "ferry kv bench (cpu memory, the host path)"
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 64K,1M,16M --bytes 512M --rounds 3 \
+    --json "$OUT/kv-bench-cpu.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV index: lookup and reopen at 10 million blocks (kv_bench)"
+  /tmp/build/tests/kv_bench /tmp/kvbench/index --sizes 4K --bytes 4M --batch 16 \
+    --index-blocks 10000000 2>&1 | tail -1 | tee -a "$OUT/summary.txt" || status=1
+  log "KV beside torch.save/torch.load and per-file writes (bench/kv_torch_compare.py)"
+  python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+kv_crash() {
+  # KV_CRASH_SECONDS=180 for the full 1,000 (tools/kv_crash_trials.sh runs them too).
+  local crash_seconds=${KV_CRASH_SECONDS:-60}
+  log "KV crash trials (up to 1,000 in runs of 100, stopping after $crash_seconds s)"
+  local done_trials=0 start=$SECONDS
+  while [ $done_trials -lt 1000 ] && [ $((SECONDS - start)) -lt $crash_seconds ]; do
+    if ! FERRY_KV_CRASH_FIRST=$done_trials FERRY_KV_CRASH_TRIALS=100 \
+        /tmp/build/tests/test_kv_crash --gtest_brief=1 >>"$OUT/kv-crash.log" 2>&1; then
+      echo "crash trials $done_trials-$((done_trials + 99)): FAILED" | tee -a "$OUT/summary.txt"
+      tail -20 "$OUT/kv-crash.log"; status=1; break
+    fi
+    done_trials=$((done_trials + 100))
+  done
+  echo "$done_trials crash trials passed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+}
+
+# KV gets by page-cache DMA (KVStoreOptions::page_cache_pin_bytes).
+kv_dma() {
+  log "KV page-cache DMA tests (test_gpu_kv_dma, test_gpu_checksum, test_kv_page_cache, test_page_cache_registry, test_page_cache_dma)"
+  for t in test_gpu_kv_dma test_gpu_checksum test_kv_page_cache test_page_cache_registry test_page_cache_dma; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  log "ferry kv bench --page-cache-pin 4G (cuda:0, staged; batches of 16, 256 MiB prefixes, per-layer prefixes)"
+  mkdir -p /tmp/kvbench
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 256K,1M,4M,16M --bytes 1G --rounds 3 \
+    --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench.json" 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M,16M --batch-bytes 256M --bytes 1G \
+    --rounds 3 --path staged --page-cache-pin 4G --json "$OUT/kv-dma-bench-prefix.json" 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 1M,4M --pieces 16 --batch-bytes 256M \
+    --bytes 1G --rounds 3 --path staged --page-cache-pin 4G \
+    --json "$OUT/kv-dma-bench-pieces.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+kv_stage() {
+  kv_tests
+  kv_bench_rows
+  [ "${1:-}" = perf ] || kv_extras
+  kv_crash
+}
+
+# The engines' KV layouts (many small per-layer pieces per block): the layout tests on the GPU
+# (staged, direct, page-cache DMA; the SIGKILL test with a refilled GPU source), the crash trials
+# with refilled sources, then `ferry kv bench` per layout on cuda:0 beside pinned H2D and raw
+# O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 128 blocks and
+# 16 blocks per call, with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
+kv_layout_stage() {
+  log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
+  for t in test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  mkdir -p /tmp/kvbench
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for batch in 128 16; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call, page-cache DMA on"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
+  for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
+           "--layout sglang --layers 32" "--layout vllm --layers 128 --kv-heads 4 --dtype fp8"; do
+    "$ferry" kv bench /tmp/kvbench $common $l --batch 128 --page-cache-pin 8G 2>&1 |
+      tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: host memory, one piece and vLLM's layout (beside raw O_DIRECT)"
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 2M --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  log "bench/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
