@@ -84,7 +84,8 @@ std::uint64_t parse_size(const std::string& text) {
 
 void add_bench(CLI::App& kv) {
   static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json,
-                           batch_bytes, page_cache_pin;
+                           batch_bytes, page_cache_pin, layout, dtype = "bf16";
+  static unsigned layers = 32, block_tokens = 16, kv_heads = 8, head_dim = 128;
   static std::vector<std::string> paths;
   static std::uint64_t batch = 16;
   static unsigned pieces = 1, rounds = 3;
@@ -101,6 +102,23 @@ void add_bench(CLI::App& kv) {
                     "256M: a prefix of many blocks)");
   bench->add_option("--pieces", pieces, "pieces per block, as vLLM's per-layer K/V (default 1)")
       ->check(CLI::Range(1u, 4096u));
+  bench
+      ->add_option("--layout", layout,
+                   "an engine's paged KV layout for the pieces (the block size follows from "
+                   "it): vllm (per layer [2, blocks, tokens, heads, head_dim]: K and V pages), "
+                   "vllm-canonical (per layer (blocks, page) int8), mla (per layer [blocks, "
+                   "tokens, 576]), sglang (per layer K and V buffers)")
+      ->check(CLI::IsMember({"vllm", "vllm-canonical", "mla", "sglang"}));
+  bench->add_option("--layers", layers, "layers of the layout (default 32)")
+      ->check(CLI::Range(1u, 1024u));
+  bench->add_option("--block-tokens", block_tokens, "tokens per block of the layout (default 16)")
+      ->check(CLI::Range(1u, 65536u));
+  bench->add_option("--kv-heads", kv_heads, "KV heads of the layout (default 8)")
+      ->check(CLI::Range(1u, 1024u));
+  bench->add_option("--head-dim", head_dim, "head size of the layout (default 128)")
+      ->check(CLI::Range(1u, 4096u));
+  bench->add_option("--dtype", dtype, "the layout's element type: bf16 or fp8 (default bf16)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
   bench->add_option("--path", paths,
                     "GPU paths: staged, direct, auto (default: staged, and "
                     "direct where cuFile runs)");
@@ -126,7 +144,19 @@ void add_bench(CLI::App& kv) {
     o.batch = batch;
     if (!batch_bytes.empty()) o.batch_bytes = parse_size(batch_bytes);
     o.pieces = pieces;
+    o.layout = layout;
+    o.layers = layers;
+    o.block_tokens = block_tokens;
+    o.kv_heads = kv_heads;
+    o.head_dim = head_dim;
+    o.element_bytes = dtype == "fp8" ? 1 : 2;
     o.rounds = rounds;
+    const unsigned shown_pieces =
+        layout.empty() ? pieces : layers * (layout == "vllm" || layout == "sglang" ? 2 : 1);
+    if (!layout.empty())
+      std::printf("layout %s: %u layers, %u tokens x %u heads x %u, %s: blocks of %llu bytes\n",
+                  layout.c_str(), layers, block_tokens, kv_heads, head_dim, dtype.c_str(),
+                  static_cast<unsigned long long>(kv_layout_block_bytes(o)));
     if (!page_cache_pin.empty()) o.page_cache_pin = parse_size(page_cache_pin);
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
     std::printf(
@@ -137,7 +167,7 @@ void add_bench(CLI::App& kv) {
         root.c_str(), device.c_str(),
         batch_bytes.empty() ? (std::to_string(batch) + " blocks").c_str()
                             : (batch_bytes + " bytes").c_str(),
-        pieces, pieces == 1 ? "" : "s", rounds);
+        shown_pieces, shown_pieces == 1 ? "" : "s", rounds);
     std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
     if (!json.empty()) json_file.emplace(json);
     nlohmann::json rows = nlohmann::json::array();

@@ -49,6 +49,9 @@ class KvIndex {
     _take_first = first;
     _take_end = end;
   }
+  // The same, also giving the evicted block's entry (key, length, checksum) to a caller that may
+  // have to put it back with publish() (its bytes untouched).
+  std::uint32_t take_slot(std::optional<std::uint64_t>& evicted, SlotEntry& evicted_entry);
   // Gives a `writing` slot back (its put failed).
   void release_writing(std::uint32_t s);
 

@@ -112,11 +112,11 @@ void KVStore::Impl::load_own_state(bool writable) {
   }
 }
 
-void KVStore::Impl::append_records(const std::vector<Record>& records) {
+void KVStore::Impl::append_records(const std::vector<Record>& records, bool sync) {
   std::vector<std::byte> bytes(records.size() * kRecordSize);
   for (std::size_t i = 0; i < records.size(); ++i)
     encode_record(records[i], bytes.data() + i * kRecordSize);
-  journal.append(bytes);
+  journal.append(bytes, sync);
   records_since_checkpoint += records.size();
 }
 

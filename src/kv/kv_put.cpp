@@ -58,7 +58,13 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     return std::move(batch.results);
   }
   if (fleet > 0) catch_up();  // the other writers' blocks count as present
-  admit(batch);
+  {
+    // Admission runs under the commit lock so that eviction records keep the order of the
+    // evictions (a later put of the same key cannot slip its record in before the remove).
+    std::lock_guard commit_admission(commit);
+    admit(batch);
+    if (!journal_evictions(batch)) return std::move(batch.results);
+  }
   if (!batch.work.empty()) {
     const auto start = Clock::now();
     write_blocks(batch, options.after_event);
@@ -118,15 +124,54 @@ void KVStore::Impl::admit(PutBatch& b) {
     }
     first_of.emplace(key, i);
     std::optional<std::uint64_t> evicted;
-    const std::uint32_t slot = index->take_slot(evicted);
+    SlotEntry evicted_entry;
+    const std::uint32_t slot = index->take_slot(evicted, evicted_entry);
     if (slot == kNoSlot) {
       pending.erase(key);
       b.results[i] =
           result(KVStatus::no_space, "KV put: every slot is busy with reads or writes in flight");
       continue;
     }
-    if (evicted) ++counters.evictions;
+    if (evicted) {
+      ++counters.evictions;
+      b.evictions.push_back(
+          {RecordKind::remove, last_sequence + b.evictions.size() + 1, *evicted, slot, 0, 0});
+      b.evicted.push_back(evicted_entry);
+    }
     b.work.push_back({i, slot, size});
+  }
+}
+
+// A slot taken from an evicted block is written only once a remove record of that block is in
+// the journal: else a writer killed before this put's own record leaves the old key's record
+// pointing at new bytes, a visible block that fails its checksum. Called under the commit lock.
+bool KVStore::Impl::journal_evictions(PutBatch& b) {
+  if (b.evictions.empty()) return true;
+  try {
+    // Written, not yet synced: a process kill keeps it (the page cache holds it); the journal's
+    // sync at this put's commit makes it durable with the put's records.
+    append_records(b.evictions, false);
+    last_sequence = b.evictions.back().sequence;
+    return true;
+  } catch (const std::exception& e) {
+    // The journal still maps the evicted blocks to their slots, whose bytes are intact (nothing
+    // was written over them): they are put back, so no later put reuses those slots as free
+    // before a removal is written. The other slots go back to the free list; the batch fails.
+    std::lock_guard lock(mutex);
+    for (const PutWork& w : b.work) {
+      pending.erase(b.keys[w.index]);
+      b.results[w.index] = result(KVStatus::io_error, e.what());
+      const auto back = std::find_if(b.evictions.begin(), b.evictions.end(),
+                                     [&](const Record& r) { return r.slot == w.slot; });
+      if (back == b.evictions.end()) {
+        index->release_writing(w.slot);
+        continue;
+      }
+      const SlotEntry& old = b.evicted[static_cast<std::size_t>(back - b.evictions.begin())];
+      index->publish(w.slot, old.key, old.length, old.checksum);
+    }
+    b.work.clear();
+    return false;
   }
 }
 
@@ -206,6 +251,7 @@ void KVStore::Impl::publish(PutBatch& b, const std::string& journal_error) {
                                                    : result(status_of(r.outcome), r.message);
     }
     b.results[i].route = r.route;
+    b.results[i].route_reason = r.route_reason;
   }
 }
 

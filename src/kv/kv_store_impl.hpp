@@ -117,10 +117,13 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
     std::vector<std::pair<std::size_t, std::size_t>> duplicates;  // (index, its first copy's)
     std::vector<std::vector<BlockSpan>> spans;
     std::vector<BlockRequest> requests;  // per work item
+    std::vector<Record> evictions;        // remove records of the blocks whose slots were taken
+    std::vector<SlotEntry> evicted;       // their entries, to put back if those records fail
   };
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);
   void admit(PutBatch& batch);
+  bool journal_evictions(PutBatch& batch);  // false: the batch failed (its slots given back)
   void write_blocks(PutBatch& batch, void* after_event);
   void sync_slabs(PutBatch& batch);
   std::string commit_records(PutBatch& batch);  // the journal's error, or empty
@@ -138,7 +141,8 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   void load_own_state(bool writable);  // the single writer's (or a fleet writer's own share)
   void load_checkpoint(std::span<const std::byte> bytes, std::uint64_t count, KvIndex& into);
   void apply(const Record& r);
-  void append_records(const std::vector<Record>& records);
+  // `sync`: fdatasync the journal after (false: written only, enough for a process kill).
+  void append_records(const std::vector<Record>& records, bool sync = true);
   void checkpoint_locked();
   void refresh();
   // A reader's blocks that failed their checksum (kv_reader.cpp): re-checked against the
