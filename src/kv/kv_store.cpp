@@ -248,7 +248,6 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
     }
     results[i].route = requests[w].route;
     results[i].route_reason = std::move(requests[w].route_reason);
-    results[i].route_reason = std::move(requests[w].route_reason);
   }
   return results;
 }
