@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,11 +44,15 @@ class GpuKvLayouts : public ::testing::TestWithParam<Mode> {
     context->make_current();
   }
   KVStore open(const TempDir& dir, const std::string& name, std::uint64_t block) {
+    return open_at(dir.path(), name, block);
+  }
+  KVStore open_at(const std::filesystem::path& root, const std::string& name,
+                  std::uint64_t block) {
     KVStoreOptions options;
     options.gpu_path = GetParam().path;
     options.allow_compat = true;
     if (GetParam().page_cache) options.page_cache_pin_bytes = 1ull << 30;
-    return KVStore::open(dir.path(), kv_namespace(name), 16 * ((block + 4095) / 4096 * 4096), block,
+    return KVStore::open(root, kv_namespace(name), 16 * ((block + 4095) / 4096 * 4096), block,
                          options);
   }
   // The layout's tensors on cuda:0.
@@ -175,39 +180,51 @@ TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
 }
 
 // A writer whose blocks are in GPU memory (2 pieces of one buffer, refilled right after each put
-// returns), SIGKILLed at random points: every block visible after reopening is whole.
+// returns), SIGKILLed at random points: every block visible after reopening is whole. The writer
+// is this test binary run afresh (FERRY_GPU_KV_WRITER names its directory): CUDA cannot be used
+// in a child forked from a parent that has initialised it.
 TEST_P(GpuKvLayouts, KilledWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) {
   if (GetParam().page_cache) GTEST_SKIP() << "puts do not use page-cache DMA";
   constexpr std::uint64_t kBlock = 1 << 20;
+  if (const char* writer_dir = std::getenv("FERRY_GPU_KV_WRITER")) {
+    try {
+      auto store = open_at(writer_dir, "crash", kBlock);
+      auto context = std::make_shared<detail::PrimaryContext>(0);
+      context->make_current();
+      auto buffer = detail::allocate_device_memory(context, kBlock);
+      const auto at = reinterpret_cast<shim::cu::DevicePtr>(buffer.get());
+      for (KVKey key = 1;; ++key) {
+        const auto bytes = kv_bytes(key, kBlock);
+        FERRY_CU(cuMemcpyHtoDAsync, at, bytes.data(), bytes.size(), nullptr);
+        FERRY_CU(cuStreamSynchronize, nullptr);
+        std::vector<KVPiece> pieces = {
+            {buffer.get(), kBlock / 2, Device::cuda(0)},
+            {static_cast<std::byte*>(buffer.get()) + kBlock / 2, kBlock / 2, Device::cuda(0)}};
+        if (!store.put(std::span(&key, 1), std::vector<KVBlock>{pieces})[0].ok()) std::_Exit(3);
+        // Refilled at once (the null stream: after the put's copies, which it waits for).
+        FERRY_CU(cuMemsetD8Async, at, static_cast<unsigned char>(key), kBlock, nullptr);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "writer: %s\n", e.what());
+      std::_Exit(2);
+    }
+  }
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string filter =
+      std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
   std::uint64_t checked = 0;
   for (int trial = 0; trial < 6; ++trial) {
     TempDir dir;
+    const std::string dir_text = dir.path().string();
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      try {
-        auto store = open(dir, "crash", kBlock);
-        auto context = std::make_shared<detail::PrimaryContext>(0);
-        context->make_current();
-        auto buffer = detail::allocate_device_memory(context, kBlock);
-        const auto at = reinterpret_cast<shim::cu::DevicePtr>(buffer.get());
-        for (KVKey key = 1;; ++key) {
-          const auto bytes = kv_bytes(key, kBlock);
-          FERRY_CU(cuMemcpyHtoDAsync, at, bytes.data(), bytes.size(), nullptr);
-          FERRY_CU(cuStreamSynchronize, nullptr);
-          std::vector<KVPiece> pieces = {
-              {buffer.get(), kBlock / 2, Device::cuda(0)},
-              {static_cast<std::byte*>(buffer.get()) + kBlock / 2, kBlock / 2, Device::cuda(0)}};
-          if (!store.put(std::span(&key, 1), std::vector<KVBlock>{pieces})[0].ok()) std::_Exit(3);
-          // Refilled at once (the null stream: after the put's copies, which it waits for).
-          FERRY_CU(cuMemsetD8Async, at, static_cast<unsigned char>(key), kBlock, nullptr);
-        }
-      } catch (...) {
-        std::_Exit(2);
-      }
+      ::setenv("FERRY_GPU_KV_WRITER", dir_text.c_str(), 1);
+      ::execl("/proc/self/exe", "/proc/self/exe", filter.c_str(), static_cast<char*>(nullptr));
+      std::_Exit(4);
     }
     std::mt19937_64 random(trial + 1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500 + random() % 1500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500 + random() % 1500));
     ::kill(child, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
