@@ -31,9 +31,11 @@ def random_tensor(shape, seed, pool):
     return out.view(torch.bfloat16).view(shape)
 
 
-def write_model(root, name):
-    shapes_fn, shards = ALL[name]
-    shapes = shapes_fn()
+def write_model(root, name, shapes=None, shards=None):
+    """Writes DIR/NAME; `shapes` and `shards` default to model_shapes.ALL[name]'s."""
+    if shapes is None:
+        shapes_fn, shards = ALL[name]
+        shapes = shapes_fn()
     target = os.path.join(root, name)
     os.makedirs(target, exist_ok=True)
     pool = torch.randint(0, 256, (POOL_BYTES,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))

@@ -96,7 +96,55 @@ def sized(gigabytes):
     return shapes
 
 
+def one_file_8gb():
+    """One 8.3 GB file whose first tensor is a 2.1 GB embedding (a 262,144-token vocabulary, tied
+    head) followed by 14 Llama-3-8B layers: 128 bf16 tensors (the first-load benchmark's)."""
+    hidden, layers, mlp, vocab, kv = 4096, 14, 14336, 262144, 8 * 128
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        shapes.update(llama_layer(f"model.layers.{i}.", hidden, kv, mlp))
+    shapes["model.norm.weight"] = (hidden,)
+    return shapes
+
+
+def moe_3k():
+    """An 11.5 GB MoE of 3,155 bf16 tensors in 4 shards: 16 layers of 64 experts (3 MB matrices),
+    attention without norms, router, embeddings and head (the first-load benchmark's)."""
+    hidden, layers, experts, expert_mlp, vocab, head_dim = 2048, 16, 64, 768, 151936, 128
+    q, kv = 32 * head_dim, 4 * head_dim
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (q, hidden),
+            p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.weight": (kv, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q),
+            p + "mlp.gate.weight": (experts, hidden),
+        })
+        for e in range(experts):
+            x = f"{p}mlp.experts.{e}."
+            shapes.update({
+                x + "gate_proj.weight": (expert_mlp, hidden),
+                x + "up_proj.weight": (expert_mlp, hidden),
+                x + "down_proj.weight": (hidden, expert_mlp),
+            })
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def scaled(shapes, scale):
+    """`shapes` with each tensor's first dimension scaled (at least 1): the bytes scale, the
+    tensor count and layout do not."""
+    if scale == 1:
+        return dict(shapes)
+    return {n: (max(1, round(s[0] * scale)),) + tuple(s[1:]) for n, s in shapes.items()}
+
+
 MODELS = {"qwen3-0.6b": (qwen3_0_6b, 1), "llama3-8b": (llama3_8b, 4), "moe-16x64": (moe_16x64, 5)}
 # Checkpoint size sweep: name -> (shapes, shards); shards of about 4 GB as transformers writes.
 SIZES = {f"sized-{gb}gb": (sized(gb), max(1, gb // 4)) for gb in (1, 4, 16, 32)}
-ALL = {**MODELS, **SIZES}
+# The first-load benchmark's (bench/first_load.py): shapes ferry's suite did not use before.
+FIRST_LOAD = {"one-file-8gb": (one_file_8gb, 1), "moe-3k": (moe_3k, 4)}
+ALL = {**MODELS, **SIZES, **FIRST_LOAD}

@@ -153,6 +153,35 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
   EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
 }
 
+// A lease for a GPU pins each slot as it is first made ready (one registration per slot), and a
+// later lease of the same slab with another slot size registers it again in its own slots (never
+// twice over one page, which the driver refuses): copies out of every slot land exactly.
+TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainForAnotherSlotSize) {
+  detail::PinnedPool pool(16 << 20);  // room for a second slab beside the first
+  const auto* pin = &detail::device_context(0);
+  auto gpu = detail::allocate_device_memory(context, 4 << 20);
+  const auto copy_out = [&](std::byte* slot, std::uint64_t size, std::uint64_t seed) {
+    const auto bytes = test::random_bytes(size, seed);
+    std::memcpy(slot, bytes.data(), size);
+    context->make_current();
+    FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(gpu.get()), slot, size,
+             nullptr);
+    FERRY_CU(cuStreamSynchronize, nullptr);
+    EXPECT_EQ(test::read_device(gpu.get(), size), bytes) << size << " bytes, seed " << seed;
+  };
+  for (std::uint64_t slot_bytes : {std::uint64_t{1} << 20, std::uint64_t{3} << 19,
+                                   std::uint64_t{1} << 20}) {
+    auto lease = pool.lease(slot_bytes, 4, 1, pin);
+    ASSERT_EQ(lease.slots(), 4u);
+    EXPECT_TRUE(lease.pinned());
+    for (unsigned i : {0u, 2u, 1u, 3u, 0u}) {  // any order, and again
+      lease.ready(i);
+      copy_out(lease.slot(i), lease.slot_bytes(), slot_bytes + i);
+    }
+  }
+  EXPECT_LE(pool.stats().high_water, std::uint64_t{16} << 20);
+}
+
 // Many small extents of GPU memory at unaligned offsets and sizes, grouped into shared slots
 // and written with their copies queued ahead of the writes, under a staging bound of a few
 // slots; read back into other GPU memory through the same grouping. Bit-exact, and the pool

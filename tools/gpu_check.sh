@@ -7,7 +7,8 @@
 #   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/run_bench.py)
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
 #     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, stream,
-#     stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs).
+#     stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs), firstload-tests,
+#     firstload, firstload-cold, firstload4 (2+ GPUs).
 #   The device tool caps one call at 10 minutes: split them (`build tests warm`, then `tmpfs
 #   cold`, then `sizes`; `build kv`...); each stage builds and writes checkpoints first where a
 #   fresh machine lacks them. Benchmark stages leave $OUT/results-STAGE.json for bench/report.py.
@@ -47,12 +48,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site
 
-for part in common load core kv stream mgpu; do
+for part in common load core kv stream mgpu firstload; do
   # shellcheck source=/dev/null
   source "$root/tools/gpu/$part.sh"
 done
 
 if want build || [ ! -x "$ferry" ]; then build; fi
+want firstload-tests && first_load tests
+want firstload && first_load warm
+want firstload-cold && first_load cold
+want firstload4 && first_load group
 want tests && tests
 want compare && compare
 want python && python_benches

@@ -2,10 +2,12 @@
 storage once per group, each rank holding whole tensors (replicas) or its tensor-parallel slices.
 
 Every rank computes the same plan (ferry's planner, in C++) and first checks that all ranks agree
-on it (the same files, sizes and slice plan), so that ranks that disagree all fail with the same
-error instead of hanging. Then, round by round: each rank reads its share into its own memory;
-tensors split along an inner dimension are read whole by one rank and sent to the others
-(point-to-point); replicated bytes are all-gathered in place. Collectives are queued
+on it (the same files, sizes and slice plan; one small all_reduce), so that ranks that disagree
+all fail with the same error instead of hanging. Then, round by round: each rank reads its share
+into its own memory; tensors split along an inner dimension are read whole by one rank and
+broadcast to the others, which keep their columns; replicated bytes are all-gathered in place.
+Only collectives run on the group (no point-to-point sends), so a fresh process's first load
+uses the connections the group's first collective made. Collectives are queued
 asynchronously, so the next round's reads overlap them. A rank that dies mid-load makes the others
 fail when the process group's timeout (init_process_group(timeout=...)) runs out.
 
@@ -71,20 +73,73 @@ def _collective_device(group, device: torch.device) -> torch.device:
 
 def _check_agreement(plan, group, device: torch.device, label: str) -> None:
     """Every rank raises the same error when the ranks' plans differ (never a hang on a later
-    collective whose sizes disagree)."""
+    collective whose sizes disagree). One small all_reduce (MAX of the digest and of its negation
+    gives the largest and the smallest): the collective a serving engine has run already, so its
+    connections are up; the ranks' digests are gathered only to word the error."""
+    side = _collective_device(group, device)
+    digest, nbytes = plan.digest() & 0x7FFFFFFFFFFFFFFF, plan.read_bytes
+    extremes = torch.tensor([digest, nbytes, -digest, -nbytes], dtype=torch.int64, device=side)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+    high_digest, high_bytes, low_digest, low_bytes = extremes.tolist()
+    if high_digest == -low_digest and high_bytes == -low_bytes:
+        return
     world = dist.get_world_size(group)
-    mine = torch.tensor([plan.digest() & 0x7FFFFFFFFFFFFFFF, plan.read_bytes], dtype=torch.int64,
-                        device=_collective_device(group, device))
+    mine = torch.tensor([digest, nbytes], dtype=torch.int64, device=side)
     seen = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(seen, mine, group=group)
+    dist.all_gather(seen, mine, group=group)  # every rank is here: all saw the extremes differ
     digests = [tuple(int(x) for x in s.cpu()) for s in seen]
-    if len(set(digests)) > 1:
-        detail = ", ".join(f"rank {r}: plan {d[0]:016x}, {d[1]} bytes" for r, d in enumerate(digests))
-        raise ValueError(f"{label}: the ranks disagree on the checkpoint or its slice plan "
-                         f"(different files, sizes or shard specs): {detail}")
+    detail = ", ".join(f"rank {r}: plan {d[0]:016x}, {d[1]} bytes" for r, d in enumerate(digests))
+    raise ValueError(f"{label}: the ranks disagree on the checkpoint or its slice plan "
+                     f"(different files, sizes or shard specs): {detail}")
 
 
-def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine):
+def _scatter(plan, k, rank, group, memory, scratch, works) -> None:
+    """Round k's tensors split along an inner dimension: each is broadcast from the rank that read
+    it (its scratch) and every rank copies its columns out. A broadcast runs on the group's ring,
+    which the engine's own collectives have connected already; point-to-point sends would make
+    NCCL connect every pair of ranks on a fresh process's first load (seconds on 4 GPUs). The
+    receive buffers stay in `works` until the round is settled."""
+    scatters = plan.scatters(k)
+    if not scatters:
+        return
+    inbox_bytes = sum(rows * row_bytes for reader, _, rows, row_bytes, _ in scatters if reader != rank)
+    inbox = torch.empty(inbox_bytes, dtype=torch.uint8, device=memory.device) if inbox_bytes else None
+    received, waits, at = [], [], 0
+
+    def place(whole, rows, row_bytes, parts):
+        rows_view = whole.view(rows, row_bytes)
+        for to, dest, begin, width in parts:
+            if to == rank:
+                memory[dest:dest + rows * width].view(rows, width).copy_(rows_view[:, begin:begin + width])
+
+    for reader, offset, rows, row_bytes, parts in scatters:
+        n = rows * row_bytes
+        if reader == rank:
+            whole = scratch[offset:offset + n]
+        else:
+            whole = inbox[at:at + n]
+            at += n
+        waits.append(dist.broadcast(whole, src=_global_rank(group, reader), group=group, async_op=True))
+        if reader == rank:
+            place(whole, rows, row_bytes, parts)  # already here
+        else:
+            received.append((whole, rows, row_bytes, parts))
+    for work in waits:  # NCCL: the current stream waits (the host does not); gloo: done
+        work.wait()
+    for whole, rows, row_bytes, parts in received:
+        place(whole, rows, row_bytes, parts)
+    works += waits
+    if inbox is not None:
+        works.append(inbox)  # alive until the round is settled
+
+
+def _start_round(plan, k, rank, device, memory, scratch, engine):
+    return _ferry.start_fanout_round(plan, k, rank, engine_device(normalize_device(device)),
+                                     memory.data_ptr(), scratch.data_ptr(), **engine)
+
+
+def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading):
+    """The rounds, round 0's reads started already (`reading`)."""
     nccl = dist.get_backend(group) == "nccl"
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
 
@@ -99,10 +154,8 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
             torch.cuda.current_stream(memory.device).synchronize()
 
     def start(k):
-        return _ferry.start_fanout_round(plan, k, rank, engine_device(normalize_device(device)),
-                                         memory.data_ptr(), scratch.data_ptr(), **engine)
+        return _start_round(plan, k, rank, device, memory, scratch, engine)
 
-    reading = start(0) if plan.rounds else None
     for k in range(plan.rounds):
         # Round k + 1's reads queue behind round k's while its bytes are exchanged; they refill
         # round k - 1's scratch bank, whose exchanges must be done first.
@@ -114,30 +167,7 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
         stats["reads"].append(reading.wait())
         reading = following
         works: List[Any] = []
-        p2p = []  # (send?, tensor, peer's global rank)
-        for reader, offset, rows, row_bytes, parts in plan.scatters(k):
-            if reader == rank:
-                whole = scratch[offset:offset + rows * row_bytes].view(rows, row_bytes)
-                for to, dest, begin, width in parts:
-                    piece = whole[:, begin:begin + width]
-                    if to == rank:
-                        memory[dest:dest + rows * width].view(rows, width).copy_(piece)
-                    else:
-                        sent = piece.contiguous()
-                        p2p.append((True, sent, _global_rank(group, to)))
-                        works.append(sent)  # alive until the send completed
-            else:
-                for to, dest, begin, width in parts:
-                    if to == rank:
-                        p2p.append((False, memory[dest:dest + rows * width],
-                                    _global_rank(group, reader)))
-        if p2p and nccl:  # one batch: NCCL groups the sends and receives
-            works += dist.batch_isend_irecv([
-                dist.P2POp(dist.isend if send else dist.irecv, tensor, peer, group)
-                for send, tensor, peer in p2p])
-        else:
-            for send, tensor, peer in p2p:
-                works.append((dist.isend if send else dist.irecv)(tensor, peer, group=group))
+        _scatter(plan, k, rank, group, memory, scratch, works)
         offset, per_rank = plan.gather(k)
         if world > 1 and per_rank > 0:
             region = memory[offset:offset + world * per_rank]
@@ -167,16 +197,26 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
                               list(names) if names is not None else None,
                               engine.get("chunk_bytes") or 0, round_bytes)
     target = torch.device(normalize_device(device))
-    _check_agreement(plan, group, target, label)
-
     memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
     scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
     if target.type == "cuda":  # the allocator may hand out memory that queued work still uses
         torch.cuda.current_stream(target).synchronize()
+    # Round 0's reads (this rank's own plan, into its own memory) run while the ranks check that
+    # their plans agree: a fresh process's first collective and staging overlap the reads.
+    reading = _start_round(plan, 0, rank, device, memory, scratch, engine) if plan.rounds else None
+    try:
+        _check_agreement(plan, group, target, label)
+    except BaseException:
+        if reading is not None:
+            try:
+                reading.wait()  # its copies land in memory this function frees
+            except Exception:  # noqa: BLE001 - the disagreement is the error to report
+                pass
+        raise
     stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
              "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
     try:
-        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine)
+        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading)
     except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
         raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
                            f"(did another rank stop or fail?): {e}") from e

@@ -90,27 +90,59 @@ RelaxedCaptureMode::~RelaxedCaptureMode() {
   if (_previous >= 0) shim::CudaDriver::get().cuThreadExchangeStreamCaptureMode(&_previous);
 }
 
+namespace {
+
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+// A mapping of at least `bytes` whose start (returned) is 2 MiB-aligned for sizes of 2 MiB or
+// more; `region` and `region_bytes` are what free_pages takes.
+std::byte* map_aligned(std::size_t bytes, void*& region, std::size_t& region_bytes) {
+  bytes = std::max(bytes, kPageBytes);
+  region_bytes = bytes < kHugePage ? bytes : bytes + kHugePage;  // room to align the start
+  region = allocate_pages(region_bytes);
+  if (region == nullptr) throw std::bad_alloc();
+  if (bytes < kHugePage) return static_cast<std::byte*>(region);
+  const auto start = (reinterpret_cast<std::uintptr_t>(region) + kHugePage - 1) / kHugePage * kHugePage;
+  return reinterpret_cast<std::byte*>(start);
+}
+
+}  // namespace
+
 HostBuffer::HostBuffer(std::size_t bytes, const PrimaryContext* pin_in) : _size(bytes) {
-  const std::size_t mapped = std::max<std::size_t>(bytes, kPageBytes);
-  void* p = allocate_pages(mapped);
-  if (p == nullptr) throw std::bad_alloc();
-  _data = static_cast<std::byte*>(p);
+  _data = map_aligned(bytes, _region, _region_bytes);
   if (pin_in == nullptr) return;
   try {
     pin(*pin_in);
   } catch (...) {
-    free_pages(p, mapped);
-    _data = nullptr;
+    release();
     throw;
   }
 }
 
+std::size_t HostBuffer::mapped_size() const noexcept { return std::max(_size, kPageBytes); }
+
 void HostBuffer::pin(const PrimaryContext& context) {
-  if (_pinned || _data == nullptr) return;
+  if (_data == nullptr || (pinned() && _registrations.size() == 1)) return;
+  unpin();
+  pin_range(0, mapped_size(), context);
+}
+
+void HostBuffer::pin_range(std::size_t offset, std::size_t bytes, const PrimaryContext& context) {
+  FERRY_EXPECT(_data != nullptr && offset % kPageBytes == 0 && bytes % kPageBytes == 0 &&
+                   bytes > 0 && offset + bytes <= mapped_size(),
+               std::invalid_argument, "pinning ", bytes, " bytes at offset ", offset,
+               " of a host buffer of ", mapped_size());
+  _registrations.reserve(_registrations.size() + 1);  // no throw between register and record
   context.make_current();
-  FERRY_CU(cuMemHostRegister, _data, std::max<std::size_t>(_size, kPageBytes),
-           shim::cu::kMemHostRegisterPortable);
-  _pinned = true;
+  FERRY_CU(cuMemHostRegister, _data + offset, bytes, shim::cu::kMemHostRegisterPortable);
+  _registrations.push_back(_data + offset);
+  _pinned_bytes += bytes;
+}
+
+void HostBuffer::unpin() noexcept {
+  for (std::byte* r : _registrations) shim::CudaDriver::get().cuMemHostUnregister(r);
+  _registrations.clear();
+  _pinned_bytes = 0;
 }
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
@@ -118,7 +150,11 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     release();
     _data = std::exchange(other._data, nullptr);
     _size = std::exchange(other._size, 0);
-    _pinned = other._pinned;
+    _region = std::exchange(other._region, nullptr);
+    _region_bytes = std::exchange(other._region_bytes, 0);
+    _pinned_bytes = std::exchange(other._pinned_bytes, 0);
+    _registrations = std::move(other._registrations);
+    other._registrations.clear();
   }
   return *this;
 }
@@ -127,9 +163,10 @@ HostBuffer::~HostBuffer() { release(); }
 
 void HostBuffer::release() noexcept {
   if (_data == nullptr) return;
-  if (_pinned) shim::CudaDriver::get().cuMemHostUnregister(_data);
-  free_pages(_data, std::max<std::size_t>(_size, kPageBytes));
+  unpin();
+  free_pages(_region, _region_bytes);
   _data = nullptr;
+  _region = nullptr;
 }
 
 const PrimaryContext& device_context(int ordinal) {
@@ -162,7 +199,6 @@ std::shared_ptr<void> allocate_host_memory(std::size_t bytes) {
   // Large destinations start on a 2 MiB boundary inside pages that ask for transparent huge
   // pages (platform/): every fresh 4 KiB page costs a fault, and those faults were a third of a
   // warm host load's time. The advice may be refused: 4 KiB pages then.
-  constexpr std::size_t kHugePage = std::size_t{2} << 20;
   if (bytes < kHugePage)
     return std::shared_ptr<void>(allocate_aligned(bytes), [](void* p) { aligned_free(p); });
   const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;

@@ -23,6 +23,7 @@ PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& other) noexcept {
     if (_slab) _pool->give_back(_slab);
     _pool = other._pool;
     _slab = std::exchange(other._slab, nullptr);
+    _pin_in = other._pin_in;
     _slots = std::exchange(other._slots, 0);
     _slot_bytes = other._slot_bytes;
   }
@@ -31,6 +32,11 @@ PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& other) noexcept {
 
 PinnedPool::Lease::~Lease() {
   if (_slab) _pool->give_back(_slab);
+}
+
+void PinnedPool::Lease::pin_slot(unsigned i) {
+  _slab->buffer.pin_range(i * _slot_bytes, _slot_bytes, *_pin_in);
+  _slab->pinned_slots[i] = true;
 }
 
 PinnedPool::PinnedPool(std::uint64_t bound_bytes) : _bound(bound_bytes) {}
@@ -46,11 +52,13 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
   Lease lease;
   lease._pool = this;
   lease._slot_bytes = slot_bytes;
+  lease._pin_in = pin_in;
+  const bool gpu = pin_in != nullptr;
   for (;;) {
     // An idle slab of the right kind that holds at least the minimum: the most slots first.
     Slab* best = nullptr;
     for (auto& s : _slabs)
-      if (!s.leased && s.buffer.pinned() == (pin_in != nullptr) &&
+      if (!s.leased && s.gpu == gpu &&
           s.buffer.size() >= slot_bytes * min_slots &&
           (!best || s.buffer.size() > best->buffer.size()))
         best = &s;
@@ -63,7 +71,7 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
       const std::uint64_t room = _bound > _held ? _bound - _held : 0;
       const auto fits = static_cast<unsigned>(std::min<std::uint64_t>(wanted, room / slot_bytes));
       if (fits >= min_slots && (!best || fits * slot_bytes > best->buffer.size())) {
-        _slabs.push_back({HostBuffer(fits * slot_bytes, nullptr), false});
+        _slabs.push_back({HostBuffer(fits * slot_bytes, nullptr), gpu, false, 0, {}});
         _held += fits * slot_bytes;
         _high_water = std::max(_high_water, _held);
         best = &_slabs.back();
@@ -73,21 +81,18 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
             std::min<std::uint64_t>(wanted, best->buffer.size() / slot_bytes));
     }
     if (best) {
+      if (gpu && best->pinned_slot_bytes != slot_bytes) {
+        // Registrations of another slot size could put one copy across two: made again.
+        best->buffer.unpin();
+        best->pinned_slot_bytes = slot_bytes;
+        best->pinned_slots.assign(best->buffer.size() / slot_bytes, false);
+      }
       best->leased = true;
       lease._slab = best;
       _leased += best->buffer.size();
       break;
     }
     _returned.wait(lock);
-  }
-  lock.unlock();
-  if (pin_in) {
-    try {
-      lease._slab->buffer.pin(*pin_in);
-    } catch (...) {
-      Lease dropped = std::move(lease);
-      throw;
-    }
   }
   return lease;
 }

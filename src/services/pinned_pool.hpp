@@ -5,6 +5,10 @@
 // for other leases to end where not even that fits. Idle slabs are kept, so a second transfer
 // pays no allocation or pinning; they are freed to make room for a differently shaped lease.
 // One lease is taken per worker per submission, so the hot loop never touches the pool's lock.
+// A slab for a GPU is pinned slot by slot as its lease first uses each (Lease::ready): in a fresh
+// process a worker starts reading once its first slot is pinned, instead of every worker
+// waiting for all of its staging (the driver serialises pinning, and the copies other workers
+// queue meanwhile wait for it).
 #pragma once
 
 #include <condition_variable>
@@ -12,6 +16,7 @@
 #include <cstdint>
 #include <list>
 #include <mutex>
+#include <vector>
 
 #include "cuda/cuda_resources.hpp"
 
@@ -20,7 +25,12 @@ namespace ferry::detail {
 class PinnedPool {
   struct Slab {
     HostBuffer buffer;
+    bool gpu = false;  // its slots are pinned (as far as they were used) for GPU copies
     bool leased = false;
+    // The layout of its registrations: slots of this size, which of them are pinned. A lease
+    // of another slot size has them made again (at lease time: no copy uses the slab then).
+    std::uint64_t pinned_slot_bytes = 0;
+    std::vector<bool> pinned_slots;
   };
 
  public:
@@ -35,15 +45,23 @@ class PinnedPool {
 
     unsigned slots() const noexcept { return _slots; }
     std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
-    // Page-aligned, slot_bytes() long.
+    // Page-aligned, slot_bytes() long; pinned once ready(i) returned.
     std::byte* slot(unsigned i) const noexcept { return _slab->buffer.data() + i * _slot_bytes; }
-    bool pinned() const noexcept { return _slab && _slab->buffer.pinned(); }
+    // Pins slot i (one registration per slot, so no copy spans two) where the lease is for a
+    // GPU and it is not yet (throws CudaError); cheap once it is.
+    void ready(unsigned i) {
+      if (_pin_in && !_slab->pinned_slots[i]) pin_slot(i);
+    }
+    // Whether the slab serves GPU copies (its slots pinned before use).
+    bool pinned() const noexcept { return _slab && _slab->gpu; }
     bool empty() const noexcept { return _slab == nullptr; }
 
    private:
     friend class PinnedPool;
+    void pin_slot(unsigned i);
     PinnedPool* _pool = nullptr;
     Slab* _slab = nullptr;
+    const PrimaryContext* _pin_in = nullptr;
     unsigned _slots = 0;
     std::uint64_t _slot_bytes = 0;
   };
@@ -59,9 +77,10 @@ class PinnedPool {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
-  // Between `min_slots` and `wanted` slots of at least `slot_bytes` (rounded up to pages),
-  // pinned in `pin_in` when given. Waits while not even `min_slots` fit; throws
-  // std::invalid_argument where they never can (larger than the bound).
+  // Between `min_slots` and `wanted` slots of at least `slot_bytes` (rounded up to pages), for
+  // copies to and from GPUs when `pin_in` is given: Lease::ready pins each slot in that context
+  // before its first use. Waits while not even `min_slots` fit; throws std::invalid_argument
+  // where they never can (larger than the bound).
   Lease lease(std::uint64_t slot_bytes, unsigned wanted, unsigned min_slots,
               const PrimaryContext* pin_in);
 

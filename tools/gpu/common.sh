@@ -7,7 +7,14 @@ build() {
   cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
-  ninja -C /tmp/build >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  # The first-load stages need only the CLI, a few tests and the Python package.
+  local targets=""
+  case "$(echo $stages)" in
+    "build firstload-tests" | firstload-tests)
+      targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
+    "build firstload"* | firstload*) targets=ferry_cli ;;
+  esac
+  ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
     "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma) nopip=1 ;;

@@ -86,6 +86,9 @@ class Job {
           lease = staging_pool().lease(slot_bytes(_run->settings.chunk, _t.direction),
                                        _run->settings.slots, 1,
                                        pin ? &device_context(pin->index) : nullptr);
+          // The first slot now (a job that cannot pin even that is lost, as one without
+          // staging); the others as they are first used, while this job's copies run.
+          lease.ready(0);
           staging = clock.lap();
           staged_bytes = std::uint64_t{lease.slots()} * lease.slot_bytes();
           pinned = lease.pinned();
@@ -179,7 +182,11 @@ class Job {
     return f;
   }
 
-  std::byte* slot(unsigned s) const { return _lease->slot(s); }
+  // Slot `s`, pinned before its first use where it serves a GPU (PinnedPool::Lease::ready).
+  std::byte* slot(unsigned s) {
+    _lease->ready(s);
+    return _lease->slot(s);
+  }
   bool cancelled() const { return _t.cancel.load(std::memory_order_relaxed); }
   void wait_slot(unsigned s) {
     for (auto& [d, c] : _copiers) c->wait(s);
@@ -508,7 +515,7 @@ class Job {
   std::shared_ptr<StagedRun> _run;
   TicketState& _t;
   unsigned _worker;
-  const PinnedPool::Lease* _lease = nullptr;
+  PinnedPool::Lease* _lease = nullptr;
   unsigned _slots = 1;
   std::vector<std::pair<Device, std::unique_ptr<Copier>>> _copiers;
   std::uint32_t _open_index = UINT32_MAX;
