@@ -2,6 +2,8 @@
 // a running writer). verify reads every committed block and checks its checksum. bench ROOT:
 // put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +19,14 @@
 
 namespace ferry::cli {
 namespace {
+
+// Records failing their checksum in the middle of the journal (not a torn tail), in words.
+std::string journal_damage(const KVStats& s) {
+  return "journal: " + std::to_string(s.journal_corrupt_records) +
+         " record(s) fail their checksum in the middle (the first at offset " +
+         std::to_string(s.journal_corrupt_offset) +
+         "): skipped, the later records kept; those commits are lost";
+}
 
 void print_store(const KVStoreInfo& info, const KVStats& s) {
   // Names come from a file: escaped, so that they cannot drive the terminal.
@@ -36,6 +46,8 @@ void print_store(const KVStoreInfo& info, const KVStats& s) {
   if (s.journal_tail_dropped)
     std::printf("  a torn journal tail of %llu bytes is ignored (the writer cuts it)\n",
                 static_cast<unsigned long long>(s.journal_tail_dropped));
+  if (s.journal_corrupt_records)
+    std::printf("  %s\n", journal_damage(s).c_str());
 }
 
 // A namespace that cannot be opened, said on stdout beside the others (the command then fails).
@@ -72,7 +84,8 @@ std::uint64_t parse_size(const std::string& text) {
 
 void add_bench(CLI::App& kv) {
   static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json,
-                           batch_bytes, page_cache_pin;
+                           batch_bytes, page_cache_pin, layout, dtype = "bf16";
+  static unsigned layers = 32, block_tokens = 16, kv_heads = 8, head_dim = 128;
   static std::vector<std::string> paths;
   static std::uint64_t batch = 16;
   static unsigned pieces = 1, rounds = 3;
@@ -89,6 +102,23 @@ void add_bench(CLI::App& kv) {
                     "256M: a prefix of many blocks)");
   bench->add_option("--pieces", pieces, "pieces per block, as vLLM's per-layer K/V (default 1)")
       ->check(CLI::Range(1u, 4096u));
+  bench
+      ->add_option("--layout", layout,
+                   "an engine's paged KV layout for the pieces (the block size follows from "
+                   "it): vllm (per layer [2, blocks, tokens, heads, head_dim]: K and V pages), "
+                   "vllm-canonical (per layer (blocks, page) int8), mla (per layer [blocks, "
+                   "tokens, 576]), sglang (per layer K and V buffers)")
+      ->check(CLI::IsMember({"vllm", "vllm-canonical", "mla", "sglang"}));
+  bench->add_option("--layers", layers, "layers of the layout (default 32)")
+      ->check(CLI::Range(1u, 1024u));
+  bench->add_option("--block-tokens", block_tokens, "tokens per block of the layout (default 16)")
+      ->check(CLI::Range(1u, 65536u));
+  bench->add_option("--kv-heads", kv_heads, "KV heads of the layout (default 8)")
+      ->check(CLI::Range(1u, 1024u));
+  bench->add_option("--head-dim", head_dim, "head size of the layout (default 128)")
+      ->check(CLI::Range(1u, 4096u));
+  bench->add_option("--dtype", dtype, "the layout's element type: bf16 or fp8 (default bf16)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
   bench->add_option("--path", paths,
                     "GPU paths: staged, direct, auto (default: staged, and "
                     "direct where cuFile runs)");
@@ -114,7 +144,19 @@ void add_bench(CLI::App& kv) {
     o.batch = batch;
     if (!batch_bytes.empty()) o.batch_bytes = parse_size(batch_bytes);
     o.pieces = pieces;
+    o.layout = layout;
+    o.layers = layers;
+    o.block_tokens = block_tokens;
+    o.kv_heads = kv_heads;
+    o.head_dim = head_dim;
+    o.element_bytes = dtype == "fp8" ? 1 : 2;
     o.rounds = rounds;
+    const unsigned shown_pieces =
+        layout.empty() ? pieces : layers * (layout == "vllm" || layout == "sglang" ? 2 : 1);
+    if (!layout.empty())
+      std::printf("layout %s: %u layers, %u tokens x %u heads x %u, %s: blocks of %llu bytes\n",
+                  layout.c_str(), layers, block_tokens, kv_heads, head_dim, dtype.c_str(),
+                  static_cast<unsigned long long>(kv_layout_block_bytes(o)));
     if (!page_cache_pin.empty()) o.page_cache_pin = parse_size(page_cache_pin);
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
     std::printf(
@@ -125,7 +167,7 @@ void add_bench(CLI::App& kv) {
         root.c_str(), device.c_str(),
         batch_bytes.empty() ? (std::to_string(batch) + " blocks").c_str()
                             : (batch_bytes + " bytes").c_str(),
-        pieces, pieces == 1 ? "" : "s", rounds);
+        shown_pieces, shown_pieces == 1 ? "" : "s", rounds);
     std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
     if (!json.empty()) json_file.emplace(json);
     nlohmann::json rows = nlohmann::json::array();
@@ -279,6 +321,11 @@ void add_kv(CLI::App& app) {
         continue;
       }
       KVStore& store = *opened;
+      if (const KVStats s = store.stats(); s.journal_corrupt_records) {
+        bad += s.journal_corrupt_records;
+        std::printf("%s: %s\n", printable(utf8_of(info.directory)).c_str(),
+                    journal_damage(s).c_str());
+      }
       std::vector<std::byte> buffer(info.block_bytes);
       for (KVKey key : store.keys()) {
         const std::uint64_t length = store.stored_length(key);

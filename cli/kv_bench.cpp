@@ -30,11 +30,60 @@ double seconds_since(Clock::time_point start) {
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// One batch of blocks in memory on the bench's device: `batch` blocks of `pieces` pieces.
+// Where a block's pieces sit in a batch's memory: equal parts of one contiguous block, or an
+// engine's layout over per-layer cache tensors laid back to back (all of them together hold the
+// batch's blocks exactly, so the memory is the same size either way).
+struct PieceLayout {
+  std::string name;  // empty: equal parts
+  unsigned pieces = 1, layers = 0, per_layer = 0;
+  std::uint64_t page = 0;  // bytes of one piece
+  // Offset and size of piece p of block b among `batch`.
+  std::pair<std::uint64_t, std::uint64_t> piece(std::uint64_t block, std::uint64_t batch,
+                                                std::uint64_t b, unsigned p) const {
+    if (name.empty()) {
+      const std::uint64_t part = block / pieces;
+      return {b * block + part * p, p + 1 == pieces ? block - part * p : part};
+    }
+    const unsigned layer = p / per_layer, kv = p % per_layer;
+    if (name == "vllm")  // [2, batch, page] per layer: K pages, then V pages
+      return {layer * 2 * batch * page + (kv * batch + b) * page, page};
+    // vllm-canonical, mla: [batch, page] per layer; sglang: a K and a V tensor [batch, page]
+    return {(layer * per_layer + kv) * batch * page + b * page, page};
+  }
+};
+
+PieceLayout piece_layout(const KVBenchOptions& o) {
+  PieceLayout l;
+  l.name = o.layout;
+  l.pieces = o.pieces;
+  if (o.layout.empty()) return l;
+  const std::uint64_t tokens_bytes = std::uint64_t(o.block_tokens) * o.element_bytes;
+  l.layers = o.layers;
+  if (o.layout == "vllm" || o.layout == "sglang") {
+    l.per_layer = 2;
+    l.page = tokens_bytes * o.kv_heads * o.head_dim;
+  } else if (o.layout == "vllm-canonical") {
+    l.per_layer = 1;
+    l.page = 2 * tokens_bytes * o.kv_heads * o.head_dim;
+  } else if (o.layout == "mla") {
+    l.per_layer = 1;
+    l.page = tokens_bytes * 576;  // the latent (512) and rope (64) values of each token
+  } else {
+    detail::fail<std::invalid_argument>("kv bench: unknown layout \"", o.layout,
+                                        "\" (vllm, vllm-canonical, mla or sglang)");
+  }
+  FERRY_EXPECT(o.layers >= 1 && l.page >= 1, std::invalid_argument,
+               "kv bench: a layout needs layers, block tokens, heads, head size and element "
+               "bytes of at least 1");
+  l.pieces = o.layers * l.per_layer;
+  return l;
+}
+
+// One batch of blocks in memory on the bench's device: `batch` blocks laid out as `layout`.
 class BatchMemory {
  public:
-  BatchMemory(const Device& device, std::uint64_t block, std::uint64_t batch, unsigned pieces)
-      : _device(device), _block(block), _batch(batch), _pieces(pieces) {
+  BatchMemory(const Device& device, std::uint64_t block, std::uint64_t batch, PieceLayout layout)
+      : _device(device), _block(block), _batch(batch), _layout(std::move(layout)) {
     const std::uint64_t bytes = block * batch;
     if (device.is_cuda()) {
       _context = std::make_shared<detail::PrimaryContext>(device.index);
@@ -44,13 +93,11 @@ class BatchMemory {
     }
   }
   std::byte* base() const { return static_cast<std::byte*>(_memory.get()); }
-  // Block b's pieces: equal parts, the last one taking the remainder.
   std::vector<KVPiece> block(std::uint64_t b) const {
     std::vector<KVPiece> out;
-    const std::uint64_t part = _block / _pieces;
-    for (unsigned p = 0; p < _pieces; ++p) {
-      const std::uint64_t size = p + 1 == _pieces ? _block - part * p : part;
-      out.push_back({base() + b * _block + part * p, size, _device});
+    for (unsigned p = 0; p < _layout.pieces; ++p) {
+      const auto [offset, size] = _layout.piece(_block, _batch, b, p);
+      out.push_back({base() + offset, size, _device});
     }
     return out;
   }
@@ -75,7 +122,7 @@ class BatchMemory {
  private:
   Device _device;
   std::uint64_t _block, _batch;
-  unsigned _pieces;
+  PieceLayout _layout;
   std::shared_ptr<detail::PrimaryContext> _context;
   std::shared_ptr<void> _memory;
 };
@@ -311,15 +358,17 @@ class RawFile {
 KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
   const std::uint64_t batch = kv_bench_batch(o, block);
   const std::uint64_t count = std::max(batch, o.bytes / block);
+  const PieceLayout layout = piece_layout(o);
   const KVNamespace ns{"kv-bench", "bytes",
-                       "block=" + std::to_string(block) + ",pieces=" + std::to_string(o.pieces), 0,
-                       1};
+                       "block=" + std::to_string(block) +
+                           ",pieces=" + std::to_string(layout.pieces) + ",layout=" + o.layout,
+                       0, 1};
   KVStoreOptions options;
   options.gpu_path = path;
   options.allow_compat = true;
   options.checkpoint_on_close = false;
   options.page_cache_pin_bytes = o.page_cache_pin;
-  BatchMemory source(o.device, block, batch, o.pieces), target(o.device, block, batch, o.pieces);
+  BatchMemory source(o.device, block, batch, layout), target(o.device, block, batch, layout);
   std::vector<std::byte> pattern(block * batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
   source.fill(pattern);
@@ -486,6 +535,11 @@ std::uint64_t kv_bench_batch(const KVBenchOptions& o, std::uint64_t block) {
   return o.batch_bytes ? std::max<std::uint64_t>(1, o.batch_bytes / block) : o.batch;
 }
 
+std::uint64_t kv_layout_block_bytes(const KVBenchOptions& o) {
+  const PieceLayout l = piece_layout(o);
+  return l.name.empty() ? 0 : l.page * l.pieces;
+}
+
 std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& o,
                                      const std::function<void(const KVBenchRow&)>& on_row) {
   FERRY_EXPECT(o.batch >= 1 && o.pieces >= 1, std::invalid_argument,
@@ -500,7 +554,9 @@ std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& o,
   }
   fs::create_directories(o.root);
   std::vector<KVBenchRow> rows;
-  for (std::uint64_t block : o.block_sizes) {
+  const std::vector<std::uint64_t> sizes =
+      o.layout.empty() ? o.block_sizes : std::vector<std::uint64_t>{kv_layout_block_bytes(o)};
+  for (std::uint64_t block : sizes) {
     FERRY_EXPECT(block >= o.pieces, std::invalid_argument, "kv bench: ", block,
                  "-byte blocks cannot hold ", o.pieces, " pieces");
     for (KVPath path : paths) {

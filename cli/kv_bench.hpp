@@ -25,6 +25,14 @@ struct KVBenchOptions {
   // a prefix of tens to hundreds of blocks, so that per-call costs are not what is measured.
   std::uint64_t batch_bytes = 0;
   unsigned pieces = 1;               // pieces per block (vLLM: 2 x layers)
+  // An engine's paged KV layout for the blocks' pieces, instead of `pieces` equal parts of one
+  // contiguous block (empty): "vllm" (FlashAttention, per layer one tensor [2, blocks,
+  // block_tokens, kv_heads, head_dim]: a K and a V page per layer), "vllm-canonical" (per layer
+  // (blocks, page_bytes) int8: one page per layer), "mla" (per layer [blocks, block_tokens, 576]:
+  // one latent page), "sglang" (per layer a K and a V buffer [tokens, kv_heads, head_dim]). The
+  // block size is then the layout's (block_sizes is not used).
+  std::string layout;
+  unsigned layers = 32, block_tokens = 16, kv_heads = 8, head_dim = 128, element_bytes = 2;
   // The GPU paths to measure; empty: staged, and direct where cuFile can run. Host memory always
   // takes the host path.
   std::vector<KVPath> paths;
@@ -92,6 +100,10 @@ std::uint64_t kv_bench_batch(const KVBenchOptions& options, std::uint64_t block)
 
 // Runs every size and path, calling `on_row` as each finishes. Every block got back is compared
 // with what was put (a wrong byte throws). Throws where a put or get fails.
+// The block size of `o.layout` (0 where none is set); throws std::invalid_argument for an unknown
+// layout.
+std::uint64_t kv_layout_block_bytes(const KVBenchOptions& o);
+
 std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& options,
                                      const std::function<void(const KVBenchRow&)>& on_row = {});
 

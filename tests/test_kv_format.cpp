@@ -95,11 +95,40 @@ TEST(KvJournal, TornTailIsIgnored) {
   EXPECT_EQ(scan.torn_bytes, kRecordSize - 20);
 }
 
-TEST(KvJournal, BadRecordChecksumEndsTheJournal) {
+TEST(KvJournal, BadLastRecordIsATornTail) {
   auto bytes = journal_of(0, {put_record(1, 10, 0), put_record(2, 11, 1), put_record(3, 12, 2)});
-  bytes[kJournalHeaderSize + kRecordSize + 17] ^= std::byte{1};  // the second record's key
+  bytes[kJournalHeaderSize + 2 * kRecordSize + 17] ^= std::byte{1};  // the third record's key
+  const auto scan = scan_records(bytes, kJournalHeaderSize, 0, kLimits, "j");
+  EXPECT_EQ(scan.records.size(), 2u);
+  EXPECT_EQ(scan.torn_bytes, kRecordSize);
+  EXPECT_EQ(scan.corrupt_records, 0u);
+}
+
+// A record failing its checksum with a valid later one is damage in the middle, not a torn
+// tail: skipped and counted, the later records kept.
+TEST(KvJournal, BadMiddleRecordIsSkippedAndTheLaterOnesKept) {
+  auto bytes = journal_of(0, {put_record(1, 10, 0), put_record(2, 11, 1), put_record(3, 12, 2),
+                              put_record(4, 13, 3), put_record(5, 14, 4)});
+  bytes[kJournalHeaderSize + kRecordSize + 17] ^= std::byte{1};      // the second record's key
+  bytes[kJournalHeaderSize + 2 * kRecordSize + 3] ^= std::byte{0x40};  // the third's magic
+  const auto scan = scan_records(bytes, kJournalHeaderSize, 0, kLimits, "j");
+  ASSERT_EQ(scan.records.size(), 3u);
+  EXPECT_EQ(scan.records[0].key, 10u);
+  EXPECT_EQ(scan.records[1].key, 13u);
+  EXPECT_EQ(scan.records[2].key, 14u);
+  EXPECT_EQ(scan.corrupt_records, 2u);
+  EXPECT_EQ(scan.first_corrupt_offset, kJournalHeaderSize + kRecordSize);
+  EXPECT_EQ(scan.valid_end, bytes.size());
+  EXPECT_EQ(scan.torn_bytes, 0u);
+}
+
+// Only a later record with a higher sequence counts: an older one after garbage is a tail.
+TEST(KvJournal, OlderRecordAfterABadOneIsStillATornTail) {
+  auto bytes = journal_of(0, {put_record(5, 10, 0), put_record(6, 11, 1), put_record(2, 12, 2)});
+  bytes[kJournalHeaderSize + kRecordSize + 17] ^= std::byte{1};
   const auto scan = scan_records(bytes, kJournalHeaderSize, 0, kLimits, "j");
   EXPECT_EQ(scan.records.size(), 1u);
+  EXPECT_EQ(scan.corrupt_records, 0u);
   EXPECT_EQ(scan.torn_bytes, 2 * kRecordSize);
 }
 

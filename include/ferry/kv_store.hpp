@@ -79,6 +79,11 @@ struct KVStoreOptions {
   // it writes into. Else, for host memory, and where ferry was built without nvcc (no GPU
   // checksum kernel), the usual path (each result says why).
   std::uint64_t page_cache_pin_bytes = 0;
+  // A fleet of writer processes on one namespace (fixed at creation; 0: one writer). The slots
+  // are split into this many shares; each writer takes a free share (its own journal and
+  // checkpoint, its slots the only ones it writes and evicts) and every call first folds in the
+  // other shares' commits. Readers take the count from the store (leave it 0).
+  unsigned fleet_writers = 0;
 };
 
 // One memory span of a block. A block is one span or a list of per-layer pieces, gathered
@@ -172,6 +177,11 @@ struct KVStats {
   std::uint64_t journal_records = 0;      // records since the last checkpoint
   std::uint64_t checkpoints = 0;
   std::uint64_t journal_tail_dropped = 0; // bytes of torn journal tail ignored at open
+  // Journal records that fail their checksum with valid records after them (damage in the
+  // middle, not a torn tail): skipped, the later records kept; `ferry kv verify` reports them.
+  // Counted at open and by a reader's refreshes; the next checkpoint leaves them behind.
+  std::uint64_t journal_corrupt_records = 0;
+  std::uint64_t journal_corrupt_offset = 0;  // the first one's byte offset in the journal
   std::uint64_t index_bytes = 0;          // memory of the in-memory index
   std::uint64_t last_sequence = 0;
   // Where the time of puts and gets went (seconds summed over calls, for `kv bench`): moving

@@ -1,7 +1,9 @@
-// Device-to-device copies made only where a block's GPU checksum matched what it should be: the
-// scatter of per-layer pieces out of a bounce buffer once their block is known good, queued after
-// the checksum on the same stream with no round trip through the host (gpu_checksum.cpp). A CTA
-// per slice of at most kSliceBytes, so a few large pieces spread as many small ones do.
+// Device-to-device copies from a table, one launch for all of them: made only where a block's
+// GPU checksum matched what it should be (the scatter of per-layer pieces out of a bounce buffer
+// once their block is known good, queued after the checksum on the same stream with no round trip
+// through the host, gpu_checksum.cpp), or, with no digests given, all of them (the gather of a
+// put's pieces into contiguous runs and the scatter of a get's verified runs, device_copies.cpp).
+// A CTA per slice of at most kSliceBytes, so a few large pieces spread as many small ones do.
 
 namespace {
 
@@ -27,7 +29,7 @@ extern "C" __global__ void ferry_copy_matched(const MatchedCopy* copies, unsigne
     if (copies[mid].first_slice <= slice) lo = mid; else hi = mid - 1;
   }
   const MatchedCopy c = copies[lo];
-  if (digests[c.block] != expected[c.block]) return;
+  if (digests && digests[c.block] != expected[c.block]) return;
   const unsigned long long begin = (slice - c.first_slice) * kSliceBytes;
   const unsigned long long end = begin + kSliceBytes < c.size ? begin + kSliceBytes : c.size;
   const auto aligned = [](const void* p) { return reinterpret_cast<unsigned long long>(p) % 16 == 0; };

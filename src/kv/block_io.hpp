@@ -35,6 +35,12 @@ struct BlockRequest {
   std::string route_reason;       // why (page-cache DMA on: why it did or did not serve it)
 };
 
+// Adds `why` to the block's reason for its route (page-cache DMA may have said already why it
+// did not serve the block).
+inline void add_route_reason(BlockRequest& r, const std::string& why) {
+  r.route_reason = r.route_reason.empty() ? why : r.route_reason + "; " + why;
+}
+
 // What page-cache DMA did so far (kv/page_cache_gets.hpp); zeros where it is off.
 struct PageCacheCounters {
   std::uint64_t bytes = 0;          // copied from registered windows (verified)

@@ -84,10 +84,10 @@ AppendFile::AppendFile(const std::filesystem::path& path, std::uint64_t size)
   }
 }
 
-void AppendFile::append(std::span<const std::byte> bytes) {
+void AppendFile::append(std::span<const std::byte> bytes, bool sync) {
   try {
     write_all(_fd.get(), bytes.data(), bytes.size(), _size, _name);
-    if (!sync_data(_fd.get())) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
+    if (sync && !sync_data(_fd.get())) FERRY_SYSCALL_FAIL(_name, ": fdatasync");
   } catch (...) {
     // No partial record may stay before later ones: replay would stop at it. If even the cut
     // fails, the next append at _size overwrites the partial bytes anyway.

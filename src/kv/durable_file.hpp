@@ -32,8 +32,9 @@ class AppendFile {
   AppendFile() = default;
   // Opens an existing file for appending at `size` (bytes after it are cut off first).
   AppendFile(const std::filesystem::path& path, std::uint64_t size);
-  // Appends and fdatasyncs; on any failure cuts the file back to its old size and throws.
-  void append(std::span<const std::byte> bytes);
+  // Appends and fdatasyncs (`sync` false: appends only); on any failure cuts the file back to
+  // its old size and throws.
+  void append(std::span<const std::byte> bytes, bool sync = true);
   std::uint64_t size() const { return _size; }
 
  private:

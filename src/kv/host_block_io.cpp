@@ -235,12 +235,17 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
   int error = 0;
   if (!_slabs.direct(request.slab)) {
     // Through the page cache: straight from the pieces; the sync makes them durable.
+    add_route_reason(request,
+                     "host memory: one buffered write from its pieces (the slab refuses O_DIRECT)");
     request.checksum = block_checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset);
   } else if (direct_pieces(request)) {
+    add_route_reason(
+        request, "host memory: one O_DIRECT write straight from its pieces (each 4 KiB-aligned)");
     request.checksum = block_checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset, true);
   } else if (const BlockSpan* piece = direct_piece(request)) {
+    add_route_reason(request, "host memory: O_DIRECT straight from its one 4 KiB-aligned piece");
     request.checksum = checksum(piece->data, length);
     auto* data = static_cast<std::byte*>(piece->data);
     const std::uint64_t body = length / kAlign * kAlign;
@@ -251,6 +256,9 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
       error = transfer<true>(_slabs, request.slab, page, kAlign, request.offset + body);
     }
   } else {
+    add_route_reason(request,
+                     "host memory: gathered into a 4 KiB-aligned bounce buffer (its pieces "
+                     "are not page-aligned), one O_DIRECT write");
     std::byte* buffer = bounce();
     std::byte* at = buffer;
     for (const BlockSpan& piece : request.pieces) {
@@ -278,16 +286,22 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
   const BlockSpan* piece = direct_piece(request);
   if (!_slabs.direct(request.slab) || cached) {
     // From the page cache (or a slab that refuses O_DIRECT): straight into the pieces.
+    add_route_reason(request,
+                     cached ? "host memory: in the page cache, one buffered read into its pieces"
+                            : "host memory: one buffered read (the slab refuses O_DIRECT)");
     if (const int error =
             transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset))
       return fail_request(request, _slabs, error, "read of a block");
     if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (direct_pieces(request)) {
+    add_route_reason(
+        request, "host memory: one O_DIRECT read straight into its pieces (each 4 KiB-aligned)");
     if (const int error =
             transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset, true))
       return fail_request(request, _slabs, error, "read of a block");
     if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (piece) {
+    add_route_reason(request, "host memory: O_DIRECT straight into its one 4 KiB-aligned piece");
     auto* data = static_cast<std::byte*>(piece->data);
     const std::uint64_t body = length / kAlign * kAlign;
     int error = body ? transfer<false>(_slabs, request.slab, data, body, request.offset) : 0;
@@ -299,6 +313,9 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
     if (error != 0) return fail_request(request, _slabs, error, "read of a block");
     if (checksum(data, length) != request.checksum) return mismatch(request, _slabs);
   } else {
+    add_route_reason(request,
+                     "host memory: one O_DIRECT read into a 4 KiB-aligned bounce buffer (its "
+                     "pieces are not page-aligned), checked there, then copied out");
     std::byte* buffer = bounce();
     if (const int error =
             transfer<false>(_slabs, request.slab, buffer, round_up(length), request.offset))

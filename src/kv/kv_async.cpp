@@ -5,6 +5,7 @@
 #include "ferry/error.hpp"
 #include "ferry/kv_store.hpp"
 #include "kv/kv_store_impl.hpp"
+#include "platform/system.hpp"
 
 namespace ferry {
 namespace detail {
@@ -128,8 +129,27 @@ std::vector<KVResult> failed_all(std::size_t n, const std::exception& e) {
 
 detail::kv::AsyncRunner& KVStore::Impl::runner() {
   std::lock_guard lock(mutex);
-  if (!async) async = std::make_unique<detail::kv::AsyncRunner>(kAsyncThreads);
+  if (async && async_pid != detail::process_id()) (void)async.release();  // a fork()ed child
+  if (!async) {
+    async = std::make_unique<detail::kv::AsyncRunner>(kAsyncThreads);
+    async_pid = detail::process_id();
+  }
   return *async;
+}
+
+void KVStore::Impl::forget_threads_after_fork() {
+  // Joining threads that exist only in the parent would hang; their handles are leaked.
+  if (async && async_pid != detail::process_id()) (void)async.release();
+}
+
+void KVStore::Impl::check_process(const char* call) const {
+  if (options.read_only) return;  // a reader holds nothing of the parent's but open files
+  const std::uint64_t now = detail::process_id();
+  FERRY_EXPECT(now == opened_by, std::runtime_error, "KV ", call, " in process ", now, ": ",
+               dir.string(), " was opened for writing by process ", opened_by,
+               ", and a fork()ed child cannot write through it (its lock, journal position and "
+               "index are the parent's); open the store in the child instead (read_only to share "
+               "it with the parent's writer)");
 }
 
 KVTicket::KVTicket(std::shared_ptr<detail::KVTicketState> state) : _state(std::move(state)) {}
@@ -191,6 +211,7 @@ KVTicket KVStore::put_async(std::vector<KVKey> keys, KVBlockList sources, KVPutO
                             KVCallback done) {
   FERRY_EXPECT(keys.size() == sources.size(), std::invalid_argument, "KV put: ", keys.size(),
                " keys but ", sources.size(), " sources");
+  _impl->check_process("put_async");
   const std::size_t n = keys.size();
   return _impl->post_batch("put_async", n, std::move(done),
                     [keys = std::move(keys), sources = std::move(sources), options](Impl& impl) {
@@ -202,6 +223,7 @@ KVTicket KVStore::put_async(std::vector<KVKey> keys, KVBlockList sources, KVPutO
 KVTicket KVStore::get_async(std::vector<KVKey> keys, KVBlockList destinations, KVCallback done) {
   FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ", keys.size(),
                " keys but ", destinations.size(), " destinations");
+  _impl->check_process("get_async");
   const std::size_t n = keys.size();
   return _impl->post_batch("get_async", n, std::move(done),
                     [keys = std::move(keys), destinations = std::move(destinations)](Impl& impl) {

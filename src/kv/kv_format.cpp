@@ -41,6 +41,18 @@ void check_entry(const Record& r, const Limits& limits, const std::string& name,
                         limits.block_bytes, ")");
 }
 
+// The offset of the first record after `offset`, on the record grid, that decodes with a
+// sequence above `previous_sequence`; the journal's size where there is none.
+std::uint64_t next_valid_record(std::span<const std::byte> journal, std::uint64_t offset,
+                                std::uint64_t previous_sequence) {
+  for (std::uint64_t at = offset + kRecordSize; at + kRecordSize <= journal.size();
+       at += kRecordSize) {
+    const auto record = decode_record(journal.subspan(at));
+    if (record && record->sequence > previous_sequence) return at;
+  }
+  return journal.size();
+}
+
 }  // namespace
 
 std::vector<std::byte> encode_journal_header(std::uint64_t epoch) {
@@ -104,7 +116,16 @@ JournalScan scan_records(std::span<const std::byte> journal, std::uint64_t offse
   FERRY_ASSERT(offset <= journal.size());
   while (offset < journal.size()) {
     auto record = decode_record(journal.subspan(offset));
-    if (!record) break;
+    if (!record) {
+      // A torn tail (a crash during the last append) has no valid record after it; one that
+      // does is damage in the middle: the records after it were committed and stand.
+      const std::uint64_t resume = next_valid_record(journal, offset, previous_sequence);
+      if (resume == journal.size()) break;
+      if (scan.corrupt_records == 0) scan.first_corrupt_offset = offset;
+      scan.corrupt_records += (resume - offset) / kRecordSize;
+      offset = resume;
+      continue;
+    }
     FERRY_FORMAT_EXPECT(record->kind == RecordKind::put || record->kind == RecordKind::remove,
                         name, ": journal record at offset ", offset, " has unknown kind ",
                         static_cast<unsigned>(record->kind));

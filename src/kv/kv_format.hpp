@@ -14,7 +14,9 @@
 //              trailer            u64 xxh3 of the entries
 //
 // A journal record carries its own size and checksum: a record that is cut short or fails its
-// checksum ends the journal (a torn tail from a crash, ignored). A record whose checksum holds
+// checksum ends the journal (a torn tail from a crash, ignored) unless a valid record with a
+// higher sequence follows it on the record grid: then it is damage in the middle (a flipped
+// bit), skipped and counted, and the later records stand. A record whose checksum holds
 // but whose content is impossible (slot out of range, sequence not increasing...) is corruption
 // of another kind and an error naming the file. The epoch ties a journal to the checkpoint it
 // follows: a checkpoint of epoch E+1 is written before the journal of epoch E+1 replaces the old.
@@ -65,11 +67,14 @@ struct JournalScan {
   std::vector<Record> records;
   std::uint64_t valid_end = 0;     // offset just past the last good record
   std::uint64_t torn_bytes = 0;    // bytes after it (a torn tail)
+  std::uint64_t corrupt_records = 0;       // records skipped in the middle (failing checksums)
+  std::uint64_t first_corrupt_offset = 0;  // where the first of them starts
 };
 
 // Records from `offset` on (after the header), each checked against `limits` and required to
-// have a sequence above `previous_sequence` and the one before it. Stops at a torn tail;
-// throws FormatError naming `name` and the offset for impossible content.
+// have a sequence above `previous_sequence` and the one before it. Stops at a torn tail, skips
+// (and counts) records that fail their checksum where valid ones follow; throws FormatError
+// naming `name` and the offset for impossible content.
 JournalScan scan_records(std::span<const std::byte> journal, std::uint64_t offset,
                          std::uint64_t previous_sequence, const Limits& limits,
                          const std::string& name);

@@ -80,6 +80,11 @@ void KvIndex::drop_slot(std::uint32_t s) {
 }
 
 std::uint32_t KvIndex::take_slot(std::optional<std::uint64_t>& evicted) {
+  SlotEntry ignored;
+  return take_slot(evicted, ignored);
+}
+
+std::uint32_t KvIndex::take_slot(std::optional<std::uint64_t>& evicted, SlotEntry& evicted_entry) {
   evicted.reset();
   // The free list may hold stale entries (replay publishes into free slots without searching
   // the list): skip any slot no longer free.
@@ -87,12 +92,14 @@ std::uint32_t KvIndex::take_slot(std::optional<std::uint64_t>& evicted) {
     const std::uint32_t s = _free.back();
     _free.pop_back();
     if (_slots[s].state != SlotState::free) continue;
+    if (s < _take_first || s >= _take_end) continue;  // another writer's (it stays free)
     _slots[s].state = SlotState::writing;
     return s;
   }
   for (std::uint32_t s = _tail; s != kNoSlot; s = _slots[s].prev) {
-    if (_slots[s].pins != 0) continue;
+    if (_slots[s].pins != 0 || s < _take_first || s >= _take_end) continue;
     evicted = _slots[s].key;
+    evicted_entry = _slots[s];
     drop_slot(s);
     _slots[s].state = SlotState::writing;
     return s;

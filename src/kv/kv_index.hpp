@@ -44,6 +44,14 @@ class KvIndex {
   // A free slot, else the least recently used unpinned live one (its key returned in
   // `evicted`), now in state `writing`; kNoSlot when every slot is busy.
   std::uint32_t take_slot(std::optional<std::uint64_t>& evicted);
+  // take_slot takes (and evicts) only slots in [first, end): a fleet writer's own share.
+  void limit_takes(std::uint32_t first, std::uint32_t end) {
+    _take_first = first;
+    _take_end = end;
+  }
+  // The same, also giving the evicted block's entry (key, length, checksum) to a caller that may
+  // have to put it back with publish() (its bytes untouched).
+  std::uint32_t take_slot(std::optional<std::uint64_t>& evicted, SlotEntry& evicted_entry);
   // Gives a `writing` slot back (its put failed).
   void release_writing(std::uint32_t s);
 
@@ -80,6 +88,7 @@ class KvIndex {
   std::vector<std::uint32_t> _free;
   std::uint32_t _head = kNoSlot, _tail = kNoSlot;
   std::uint64_t _live = 0;
+  std::uint32_t _take_first = 0, _take_end = kNoSlot;
 };
 
 }  // namespace ferry::detail::kv

@@ -21,6 +21,7 @@
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
 #include "platform/file_ops.hpp"
+#include "platform/system.hpp"
 #include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 
@@ -81,15 +82,25 @@ nlohmann::json read_manifest(const fs::path& path, const std::vector<std::byte>&
 
 }  // namespace
 
+nlohmann::json KVStore::Impl::manifest_json() const {
+  return {{"format", "ferry-kv-store"},
+          {"version", kManifestVersion},
+          {"namespace", namespace_json(ns)},
+          {"block_bytes", block_bytes},
+          {"slot_bytes", slot_bytes},
+          {"slot_count", slot_count},
+          {"slab_count", slab_count},
+          {"slots_per_slab", slots_per_slab}};
+}
+
+nlohmann::json KVStore::Impl::manifest_json_now() const {
+  nlohmann::json m = manifest_json();
+  if (fleet > 0) m["fleet_writers"] = fleet;  // absent: a single-writer store, as before
+  return m;
+}
+
 void KVStore::Impl::check_manifest(bool writable) {
-  nlohmann::json wanted = {{"format", "ferry-kv-store"},
-                           {"version", kManifestVersion},
-                           {"namespace", namespace_json(ns)},
-                           {"block_bytes", block_bytes},
-                           {"slot_bytes", slot_bytes},
-                           {"slot_count", slot_count},
-                           {"slab_count", slab_count},
-                           {"slots_per_slab", slots_per_slab}};
+  nlohmann::json wanted = manifest_json_now();
   const fs::path path = dir / "manifest.json";
   auto bytes = read_if_exists(path);
   if (!bytes) {
@@ -100,6 +111,15 @@ void KVStore::Impl::check_manifest(bool writable) {
     return;
   }
   const nlohmann::json found = read_manifest(path, *bytes);
+  if (!writable && found.contains("fleet_writers")) {  // a reader takes the store's kind
+    const auto& count = found["fleet_writers"];
+    FERRY_FORMAT_EXPECT(count.is_number_unsigned() && count.get<std::uint64_t>() >= 2 &&
+                            count.get<std::uint64_t>() <= std::min<std::uint64_t>(256, slot_count),
+                        path.string(), ": fleet_writers ", count.dump(), " does not fit ",
+                        slot_count, " slots");
+    fleet = count.get<unsigned>();
+    wanted["fleet_writers"] = count;
+  }
   FERRY_EXPECT(found["namespace"] == wanted["namespace"], std::invalid_argument, path.string(),
                ": belongs to namespace ", found["namespace"].dump(), ", not ",
                wanted["namespace"].dump());
@@ -187,9 +207,13 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
                " must be 1 to 256");
   FERRY_EXPECT(options.checkpoint_every >= 1, std::invalid_argument, "KV store at ",
                root.string(), ": checkpoint_every must be at least 1");
+  FERRY_EXPECT(options.fleet_writers != 1 && options.fleet_writers <= 256, std::invalid_argument,
+               "KV store at ", root.string(), ": fleet_writers ", options.fleet_writers,
+               " must be 0 (one writer) or 2 to 256");
   auto impl = std::make_unique<Impl>();
   impl->ns = ns;
   impl->options = options;
+  impl->opened_by = detail::process_id();
   impl->block_bytes = block_bytes;
   impl->slot_bytes = (block_bytes + kAlign - 1) / kAlign * kAlign;
   impl->slot_count = capacity_bytes / impl->slot_bytes;
@@ -200,6 +224,10 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
       static_cast<unsigned>(std::min<std::uint64_t>(options.slab_count, impl->slot_count));
   impl->slots_per_slab = (impl->slot_count + impl->slab_count - 1) / impl->slab_count;
   impl->limits = {impl->slot_count, block_bytes};
+  if (!options.read_only) impl->fleet = options.fleet_writers;
+  FERRY_EXPECT(impl->fleet <= impl->slot_count, std::invalid_argument, "KV store at ",
+               root.string(), ": ", impl->fleet, " writer shares of ", impl->slot_count,
+               " slots");
   impl->dir = root / directory_name(ns);
   impl->journal_path = impl->dir / "journal";
   impl->checkpoint_path = impl->dir / "checkpoint";
@@ -209,20 +237,22 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
     std::error_code error;
     fs::create_directories(root, error);
     if (error) detail::fail_errno(error.value(), root.string(), ": cannot create the KV root");
-    if (detail::create_directory(impl->dir, 0700))
-      fsync_directory(root);  // the new directory's name is durable before files go in it
-    else if (errno != EEXIST)
-      FERRY_SYSCALL_FAIL(impl->dir.string(), ": cannot create the namespace directory");
-    const fs::path lock_path = impl->dir / "writer.lock";
-    impl->lock_fd = detail::open_or_create(lock_path, 0600);
-    if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
-    require_regular(impl->lock_fd, lock_path);
-    if (!detail::lock_exclusive(impl->lock_fd.get())) {
-      if (errno == EWOULDBLOCK)
-        FERRY_SYSCALL_FAIL(lock_path.string(),
-                           ": another process writes this namespace (open read_only to share)");
-      FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
+    impl->create_directory_whole(root);
+    if (impl->fleet > 0) {
+      impl->take_share();
+    } else {
+      const fs::path lock_path = impl->dir / "writer.lock";
+      impl->lock_fd = detail::open_or_create(lock_path, 0600);
+      if (!impl->lock_fd) FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot open");
+      require_regular(impl->lock_fd, lock_path);
+      if (!detail::lock_exclusive(impl->lock_fd.get())) {
+        if (errno == EWOULDBLOCK)
+          FERRY_SYSCALL_FAIL(lock_path.string(),
+                             ": another process writes this namespace (open read_only to share)");
+        FERRY_SYSCALL_FAIL(lock_path.string(), ": cannot lock");
+      }
     }
+    impl->clear_unfinished_creation();
   } else {
     std::error_code error;
     if (!fs::exists(impl->dir, error))
@@ -230,6 +260,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
                          ": no KV store for this namespace (a writer creates it)");
   }
   impl->check_manifest(writable);
+  if (impl->fleet > 0) impl->set_up_followers();
   impl->slabs = std::make_unique<SlabFiles>(impl->dir, impl->slab_count,
                                             impl->slots_per_slab * impl->slot_bytes, writable);
   auto io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,

@@ -37,6 +37,21 @@ void KVStore::Impl::load_checkpoint(std::span<const std::byte> bytes, std::uint6
 }
 
 void KVStore::Impl::load_state(bool writable) {
+  if (fleet > 0) {
+    // One index over every share: this writer's own first (its checkpoint straight in), then
+    // each other share as a follower.
+    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
+    if (writable) {
+      index->limit_takes(share_first(share), share_first(share + 1));
+      load_own_state(true);
+    }
+    for (Follower& f : followers) reload(f);
+    return;
+  }
+  load_own_state(writable);
+}
+
+void KVStore::Impl::load_own_state(bool writable) {
   const std::string journal_name = journal_path.string();
   // A reader may race with the writer's checkpoint (a new checkpoint, then a new journal):
   // a journal newer than the checkpoint read means the checkpoint changed in between.
@@ -64,11 +79,12 @@ void KVStore::Impl::load_state(bool writable) {
                           "): the checkpoint is missing or old");
       continue;
     }
-    index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
+    if (fleet == 0) index = std::make_unique<KvIndex>(static_cast<std::uint32_t>(slot_count));
     if (checkpoint) load_checkpoint(*checkpoint, base.count, *index);
     epoch = base.epoch;
     last_sequence = base.last_sequence;
     records_since_checkpoint = 0;
+    following = false;
     std::uint64_t valid_end = kJournalHeaderSize;
     if (journal_epoch && *journal_epoch == base.epoch) {
       JournalScan scan =
@@ -77,7 +93,9 @@ void KVStore::Impl::load_state(bool writable) {
       records_since_checkpoint = scan.records.size();
       valid_end = scan.valid_end;
       counters.journal_tail_dropped = scan.torn_bytes;
-      journal_inode = st.inode;
+      counters.journal_corrupt_records = scan.corrupt_records;
+      counters.journal_corrupt_offset = scan.first_corrupt_offset;
+      following = true;
       journal_offset = valid_end;
     }
     fd = {};  // closed before a rename over it (Windows refuses to replace an open file)
@@ -94,11 +112,11 @@ void KVStore::Impl::load_state(bool writable) {
   }
 }
 
-void KVStore::Impl::append_records(const std::vector<Record>& records) {
+void KVStore::Impl::append_records(const std::vector<Record>& records, bool sync) {
   std::vector<std::byte> bytes(records.size() * kRecordSize);
   for (std::size_t i = 0; i < records.size(); ++i)
     encode_record(records[i], bytes.data() + i * kRecordSize);
-  journal.append(bytes);
+  journal.append(bytes, sync);
   records_since_checkpoint += records.size();
 }
 
@@ -109,6 +127,7 @@ void KVStore::Impl::checkpoint_locked() {
     snapshot.epoch = epoch + 1;
     snapshot.last_sequence = last_sequence;
     for (std::uint32_t s : index->lru_order()) {
+      if (!own_slot(s)) continue;  // a fleet: another writer's block, in its own checkpoint
       const SlotEntry& e = index->slot(s);
       snapshot.entries.push_back({RecordKind::put, 0, e.key, s, e.length, e.checksum});
     }
@@ -143,7 +162,14 @@ void KVStore::Impl::refresh() {
   require_regular(fd, journal_path);
   const auto st = detail::identity_of_open(fd.get());
   if (!st) FERRY_SYSCALL_FAIL(journal_path.string());
-  if (st->inode != journal_inode) {  // the writer checkpointed: start again from its snapshot
+  // Which journal this is: its epoch, which only grows (a file system reuses inode numbers, so
+  // a reader idle across checkpoints could take a new journal of the same inode for its own).
+  std::byte header[kJournalHeaderSize];
+  const std::size_t got_header =
+      detail::read_up_to(fd, header, sizeof header, 0, journal_path);
+  const std::uint64_t journal_epoch =
+      decode_journal_header(std::span(header, got_header), journal_path.string());
+  if (!following || journal_epoch != epoch) {  // the writer checkpointed: start from its snapshot
     std::lock_guard lock(mutex);
     load_state(false);
     return;
@@ -159,6 +185,9 @@ void KVStore::Impl::refresh() {
       scan_records(bytes, journal_offset, last_sequence, limits, journal_path.string());
   std::lock_guard lock(mutex);
   for (const Record& r : scan.records) apply(r);
+  if (scan.corrupt_records > 0 && counters.journal_corrupt_records == 0)
+    counters.journal_corrupt_offset = scan.first_corrupt_offset;
+  counters.journal_corrupt_records += scan.corrupt_records;
   journal_offset = scan.valid_end;
 }
 

@@ -12,9 +12,6 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <system_error>
-#include <thread>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
@@ -22,58 +19,14 @@
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
+#include "kv/kv_call_support.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
+#include "platform/system.hpp"
 
 namespace ferry {
 
-namespace {
-
-KVResult result(KVStatus status, std::string message = {}) {
-  return {status, std::move(message), KVRoute::none, {}};
-}
-
-using Clock = std::chrono::steady_clock;
-double seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-// The bytes of a block's pieces; UINT64_MAX where they add up past it (lengths that wrap
-// around 2^64 to a valid size, a host's arithmetic slip, are refused as a bad size).
-std::uint64_t total_size(KVBlock block) {
-  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
-  std::uint64_t sum = 0;
-  for (const KVPiece& p : block) sum = p.size > kMax - sum ? kMax : sum + p.size;
-  return sum;
-}
-
-// Why a block's pieces cannot be used, or an empty string.
-std::string check_pieces(KVBlock block) {
-  for (const KVPiece& p : block) {
-    if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
-                                                 " bytes has no memory (null pointer)";
-    if (p.device.is_cuda() && !cuda_available())
-      return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
-  }
-  return {};
-}
-
-KVStatus status_of(BlockOutcome outcome) {
-  switch (outcome) {
-    case BlockOutcome::ok:
-      return KVStatus::ok;
-    case BlockOutcome::checksum_mismatch:
-      return KVStatus::missing;
-    case BlockOutcome::unsupported:
-      return KVStatus::unsupported;
-    case BlockOutcome::io_error:
-      break;
-  }
-  return KVStatus::io_error;
-}
-
-}  // namespace
 
 KVKey kv_key(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
@@ -135,6 +88,15 @@ void KVStore::close() {
 }
 
 void KVStore::Impl::close() {
+  if (detail::process_id() != opened_by) {
+    // A fork()ed child: the parent's threads are not here (joining them would hang), and a
+    // checkpoint would replace the parent's journal under it. The files stay as the parent's.
+    // Calls the parent had in flight never leave here: close without waiting for them.
+    forget_threads_after_fork();
+    options.checkpoint_on_close = false;
+    gate.close(false);
+    return;
+  }
   // On one of this store's worker threads (a completion callback), its own batch is in flight:
   // no waiting, and the runner stays for ~Impl (run by the last batch's thread).
   bool worker = false;
@@ -170,165 +132,24 @@ void KVStore::Impl::finish_close() {
 
 std::vector<KVResult> KVStore::put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                                    const KVPutOptions& options) {
+  _impl->check_process("put");
   const auto pass = _impl->enter("put");
   return _impl->put(keys, sources, options);
 }
 
 std::vector<KVResult> KVStore::get(std::span<const KVKey> keys,
                                    std::span<const KVBlock> destinations) {
+  _impl->check_process("get");
   const auto pass = _impl->enter("get");
   return _impl->get(keys, destinations);
 }
 
-std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
-                                         std::span<const KVBlock> sources,
-                                         const KVPutOptions& options) {
-  Impl& s = *this;
-  FERRY_EXPECT(keys.size() == sources.size(), std::invalid_argument, "KV put: ", keys.size(),
-               " keys but ", sources.size(), " sources");
-  std::vector<KVResult> results(keys.size());
-  if (s.options.read_only) {
-    for (auto& r : results) r = result(KVStatus::read_only, "KV put: this store is a reader");
-    return results;
-  }
-  struct Work {
-    std::size_t index;
-    std::uint32_t slot;
-  };
-  std::vector<Work> work;
-  {
-    std::lock_guard lock(s.mutex);
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const std::uint64_t size = total_size(sources[i]);
-      if (std::string why = check_pieces(sources[i]); !why.empty()) {
-        results[i] = result(KVStatus::unsupported, "KV put of key " + std::to_string(keys[i]) +
-                                                        ": " + why);
-        continue;
-      }
-      if (size == 0 || size > s.block_bytes) {
-        results[i] = result(KVStatus::bad_size, "KV put of key " + std::to_string(keys[i]) +
-                                                    ": " + std::to_string(size) +
-                                                    " bytes; blocks are 1 to " +
-                                                    std::to_string(s.block_bytes));
-        continue;
-      }
-      if (const std::uint32_t found = s.index->find(keys[i]); found != kNoSlot) {
-        s.index->touch(found);
-        results[i] = result(KVStatus::already_present);
-        continue;
-      }
-      if (!s.pending.insert(keys[i]).second) {  // in this batch or another thread's
-        results[i] = result(KVStatus::already_present);
-        continue;
-      }
-      std::optional<std::uint64_t> evicted;
-      const std::uint32_t slot = s.index->take_slot(evicted);
-      if (slot == kNoSlot) {
-        s.pending.erase(keys[i]);
-        results[i] = result(KVStatus::no_space,
-                            "KV put: every slot is busy with reads or writes in flight");
-        continue;
-      }
-      if (evicted) ++s.counters.evictions;
-      work.push_back({i, slot});
-    }
-  }
-  if (work.empty()) return results;
-
-  // Data first: write every block, then make each touched slab durable.
-  std::vector<std::vector<BlockSpan>> spans(work.size());
-  std::vector<BlockRequest> requests(work.size());
-  for (std::size_t w = 0; w < work.size(); ++w) {
-    for (const KVPiece& p : sources[work[w].index]) spans[w].push_back({p.data, p.size, p.device});
-    requests[w].slab = s.slab_of(work[w].slot);
-    requests[w].offset = s.offset_of(work[w].slot);
-    requests[w].pieces = spans[w];
-  }
-  const auto start = Clock::now();
-  s.io->write(requests, options.after_event);
-  const auto written = Clock::now();
-  std::set<int> touched;
-  for (const BlockRequest& r : requests)
-    if (r.outcome == BlockOutcome::ok) touched.insert(r.slab);
-  // The slabs' syncs at once (each a flush of the device's cache; together they can share one).
-  const std::vector<int> to_sync(touched.begin(), touched.end());
-  std::vector<std::string> sync_errors(to_sync.size());
-  const auto sync_one = [&](std::size_t k) {
-    try {
-      s.io->sync(to_sync[k]);
-    } catch (const std::exception& e) {
-      sync_errors[k] = e.what();
-    }
-  };
-  std::vector<std::thread> syncing;
-  for (std::size_t k = 1; k < to_sync.size(); ++k) {
-    try {
-      syncing.emplace_back(sync_one, k);
-    } catch (const std::system_error&) {
-      sync_one(k);  // no thread: this one syncs it
-    }
-  }
-  if (!to_sync.empty()) sync_one(0);
-  for (auto& t : syncing) t.join();
-  for (std::size_t k = 0; k < to_sync.size(); ++k) {
-    if (sync_errors[k].empty()) continue;
-    for (BlockRequest& r : requests)
-      if (r.slab == to_sync[k] && r.outcome == BlockOutcome::ok) {
-        r.outcome = BlockOutcome::io_error;
-        r.message = sync_errors[k];
-      }
-  }
-
-  const auto synced = Clock::now();
-
-  // Then the records that make them visible, durable before the index shows them.
-  std::lock_guard commit_lock(s.commit);
-  std::vector<Record> records;
-  for (std::size_t w = 0; w < work.size(); ++w)
-    if (requests[w].outcome == BlockOutcome::ok)
-      records.push_back({RecordKind::put, s.last_sequence + records.size() + 1,
-                         keys[work[w].index], work[w].slot, total_size(sources[work[w].index]),
-                         requests[w].checksum});
-  std::string journal_error;
-  if (!records.empty()) {
-    try {
-      s.append_records(records);
-      s.last_sequence = records.back().sequence;
-    } catch (const std::exception& e) {
-      journal_error = e.what();
-    }
-  }
-  const auto journaled = Clock::now();
-  {
-    std::lock_guard lock(s.mutex);
-    s.counters.put_move_seconds += seconds(start, written);
-    s.counters.put_sync_seconds += seconds(written, synced);
-    s.counters.put_journal_seconds += seconds(synced, journaled);
-    for (std::size_t w = 0; w < work.size(); ++w) {
-      const std::size_t i = work[w].index;
-      s.pending.erase(keys[i]);
-      if (requests[w].outcome == BlockOutcome::ok && journal_error.empty()) {
-        s.index->publish(work[w].slot, keys[i], static_cast<std::uint32_t>(total_size(sources[i])),
-                         requests[w].checksum);
-        ++s.counters.puts;
-        results[i] = result(KVStatus::ok);
-      } else {
-        s.index->release_writing(work[w].slot);
-        results[i] = requests[w].outcome == BlockOutcome::ok
-                         ? result(KVStatus::io_error, journal_error)
-                         : result(status_of(requests[w].outcome), requests[w].message);
-      }
-      results[i].route = requests[w].route;
-    }
-  }
-  if (s.records_since_checkpoint >= s.options.checkpoint_every) {
-    try {
-      s.checkpoint_locked();
-    } catch (...) {
-      // The journal keeps every commit; the next checkpoint tries again.
-    }
-  }
-  return results;
+template <class Work>
+std::vector<KVKey> keys_of(std::span<const KVKey> keys, const std::vector<Work>& work) {
+  std::vector<KVKey> out;
+  out.reserve(work.size());
+  for (const Work& w : work) out.push_back(keys[w.index]);
+  return out;
 }
 
 std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
@@ -336,7 +157,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   Impl& s = *this;
   FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ",
                keys.size(), " keys but ", destinations.size(), " destinations");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::vector<KVResult> results(keys.size());
   struct Work {
     std::size_t index;
@@ -368,7 +189,9 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
                                                     std::to_string(e.length));
         continue;
       }
-      if (!s.options.read_only) s.index->pin(slot);  // no eviction while it is read
+      // No eviction while it is read (a reader's or another fleet writer's slot can change
+      // under it anyway: its checksum and the re-check below catch that).
+      if (!s.options.read_only && s.own_slot(slot)) s.index->pin(slot);
       s.index->touch(slot);
       BlockRequest request;
       request.slab = s.slab_of(slot);
@@ -386,13 +209,23 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   }
   const auto start = Clock::now();
   if (!requests.empty()) s.io->read(requests);
+  std::vector<std::uint32_t> slots(work.size());
+  for (std::size_t w = 0; w < work.size(); ++w) slots[w] = work[w].slot;
+  std::vector<bool> moved;  // a reader's block the writer replaced while it was read
+  if (s.options.read_only || s.fleet > 0)
+    moved = s.recheck_mismatches(keys_of(keys, work), slots, requests);
   const auto read = Clock::now();
   std::lock_guard lock(s.mutex);
   s.counters.get_move_seconds += seconds(start, read);
   for (std::size_t w = 0; w < work.size(); ++w) {
     const std::size_t i = work[w].index;
     const std::uint32_t slot = work[w].slot;
-    if (!s.options.read_only) s.index->unpin(slot);
+    if (!s.options.read_only && s.own_slot(slot)) s.index->unpin(slot);
+    if (!moved.empty() && moved[w]) {  // not corrupt: gone from the writer's index meanwhile
+      ++s.counters.misses;
+      results[i] = result(KVStatus::missing);
+      continue;
+    }
     switch (requests[w].outcome) {
       case BlockOutcome::ok:
         ++s.counters.hits;
@@ -420,6 +253,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
 }
 
 std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
+  _impl->check_process("remove");
   Impl& s = *_impl;
   const auto pass = s.enter("remove");
   std::vector<KVResult> results(keys.size());
@@ -427,6 +261,7 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
     for (auto& r : results) r = result(KVStatus::read_only, "KV remove: this store is a reader");
     return results;
   }
+  s.catch_up();
   std::lock_guard commit_lock(s.commit);
   std::vector<Record> records;
   {
@@ -435,6 +270,13 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (s.index->find(keys[i]) == kNoSlot || !seen.insert(keys[i]).second) {
         results[i] = result(KVStatus::missing);
+        continue;
+      }
+      if (const std::uint32_t slot = s.index->find(keys[i]); !s.own_slot(slot)) {
+        results[i] = result(KVStatus::unsupported,
+                            "KV remove of key " + std::to_string(keys[i]) +
+                                ": its block is in another fleet writer's slots (slot " +
+                                std::to_string(slot) + "); only that writer removes it");
         continue;
       }
       records.push_back({RecordKind::remove, s.last_sequence + records.size() + 1, keys[i],
@@ -456,9 +298,10 @@ std::vector<KVResult> KVStore::remove(std::span<const KVKey> keys) {
 }
 
 std::size_t KVStore::lookup(std::span<const KVKey> keys) {
+  _impl->check_process("lookup");
   Impl& s = *_impl;
   const auto pass = s.enter("lookup");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::size_t n = 0;
   while (n < keys.size() && s.index->find(keys[n]) != kNoSlot) ++n;
@@ -466,9 +309,10 @@ std::size_t KVStore::lookup(std::span<const KVKey> keys) {
 }
 
 std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
+  _impl->check_process("contains");
   Impl& s = *_impl;
   const auto pass = s.enter("contains");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<bool> out(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) out[i] = s.index->find(keys[i]) != kNoSlot;
@@ -476,15 +320,17 @@ std::vector<bool> KVStore::contains(std::span<const KVKey> keys) {
 }
 
 std::uint64_t KVStore::stored_length(KVKey key) {
+  _impl->check_process("stored_length");
   Impl& s = *_impl;
   const auto pass = s.enter("stored_length");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   const std::uint32_t slot = s.index->find(key);
   return slot == kNoSlot ? 0 : s.index->slot(slot).length;
 }
 
 void KVStore::checkpoint() {
+  _impl->check_process("checkpoint");
   const auto pass = _impl->enter("checkpoint");
   FERRY_EXPECT(!_impl->options.read_only, std::invalid_argument, _impl->dir.string(),
                ": a reader cannot checkpoint");
@@ -493,14 +339,16 @@ void KVStore::checkpoint() {
 }
 
 void KVStore::refresh() {
+  _impl->check_process("refresh");
   const auto pass = _impl->enter("refresh");
-  if (_impl->options.read_only) _impl->refresh();
+  _impl->catch_up();
 }
 
 KVStats KVStore::stats() {
+  _impl->check_process("stats");
   Impl& s = *_impl;
   const auto pass = s.enter("stats");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard commit_lock(s.commit);
   std::lock_guard lock(s.mutex);
   KVStats out = s.counters;
@@ -538,9 +386,10 @@ KVStats KVStore::stats() {
 }
 
 std::vector<KVKey> KVStore::keys() {
+  _impl->check_process("keys");
   Impl& s = *_impl;
   const auto pass = s.enter("keys");
-  if (s.options.read_only) s.refresh();
+  s.catch_up();
   std::lock_guard lock(s.mutex);
   std::vector<KVKey> out;
   for (std::uint32_t slot : s.index->lru_order()) out.push_back(s.index->slot(slot).key);

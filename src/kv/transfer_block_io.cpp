@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
+#include "cuda/device_copies.hpp"
+#include "cuda/device_kernels.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "transfer/backend.hpp"
@@ -30,6 +32,17 @@ int gpu_of(const BlockRequest& r) {
   for (const BlockSpan& p : r.pieces)
     if (p.device.is_cuda()) return p.device.index;
   return -1;
+}
+
+// Whether every piece with bytes lies in GPU `ordinal`'s memory, and there are several.
+bool gatherable(const BlockRequest& r, int ordinal) {
+  std::size_t n = 0;
+  for (const BlockSpan& p : r.pieces) {
+    if (p.size == 0) continue;
+    if (!p.device.is_cuda() || p.device.index != ordinal) return false;
+    ++n;
+  }
+  return n > 1;
 }
 
 // cuFile moves one contiguous device range: anything else goes through the bounce buffer.
@@ -200,12 +213,11 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
              concat(_slabs.name(b->slab), ": block at offset ", b->offset, ": ", e.what()));
     }
   };
-  if (!direct) return run(blocks);
-  // cuFile: groups whose multi-piece blocks fit the bounce buffer.
+  // Groups whose bounced blocks fit the bounce buffer.
   std::size_t start = 0;
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const std::uint64_t n = needs_gather(*blocks[i]) ? round_up(total(*blocks[i])) : 0;
+    const std::uint64_t n = through_bounce(*blocks[i], direct) ? round_up(total(*blocks[i])) : 0;
     if (i > start && need + n > kGatherBytes) {
       run(std::span(blocks).subspan(start, i - start));
       start = i;
@@ -216,83 +228,167 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   run(std::span(blocks).subspan(start));
 }
 
+// Where each block of a group sits on the device side of its transfer: its own pieces, or a run of
+// its device's bounce buffer (`bounce`, 0: none) that its pieces are gathered into (a put) or
+// scattered from once verified (a get).
+struct TransferBlockIo::Group {
+  std::span<BlockRequest* const> blocks;
+  bool writing = false, direct = false;
+  std::vector<std::uintptr_t> bounce;
+  std::vector<std::vector<BlockSpan>> views;
+};
+
+bool TransferBlockIo::through_bounce(const BlockRequest& r, bool direct) {
+  if (direct) return needs_gather(r);
+  // Staged: several pieces all on one GPU go as one run (large copies to and from host staging
+  // instead of one per piece), where ferry's kernels can gather and scatter them.
+  const int ordinal = gpu_of(r);
+  return ordinal >= 0 && gatherable(r, ordinal) && kernels_usable(ordinal);
+}
+
+bool TransferBlockIo::kernels_usable(int ordinal) {
+  auto it = _no_kernels.find(ordinal);
+  if (it == _no_kernels.end())
+    it = _no_kernels.emplace(ordinal, device_kernels_unavailable(ordinal)).first;
+  return it->second.empty();
+}
+
+void TransferBlockIo::place_in_bounce(Group& g) {
+  g.bounce.assign(g.blocks.size(), 0);
+  std::map<int, std::uint64_t> need;
+  std::vector<std::uint64_t> at(g.blocks.size(), 0);
+  for (std::size_t i = 0; i < g.blocks.size(); ++i)
+    if (through_bounce(*g.blocks[i], g.direct)) {
+      const int ordinal = gpu_of(*g.blocks[i]);
+      at[i] = need[ordinal];
+      need[ordinal] += round_up(total(*g.blocks[i]));
+    }
+  std::map<int, std::uintptr_t> base;
+  for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, bytes);
+  g.views.assign(g.blocks.size(), {});
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    BlockRequest& r = *g.blocks[i];
+    if (through_bounce(r, g.direct)) {
+      g.bounce[i] = base[gpu_of(r)] + at[i];
+      g.views[i] = {{reinterpret_cast<void*>(g.bounce[i]), total(r), Device::cuda(gpu_of(r))}};
+      if (r.pieces.size() > 1)
+        add_route_reason(
+            r, concat("its ", r.pieces.size(), " pieces ",
+                      g.writing ? "gathered into" : "scattered from",
+                      " one run of a device bounce buffer (one kernel launch per batch)"));
+    } else {
+      g.views[i].assign(r.pieces.begin(), r.pieces.end());
+      if (!g.direct && r.pieces.size() > 1 && gpu_of(r) >= 0 && gatherable(r, gpu_of(r)))
+        add_route_reason(r, concat("its ", r.pieces.size(),
+                                   " pieces moved one copy each: ", _no_kernels[gpu_of(r)]));
+    }
+  }
+}
+
+void TransferBlockIo::bounce_copies(Group& g, bool into_bounce, void* after_event) {
+  std::map<int, std::vector<DeviceCopy>> tables;  // all-GPU blocks: one launch per device
+  std::map<int, bool> used;
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    const BlockRequest& r = *g.blocks[i];
+    if (!g.bounce[i] || (!into_bounce && r.outcome != BlockOutcome::ok)) continue;
+    const int ordinal = gpu_of(r);
+    const Stream& stream = bounce_stream(ordinal);
+    if (into_bounce && after_event && !used[ordinal])
+      FERRY_CU(cuStreamWaitEvent, stream.get(), static_cast<shim::cu::Event>(after_event), 0);
+    used[ordinal] = true;
+    const bool by_kernel = gatherable(r, ordinal) && kernels_usable(ordinal);
+    std::uintptr_t at = g.bounce[i];
+    for (const BlockSpan& p : r.pieces) {
+      if (p.size == 0) continue;
+      const auto memory = reinterpret_cast<shim::cu::DevicePtr>(p.data);
+      if (by_kernel)
+        tables[ordinal].push_back(into_bounce ? DeviceCopy{memory, at, p.size}
+                                              : DeviceCopy{at, memory, p.size});
+      else if (into_bounce && p.device.is_cuda())
+        FERRY_CU(cuMemcpyDtoDAsync, at, memory, p.size, stream.get());
+      else if (into_bounce)
+        FERRY_CU(cuMemcpyHtoDAsync, at, p.data, p.size, stream.get());
+      else if (p.device.is_cuda())
+        FERRY_CU(cuMemcpyDtoDAsync, memory, at, p.size, stream.get());
+      else
+        FERRY_CU(cuMemcpyDtoHAsync, p.data, at, p.size, stream.get());
+      at += p.size;
+    }
+  }
+  for (const auto& [ordinal, table] : tables)
+    queue_device_copies(ordinal, table, bounce_stream(ordinal).get(), _copy_scratch[ordinal]);
+  for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
+}
+
+TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event) const {
+  TransferOptions o = options(g.writing ? after_event : nullptr);
+  if (g.writing) return o;
+  // Gets of blocks all in the page cache read through it (far faster than the device); else
+  // around it, whatever the residency of the rest of the slabs. With page-cache DMA on, through
+  // it: the pages the read leaves there are what later gets copy straight from (a get around it
+  // would leave every window cold, and page-cache DMA would never serve a block).
+  std::vector<SlabFiles::Range> ranges(g.blocks.size());
+  for (std::size_t i = 0; i < g.blocks.size(); ++i)
+    ranges[i] = {g.blocks[i]->slab, g.blocks[i]->offset, total(*g.blocks[i])};
+  o.io = _page_cache || _slabs.all_cached(ranges) ? IoMode::Buffered
+         : _host.direct()                         ? IoMode::Direct
+                                                  : IoMode::Auto;
+  return o;
+}
+
+void TransferBlockIo::record_times(const TransferStats& stats) {
+  std::lock_guard lock(_times_mutex);
+  _times.io += stats.read_thread_seconds;
+  _times.copy_wait += stats.wait_thread_seconds;
+  _times.queue += stats.queue_thread_seconds;
+  _times.setup += stats.setup_thread_seconds;
+  _times.hash += stats.observe_thread_seconds;
+  _times.hash_wait += stats.observe_wait_thread_seconds;
+  _times.transfer += stats.pipeline.done;
+  _times.span += stats.pipeline.done * stats.threads;
+  _times.copies += stats.copies;
+}
+
+void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
+  const TransferStats& stats = ticket.stats();
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    BlockRequest& b = *g.blocks[i];
+    b.route = route_of(stats, b.slab);
+    add_route_reason(b, b.route == KVRoute::staged
+                            ? "through pinned host staging (gpu_path staged, or auto without "
+                              "GPUDirect Storage)"
+                            : "cuFile between GPU memory and the slab");
+    const ExtentStatus status = ticket.status(i);
+    if (status.state != ExtentStatus::State::Done) {
+      fail(b, BlockOutcome::io_error,
+           concat(_slabs.name(b.slab), ": ", g.writing ? "write" : "read",
+                  " of the block at offset ", b.offset,
+                  " failed: ", status.error.empty() ? std::string("cancelled") : status.error));
+      continue;
+    }
+    b.outcome = BlockOutcome::ok;
+  }
+}
+
 void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
                                  void* after_event) {
-  // Where each gathered block sits in its device's bounce buffer.
-  std::vector<std::uintptr_t> bounce(blocks.size(), 0);
-  if (direct) {
-    std::map<int, std::uint64_t> need;
-    std::vector<std::uint64_t> at(blocks.size(), 0);
-    for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (needs_gather(*blocks[i])) {
-        at[i] = need[gpu_of(*blocks[i])];
-        need[gpu_of(*blocks[i])] += round_up(total(*blocks[i]));
-      }
-    std::map<int, std::uintptr_t> base;
-    for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, bytes);
-    for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (needs_gather(*blocks[i])) bounce[i] = base[gpu_of(*blocks[i])] + at[i];
-  }
-  // Copies between the caller's pieces and the bounce buffer, on the block's device stream.
-  const auto bounce_copies = [&](bool into_bounce) {
-    std::map<int, bool> used;
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      if (!bounce[i] || (!into_bounce && blocks[i]->outcome != BlockOutcome::ok)) continue;
-      const int ordinal = gpu_of(*blocks[i]);
-      const Stream& stream = bounce_stream(ordinal);
-      if (into_bounce && after_event && !used[ordinal])
-        FERRY_CU(cuStreamWaitEvent, stream.get(), static_cast<shim::cu::Event>(after_event), 0);
-      used[ordinal] = true;
-      std::uintptr_t at = bounce[i];
-      for (const BlockSpan& p : blocks[i]->pieces) {
-        const auto memory = reinterpret_cast<shim::cu::DevicePtr>(p.data);
-        if (p.size == 0) continue;
-        if (into_bounce && p.device.is_cuda())
-          FERRY_CU(cuMemcpyDtoDAsync, at, memory, p.size, stream.get());
-        else if (into_bounce)
-          FERRY_CU(cuMemcpyHtoDAsync, at, p.data, p.size, stream.get());
-        else if (p.device.is_cuda())
-          FERRY_CU(cuMemcpyDtoDAsync, memory, at, p.size, stream.get());
-        else
-          FERRY_CU(cuMemcpyDtoHAsync, p.data, at, p.size, stream.get());
-        at += p.size;
-      }
-    }
-    for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
-  };
-  // The bytes of each block as they are on the device side of the transfer: its pieces, or its
-  // place in the bounce buffer.
-  std::vector<std::vector<BlockSpan>> views(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (bounce[i])
-      views[i] = {{reinterpret_cast<void*>(bounce[i]), total(*blocks[i]),
-                   Device::cuda(gpu_of(*blocks[i]))}};
-    else
-      views[i].assign(blocks[i]->pieces.begin(), blocks[i]->pieces.end());
-  }
-
-  if (writing) bounce_copies(true);
+  Group g;
+  g.blocks = blocks;
+  g.writing = writing;
+  g.direct = direct;
+  place_in_bounce(g);
+  if (writing) bounce_copies(g, true, after_event);
   std::vector<Extent> extents(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     extents[i].file = static_cast<std::uint32_t>(blocks[i]->slab);
     extents[i].file_offset = blocks[i]->offset;
-    for (const BlockSpan& p : views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
+    for (const BlockSpan& p : g.views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
   }
   // Staged: each block's checksum taken by the core's observer from the bytes in host staging,
   // in block order, as they pass (no second pass over them). Declared before the ticket, whose
   // destructor waits for the workers that update them.
   std::vector<StreamingHash> seen(direct ? 0 : blocks.size());
-  TransferOptions o = options(writing ? after_event : nullptr);
-  if (!writing) {
-    // Gets of blocks all in the page cache read through it (far faster than the device);
-    // else around it, whatever the residency of the rest of the slabs.
-    std::vector<SlabFiles::Range> ranges(blocks.size());
-    for (std::size_t i = 0; i < blocks.size(); ++i)
-      ranges[i] = {blocks[i]->slab, blocks[i]->offset, total(*blocks[i])};
-    o.io = _slabs.all_cached(ranges) ? IoMode::Buffered
-           : _host.direct()          ? IoMode::Direct
-                                     : IoMode::Auto;
-  }
+  TransferOptions o = group_options(g, after_event);
   if (!direct)
     o.observer = [&seen](std::size_t e, std::uint64_t, const std::byte* data, std::uint64_t n) {
       seen[e].update(data, n);
@@ -305,15 +401,15 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     std::vector<bool> wanted(candidates);
     for (std::size_t i = 0; i < blocks.size(); ++i)
       if (!direct && seen[i].bytes() == total(*blocks[i])) wanted[i] = false;
-    auto sums = hash_blocks(views, wanted, waits);
+    auto sums = hash_blocks(g.views, wanted, waits);
     for (std::size_t i = 0; i < blocks.size(); ++i)
       if (candidates[i] && !wanted[i]) sums[i] = seen[i].digest();
     return sums;
   };
   if (writing && direct) {  // gathered blocks are ready already; the others wait for the event
     std::vector<void*> waits(blocks.size());
-    for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = bounce[i] ? nullptr : after_event;
-    const auto sums = hash_blocks(views, std::vector<bool>(blocks.size(), true), waits);
+    for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = g.bounce[i] ? nullptr : after_event;
+    const auto sums = hash_blocks(g.views, std::vector<bool>(blocks.size(), true), waits);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
   // cuFile gets: each block hashed once its read ended, while later blocks are still read.
@@ -327,41 +423,20 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     };
-    direct_sums = hash_blocks(views, std::vector<bool>(blocks.size(), true),
+    direct_sums = hash_blocks(g.views, std::vector<bool>(blocks.size(), true),
                               std::vector<void*>(blocks.size(), nullptr), ended);
   }
   ticket.wait();
   if (writing && !direct) {
+    // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).
     std::vector<void*> waits(blocks.size(), after_event);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (g.bounce[i]) waits[i] = nullptr;
     const auto sums = hash_rest(std::vector<bool>(blocks.size(), true), waits);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
-  const TransferStats& stats = ticket.stats();
-  if (!direct) {
-    std::lock_guard lock(_times_mutex);
-    _times.io += stats.read_thread_seconds;
-    _times.copy_wait += stats.wait_thread_seconds;
-    _times.queue += stats.queue_thread_seconds;
-    _times.setup += stats.setup_thread_seconds;
-    _times.hash += stats.observe_thread_seconds;
-    _times.hash_wait += stats.observe_wait_thread_seconds;
-    _times.transfer += stats.pipeline.done;
-    _times.span += stats.pipeline.done * stats.threads;
-    _times.copies += stats.copies;
-  }
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    BlockRequest& b = *blocks[i];
-    b.route = route_of(stats, b.slab);
-    const ExtentStatus status = ticket.status(i);
-    if (status.state != ExtentStatus::State::Done) {
-      fail(b, BlockOutcome::io_error,
-           concat(_slabs.name(b.slab), ": ", writing ? "write" : "read", " of the block at offset ",
-                  b.offset,
-                  " failed: ", status.error.empty() ? std::string("cancelled") : status.error));
-      continue;
-    }
-    b.outcome = BlockOutcome::ok;
-  }
+  if (!direct) record_times(ticket.stats());
+  settle(g, ticket);
   if (writing) return;
   std::vector<bool> landed(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
@@ -373,7 +448,7 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
       fail(*blocks[i], BlockOutcome::checksum_mismatch,
            concat(_slabs.name(blocks[i]->slab), ": block at offset ", blocks[i]->offset,
                   " fails its checksum; dropped"));
-  bounce_copies(false);  // verified blocks only
+  bounce_copies(g, false, nullptr);  // verified blocks only, their pieces untouched before
 }
 
 StagedTimes TransferBlockIo::staged_times() const {

@@ -1,10 +1,15 @@
 // BlockIo over the transfer core (ferry/transfer.hpp): blocks with any piece in GPU memory go
-// as ONE extent each (its pieces the extent's spans, gathered by the core into one write) to the
+// as ONE extent each to the
 // staged backend (device <-> pinned slots <-> O_DIRECT) or to cuFile (straight between device
 // memory and the slab files, handles registered once in the core's cache). cuFile moves one
 // contiguous device range per call, so a block of several pieces is first gathered on the
 // device into a bounce buffer (device-to-device copies), written with one cuFile call, and read
-// back the same way: never one write per piece. Blocks wholly in host memory go to HostBlockIo.
+// back the same way: never one write per piece. On the staged path too, a block of several
+// pieces all on one GPU (vLLM's per-layer K and V pages) is gathered into one run of a device
+// bounce buffer by one kernel launch per batch (cuda/device_copies.hpp) and moves as one span
+// (large copies to host staging, not one per 32 KiB page); a get's runs land there, are
+// verified, and only then scattered into the pieces by one launch. Blocks wholly in host memory
+// go to HostBlockIo.
 //
 // The path is chosen per batch by KVPath (auto: cuFile only where it does true GPUDirect
 // Storage) and reported per block. Checksums come from BlockHasher (the bytes copied down from
@@ -21,6 +26,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/device_copies.hpp"
 #include "ferry/file_set.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/transfer.hpp"
@@ -54,9 +60,22 @@ class TransferBlockIo final : public BlockIo {
   // read() without page-cache DMA.
   void read_moved(std::span<BlockRequest> batch);
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
-  // One submission; `direct`: cuFile, multi-piece blocks through the device bounce buffer.
+  // One submission; blocks of several pieces go through the device bounce buffer (cuFile: any
+  // block but one piece of GPU memory; staged: pieces all on one GPU, where its kernels run).
   void move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
                   void* after_event);
+  struct Group;
+  bool through_bounce(const BlockRequest& r, bool direct);
+  bool kernels_usable(int ordinal);
+  // move_group's steps: each bounced block's run in its device's bounce buffer; the gather of
+  // pieces into runs (a put) or the scatter of verified runs into pieces (a get), one kernel
+  // launch per device where its pieces are all on it; the submission's options; the blocks'
+  // outcomes and routes from the ticket.
+  void place_in_bounce(Group& g);
+  void bounce_copies(Group& g, bool into_bounce, void* after_event);
+  TransferOptions group_options(const Group& g, void* after_event) const;
+  void record_times(const TransferStats& stats);
+  void settle(Group& g, const Ticket& ticket);
   TransferOptions options(void* after_event) const;
   // XXH3 of each wanted block's device-side bytes, on up to kHashers threads (a hasher each, its
   // own pinned buffers and stream): the copies down and the hashing of several blocks overlap.
@@ -86,6 +105,8 @@ class TransferBlockIo final : public BlockIo {
     std::uint64_t bytes = 0;
   };
   std::map<int, Gather> _gather;
+  std::map<int, DeviceCopyScratch> _copy_scratch;  // the gather/scatter kernels' copy tables
+  std::map<int, std::string> _no_kernels;          // per device: why its kernels cannot run
   mutable std::mutex _times_mutex;
   StagedTimes _times;
   std::unique_ptr<PageCacheGets> _page_cache;  // null: off

@@ -17,7 +17,7 @@ build() {
   ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
-    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma) nopip=1 ;;
+    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma | "build kvlayout" | kvlayout) nopip=1 ;;
     *) nopip=0 ;;
   esac
   if [ "$nopip" = 1 ]; then

@@ -1,4 +1,4 @@
-# The KV block store (stages kv, kvperf and kvdma).
+# The KV block store (stages kv, kvperf, kvdma and kvlayout).
 # Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
 
 # The KV block store on the GPU (issue 13). `kv`: everything below; `kvperf`: the tests, the
@@ -86,4 +86,44 @@ kv_stage() {
   kv_bench_rows
   [ "${1:-}" = perf ] || kv_extras
   kv_crash
+}
+
+# The engines' KV layouts (many small per-layer pieces per block): the layout tests on the GPU
+# (staged, direct, page-cache DMA; the SIGKILL test with a refilled GPU source), the crash trials
+# with refilled sources, then `ferry kv bench` per layout on cuda:0 beside pinned H2D and raw
+# O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 128 blocks and
+# 16 blocks per call, with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
+kv_layout_stage() {
+  log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
+  for t in test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  mkdir -p /tmp/kvbench
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for batch in 128 16; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call, page-cache DMA on"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch --page-cache-pin 8G \
+      --json "$OUT/kvlayout-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
+  for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
+           "--layout sglang --layers 32" "--layout vllm --layers 128 --kv-heads 4 --dtype fp8"; do
+    "$ferry" kv bench /tmp/kvbench $common $l --batch 128 --page-cache-pin 8G 2>&1 |
+      tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: host memory, one piece and vLLM's layout (beside raw O_DIRECT)"
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 2M --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  log "bench/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
 }

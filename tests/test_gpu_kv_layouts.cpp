@@ -1,0 +1,246 @@
+// The engines' paged KV layouts (kv_layouts.hpp) with the cache tensors in GPU memory, on the
+// staged and direct paths and with page-cache DMA: put from the per-layer tensors, get back into
+// fresh ones (and into / from one contiguous host buffer: the host path's view), sync and async,
+// bit-exact, no byte outside the blocks' pieces touched; the routes and why; a writer killed
+// while its source is refilled right after each put returns leaves every visible block whole;
+// pieces on two GPUs refused. Skipped without a GPU.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "cuda/cuda_resources.hpp"
+#include "cufile/gds_mode.hpp"
+#include "ferry/error.hpp"
+#include "kv_layouts.hpp"
+#include "kv_test_support.hpp"
+#include "shim/cuda_driver.hpp"
+
+namespace ferry::test {
+namespace {
+
+struct Mode {
+  KVPath path;
+  bool page_cache;
+};
+
+class GpuKvLayouts : public ::testing::TestWithParam<Mode> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available())
+      GTEST_SKIP() << "no usable GPU: " << shim::CudaDriver::get().why_unusable;
+    if (GetParam().path == KVPath::Direct &&
+        detail::driver_verdict(detail::probe_cufile()).mode == detail::CuFileMode::Unavailable)
+      GTEST_SKIP() << "no cuFile";
+    context = std::make_shared<detail::PrimaryContext>(0);
+    context->make_current();
+  }
+  KVStore open(const TempDir& dir, const std::string& name, std::uint64_t block) {
+    KVStoreOptions options;
+    options.gpu_path = GetParam().path;
+    options.allow_compat = true;
+    if (GetParam().page_cache) options.page_cache_pin_bytes = 1ull << 30;
+    return KVStore::open(dir.path(), kv_namespace(name), 16 * ((block + 4095) / 4096 * 4096), block,
+                         options);
+  }
+  // The layout's tensors on cuda:0.
+  struct Tensors {
+    std::vector<std::shared_ptr<void>> memory;
+    std::vector<KVPiece> pieces(const KvLayout& l, std::size_t b) const {
+      std::vector<KVPiece> out;
+      for (const PieceAt& p : l.blocks[b])
+        out.push_back(
+            {static_cast<std::byte*>(memory[p.tensor].get()) + p.offset, p.size, Device::cuda(0)});
+      return out;
+    }
+  };
+  Tensors tensors(const KvLayout& l, std::uint64_t seed) {
+    Tensors t;
+    for (std::size_t i = 0; i < l.tensor_bytes.size(); ++i) {
+      t.memory.push_back(detail::allocate_device_memory(context, l.tensor_bytes[i]));
+      const auto bytes = seed ? random_bytes(l.tensor_bytes[i], seed * 131 + i)
+                              : std::vector<std::byte>(l.tensor_bytes[i], std::byte{0});
+      FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(t.memory.back().get()),
+               bytes.data(), bytes.size(), nullptr);
+      FERRY_CU(cuStreamSynchronize, nullptr);
+    }
+    return t;
+  }
+  std::vector<std::byte> block_bytes(const KvLayout& l, const Tensors& t, std::size_t b) {
+    std::vector<std::byte> out;
+    for (const PieceAt& p : l.blocks[b]) {
+      std::vector<std::byte> piece(p.size);
+      FERRY_CU(cuMemcpyDtoH, piece.data(),
+               reinterpret_cast<shim::cu::DevicePtr>(t.memory[p.tensor].get()) + p.offset, p.size);
+      out.insert(out.end(), piece.begin(), piece.end());
+    }
+    return out;
+  }
+  std::shared_ptr<detail::PrimaryContext> context;
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, GpuKvLayouts,
+                         ::testing::Values(Mode{KVPath::Staged, false}, Mode{KVPath::Direct, false},
+                                           Mode{KVPath::Staged, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.path == KVPath::Staged ? "staged"
+                                                                                : "direct") +
+                                  (info.param.page_cache ? "_page_cache" : "");
+                         });
+
+std::vector<KVResult> run(KVStore& store, bool put, bool async, const std::vector<KVKey>& keys,
+                          const KVBlockList& blocks) {
+  if (async) {
+    KVTicket t = put ? store.put_async(keys, blocks) : store.get_async(keys, blocks);
+    t.wait();
+    return t.results();
+  }
+  std::vector<KVBlock> views(blocks.begin(), blocks.end());
+  return put ? store.put(keys, views) : store.get(keys, views);
+}
+
+// Reads every slab into the page cache (so page-cache DMA has windows to serve).
+void warm(const TempDir& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    if (e.path().filename().string().rfind("slab-", 0) == 0) {
+      std::ifstream in(e.path(), std::ios::binary);
+      std::vector<char> chunk(1 << 20);
+      while (in.read(chunk.data(), chunk.size()) || in.gcount() > 0) {
+      }
+    }
+}
+
+TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
+  const std::vector<std::size_t> order = {3, 0, 5, 1};
+  for (const KvLayout& l : test_layouts(6)) {
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(l.name + (async ? " async" : " sync"));
+      TempDir dir;
+      auto store = open(dir, l.name, l.block_bytes());
+      Tensors source = tensors(l, 5), target = tensors(l, 0);
+      std::vector<KVKey> keys;
+      KVBlockList from, to;
+      for (std::size_t b : order) {
+        keys.push_back(100 + b);
+        from.push_back(source.pieces(l, b));
+        to.push_back(target.pieces(l, b));
+      }
+      for (const KVResult& r : run(store, true, async, keys, from))
+        ASSERT_TRUE(r.ok()) << r.message;
+      if (GetParam().page_cache) warm(dir);
+      for (int pass = 0; pass < 2; ++pass) {  // page-cache DMA: registering, then registered
+        for (const KVResult& r : run(store, false, async, keys, to)) {
+          ASSERT_TRUE(r.ok()) << r.message;
+          EXPECT_FALSE(r.route_reason.empty()) << to_string(r.route);
+          if (GetParam().page_cache) {
+            EXPECT_EQ(r.route, KVRoute::page_cache_dma) << r.route_reason;
+          }
+        }
+      }
+      for (std::size_t b : order)
+        ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+      for (std::size_t b : {2, 4})
+        ASSERT_EQ(block_bytes(l, target, b), std::vector<std::byte>(l.block_bytes(), std::byte{0}));
+      // The host path's view: one contiguous host buffer per block, both ways.
+      std::vector<std::vector<std::byte>> whole(order.size(),
+                                                std::vector<std::byte>(l.block_bytes()));
+      KVBlockList flat;
+      for (auto& w : whole) flat.push_back({{w.data(), w.size()}});
+      for (const KVResult& r : run(store, false, async, keys, flat))
+        ASSERT_TRUE(r.ok()) << r.message;
+      for (std::size_t i = 0; i < order.size(); ++i)
+        ASSERT_EQ(whole[i], block_bytes(l, source, order[i]));
+      std::vector<KVKey> flat_keys;
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        flat_keys.push_back(500 + i);
+        const auto bytes = random_bytes(l.block_bytes(), 77 + i);
+        std::memcpy(whole[i].data(), bytes.data(), bytes.size());  // `flat` points into it
+      }
+      for (const KVResult& r : run(store, true, async, flat_keys, flat)) ASSERT_TRUE(r.ok());
+      Tensors back = tensors(l, 0);
+      KVBlockList into;
+      for (std::size_t b : order) into.push_back(back.pieces(l, b));
+      for (const KVResult& r : run(store, false, async, flat_keys, into)) ASSERT_TRUE(r.ok());
+      for (std::size_t i = 0; i < order.size(); ++i)
+        ASSERT_EQ(block_bytes(l, back, order[i]), whole[i]);
+    }
+  }
+}
+
+// A writer whose blocks are in GPU memory (2 pieces of one buffer, refilled right after each put
+// returns), SIGKILLed at random points: every block visible after reopening is whole.
+TEST_P(GpuKvLayouts, KilledWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) {
+  if (GetParam().page_cache) GTEST_SKIP() << "puts do not use page-cache DMA";
+  constexpr std::uint64_t kBlock = 1 << 20;
+  std::uint64_t checked = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    TempDir dir;
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      try {
+        auto store = open(dir, "crash", kBlock);
+        auto context = std::make_shared<detail::PrimaryContext>(0);
+        context->make_current();
+        auto buffer = detail::allocate_device_memory(context, kBlock);
+        const auto at = reinterpret_cast<shim::cu::DevicePtr>(buffer.get());
+        for (KVKey key = 1;; ++key) {
+          const auto bytes = kv_bytes(key, kBlock);
+          FERRY_CU(cuMemcpyHtoDAsync, at, bytes.data(), bytes.size(), nullptr);
+          FERRY_CU(cuStreamSynchronize, nullptr);
+          std::vector<KVPiece> pieces = {
+              {buffer.get(), kBlock / 2, Device::cuda(0)},
+              {static_cast<std::byte*>(buffer.get()) + kBlock / 2, kBlock / 2, Device::cuda(0)}};
+          if (!store.put(std::span(&key, 1), std::vector<KVBlock>{pieces})[0].ok()) std::_Exit(3);
+          // Refilled at once (the null stream: after the put's copies, which it waits for).
+          FERRY_CU(cuMemsetD8Async, at, static_cast<unsigned char>(key), kBlock, nullptr);
+        }
+      } catch (...) {
+        std::_Exit(2);
+      }
+    }
+    std::mt19937_64 random(trial + 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 + random() % 1500));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed by itself, exit " << WEXITSTATUS(status);
+    if (!std::filesystem::exists(dir.path() / KVStore::directory_name(kv_namespace("crash"))))
+      continue;
+    auto store = open(dir, "crash", kBlock);
+    for (KVKey k : store.keys()) {
+      std::vector<std::byte> out(store.stored_length(k));
+      const KVResult r = get_one(store, k, out);
+      ASSERT_TRUE(r.ok()) << "trial " << trial << " key " << k << ": " << r.message;
+      ASSERT_EQ(out, kv_bytes(k, kBlock)) << "trial " << trial << " key " << k;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0u);
+}
+
+TEST_P(GpuKvLayouts, PiecesOnTwoGpusAreRefused) {
+  int count = 0;
+  FERRY_CU(cuDeviceGetCount, &count);
+  if (count < 2) GTEST_SKIP() << "one GPU";
+  TempDir dir;
+  auto store = open(dir, "two", 8192);
+  auto a = detail::allocate_device_memory(context, 4096);
+  auto b = detail::allocate_device_memory(std::make_shared<detail::PrimaryContext>(1), 4096);
+  std::vector<KVPiece> pieces = {{a.get(), 4096, Device::cuda(0)},
+                                 {b.get(), 4096, Device::cuda(1)}};
+  KVKey key = 1;
+  const KVResult r = store.put(std::span(&key, 1), std::vector<KVBlock>{pieces})[0];
+  EXPECT_EQ(r.status, KVStatus::unsupported);
+  EXPECT_NE(r.message.find("cuda:0 and cuda:1"), std::string::npos) << r.message;
+}
+
+}  // namespace
+}  // namespace ferry::test
