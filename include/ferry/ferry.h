@@ -61,19 +61,12 @@ typedef struct ferry_tensor_info {
   size_t ggml_rank;
 } ferry_tensor_info;
 
-/* Structs that grow (options and statistics) start with struct_size: the size of the struct as
- * the caller compiled it. ferry reads and writes only the fields that lie inside it, so a host
- * built against an older header keeps working when fields are added at the end.
- * ferry_X_options_init(o) fills the struct as this header lays it out, which a newer library
- * lays out longer: a host that may run with a newer library than its header calls
- * ferry_X_options_init_sized(&o, sizeof o) (version node FERRY_0.6), which writes no more than
- * that size and sets struct_size to it. A field that struct_size cuts is not read (its default
- * holds). Every call taking such a struct returns INVALID_ARGUMENT for a struct_size of 0, one
- * smaller than the struct_size field itself, or one larger than this library's struct.
- * struct_size is a uint32_t in the load and fanout options and statistics and a size_t in the
- * others. It stays so: widening it would move no field on 64-bit targets, but a host built
- * against this header writes only its low four bytes, and a library reading eight would take
- * the padding after them for part of the size. */
+/* Options and statistics start with struct_size, the size of the struct as the caller compiled
+ * it: ferry reads and writes only the fields inside it (a cut field keeps its default), so hosts
+ * built against an older header keep working. A host that may meet a newer library calls
+ * ferry_X_options_init_sized(&o, sizeof o) (node FERRY_0.6). A struct_size of 0, smaller than the
+ * field itself or larger than this library's struct is INVALID_ARGUMENT. It is a uint32_t in the
+ * load and fanout structs (hosts write four bytes there) and a size_t elsewhere. */
 typedef struct ferry_load_options {
   uint32_t struct_size;      /* sizeof(ferry_load_options); ferry_load_options_init sets it */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL means "cpu" */
