@@ -63,7 +63,7 @@ std::vector<KVResult> KVStore::Impl::put(std::span<const KVKey> keys,
     // evictions (a later put of the same key cannot slip its record in before the remove).
     std::lock_guard commit_admission(commit);
     admit(batch);
-    if (!journal_evictions(batch)) return std::move(batch.results);
+    journal_evictions(batch);  // where it fails, the batch's work is settled as failed
   }
   if (!batch.work.empty()) {
     const auto start = Clock::now();
@@ -145,14 +145,13 @@ void KVStore::Impl::admit(PutBatch& b) {
 // A slot taken from an evicted block is written only once a remove record of that block is in
 // the journal: else a writer killed before this put's own record leaves the old key's record
 // pointing at new bytes, a visible block that fails its checksum. Called under the commit lock.
-bool KVStore::Impl::journal_evictions(PutBatch& b) {
-  if (b.evictions.empty()) return true;
+void KVStore::Impl::journal_evictions(PutBatch& b) {
+  if (b.evictions.empty()) return;
   try {
     // Written, not yet synced: a process kill keeps it (the page cache holds it); the journal's
     // sync at this put's commit makes it durable with the put's records.
     append_records(b.evictions, false);
     last_sequence = b.evictions.back().sequence;
-    return true;
   } catch (const std::exception& e) {
     // The journal still maps the evicted blocks to their slots, whose bytes are intact (nothing
     // was written over them): they are put back, so no later put reuses those slots as free
@@ -171,7 +170,6 @@ bool KVStore::Impl::journal_evictions(PutBatch& b) {
       index->publish(w.slot, old.key, old.length, old.checksum);
     }
     b.work.clear();
-    return false;
   }
 }
 

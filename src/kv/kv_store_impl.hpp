@@ -123,7 +123,7 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   std::vector<KVResult> put(std::span<const KVKey> keys, std::span<const KVBlock> sources,
                             const KVPutOptions& options);
   void admit(PutBatch& batch);
-  bool journal_evictions(PutBatch& batch);  // false: the batch failed (its slots given back)
+  void journal_evictions(PutBatch& batch);  // where it fails: the batch failed, slots back
   void write_blocks(PutBatch& batch, void* after_event);
   void sync_slabs(PutBatch& batch);
   std::string commit_records(PutBatch& batch);  // the journal's error, or empty
