@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
   } catch (const ferry::Cancelled& e) {
     std::fprintf(stderr, "ferry: interrupted: %s\n", e.what());
     return 130;  // as a shell reports a command stopped by SIGINT
+  } catch (const ferry::OutOfMemory& e) {
+    // It names the file whose sizes asked for the memory.
+    std::fprintf(stderr, "ferry: error: %s\n", ferry::cli::printable(e.what()).c_str());
+    return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "ferry: error: out of memory: the sizes or counts given need more host memory "
