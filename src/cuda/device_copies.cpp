@@ -4,21 +4,15 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_kernels.hpp"
+#include "cuda/matched_copy_job.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
 namespace {
 
-constexpr unsigned kCopyThreads = 256;            // ferry_copy_matched's, per slice
-constexpr std::uint64_t kSliceBytes = 64 * 1024;  // copy_matched.cu's
-
-struct CopyJob {  // copy_matched.cu's MatchedCopy, byte for byte
-  std::uint64_t from;
-  std::uint64_t to;
-  std::uint64_t size;
-  std::uint64_t block;
-  std::uint64_t first_slice;
-};
+constexpr unsigned kCopyThreads = kMatchedCopyThreads;
+constexpr std::uint64_t kSliceBytes = kMatchedCopySliceBytes;
+using CopyJob = MatchedCopyJob;
 
 }  // namespace
 
