@@ -287,6 +287,27 @@ class Job {
     }
   }
 
+  // Queues the copies of `runs` (pieces g.first .. g.first + count); a copy the driver refuses
+  // fails the extents of the pieces it carried, only those, each once. Returns which pieces
+  // failed (by index from g.first; valid until the next call).
+  const std::vector<bool>& put_runs(const Group& g, const std::vector<CopyRun>& runs,
+                                    std::uint32_t count) {
+    std::vector<bool>& failed = _failed_pieces;
+    failed.assign(count, false);
+    for (const CopyRun& r : runs) {
+      try {
+        copier(r.device).put(r.memory, r.source, r.size);
+        ++_copies;
+      } catch (...) {
+        for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
+          if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
+          failed[i - g.first] = true;
+        }
+      }
+    }
+    return failed;
+  }
+
   // A group of a file with a page-cache lease (staged_page_cache.hpp) is copied straight from
   // the mapping: no read, no slot. Returns whether it was (each piece landed or failed).
   // Copies that are contiguous in the file and in memory on one device become one copy: a
@@ -302,20 +323,7 @@ class Job {
     for (; end < g.first + g.count && !cancelled(); ++end)
       add_copy_runs(_t.extents[_run->plan.pieces[end].extent], _run->plan.pieces[end], end,
                     base + file_offset(_run->plan.pieces[end]), runs);
-    // A copy the driver refuses fails the extents of the pieces it carried, only those.
-    std::vector<bool>& failed = _failed_pieces;
-    failed.assign(end - g.first, false);
-    for (const CopyRun& r : runs) {
-      try {
-        copier(r.device).put(r.memory, r.source, r.size);
-        ++_copies;
-      } catch (...) {
-        for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
-          if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
-          failed[i - g.first] = true;
-        }
-      }
-    }
+    const std::vector<bool>& failed = put_runs(g, runs, end - g.first);
     std::uint64_t copied = 0;
     for (std::uint32_t i = g.first; i < end; ++i) {
       if (failed[i - g.first]) continue;
@@ -370,19 +378,7 @@ class Job {
       const Piece& p = _run->plan.pieces[i];
       add_copy_runs(_t.extents[p.extent], p, i, group + (file_offset(p) - g.file_offset), runs);
     }
-    std::vector<bool>& failed = _failed_pieces;
-    failed.assign(g.count, false);
-    for (const CopyRun& r : runs) {
-      try {
-        copier(r.device).put(r.memory, r.source, r.size);
-        ++_copies;
-      } catch (...) {
-        for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {
-          if (!failed[i - g.first]) _t.fail(_run->plan.pieces[i].extent, std::current_exception());
-          failed[i - g.first] = true;
-        }
-      }
-    }
+    const std::vector<bool>& failed = put_runs(g, runs, g.count);
     for (; next_piece < g.first + g.count; ++next_piece)
       if (!failed[next_piece - g.first])
         _t.landed(_run->plan.pieces[next_piece].extent, _run->plan.pieces[next_piece].size);
