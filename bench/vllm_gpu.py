@@ -126,7 +126,7 @@ def _slabs(root: str) -> list:
     return sorted(glob.glob(os.path.join(root, "**", "slab-*"), recursive=True))
 
 
-def kv_spec_child(folder: str, tokens: int, root: str, arm: str) -> None:
+def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) -> None:
     """One LLM(...) (engine in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0, so that ferry's
     worker and its counters are reachable). arm "recompute": no connector, prefix caching off;
     time to first token (max_tokens=1) of a fresh prompt, twice. arm "ferry": ferry's spec;
@@ -157,8 +157,7 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str) -> None:
     config = KVTransferConfig(
         kv_connector="FerryOffloadingConnector", kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"spec_name": "FerryOffloadingSpec", "root": root,
-                                   "capacity_bytes": 64 << 30})
+        kv_connector_extra_config={"spec_name": "FerryOffloadingSpec", "root": root, **store})
     llm = LLM(enable_prefix_caching=True, kv_transfer_config=config, **kwargs)
     worker = get_kv_transfer_group().connector_worker.worker
     block = llm.llm_engine.vllm_config.cache_config.block_size
@@ -166,10 +165,13 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str) -> None:
     _, first = _timed(llm, prompt, 8)
     result["tokens_first"] = list(first.outputs[0].token_ids)
     want = 2 * (tokens // block)  # both prompts' full blocks
-    deadline = time.monotonic() + 120
-    while worker.counters["stored_blocks"] < want and time.monotonic() < deadline:
+    seen, still = -1, time.monotonic()
+    while worker.counters["stored_blocks"] < want and time.monotonic() - still < 10:
         _timed(llm, [7, 8, 9], 1)  # engine steps collect the finished stores
         time.sleep(0.05)
+        if worker.counters["stored_blocks"] != seen:
+            seen, still = worker.counters["stored_blocks"], time.monotonic()
+    result["blocks_per_prompt"] = tokens // block
     result["stored_blocks"] = worker.counters["stored_blocks"]
     result["store_files_bytes"] = sum(os.path.getsize(f) for f in _slabs(root))
     for state in ("warm", "cold"):
@@ -199,10 +201,13 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str) -> None:
 def kv_spec(args) -> None:
     rows = {}
     for arm in ("recompute", "ferry"):
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        # The checkpoint's config says 8192 positions; RoPE runs past them on random weights.
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                   VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
         done = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--kv-root",
-                               args.kv_root, "--kv-tokens", str(args.kv_tokens), "--child",
-                               "kv-" + arm], capture_output=True, text=True, env=env)
+                               args.kv_root, "--kv-tokens", str(args.kv_tokens), "--kv-store",
+                               args.kv_store, "--child", "kv-" + arm],
+                              capture_output=True, text=True, env=env)
         line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
@@ -212,7 +217,7 @@ def kv_spec(args) -> None:
         print(f"kv spec, {arm}: {line[7:]}", flush=True)
     base, ferry = rows["recompute"], rows["ferry"]
     recompute = min(base["ttft_s"])
-    print(f"KV spec, {args.kv_tokens}-token prompt: time to first token")
+    print(f"KV spec, {args.kv_tokens}-token prompt, store {args.kv_store}: time to first token")
     print(f"  recompute                 {recompute:7.3f} s")
     for state in ("warm", "cold"):
         t = ferry[f"ttft_{state}_s"]
@@ -239,12 +244,15 @@ def main() -> None:
     parser.add_argument("--kv-spec", action="store_true")
     parser.add_argument("--kv-root", default="/tmp/ferry-kv-bench")
     parser.add_argument("--kv-tokens", type=int, default=16384)
+    parser.add_argument("--kv-store", default='{"capacity_bytes": 8589934592}',
+                        help="the spec's store options (JSON): capacity_bytes, page_cache_pin, ...")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "write":
         return write_checkpoint(args.dir)
     if args.child and args.child.startswith("kv-"):
-        return kv_spec_child(args.dir, args.kv_tokens, args.kv_root, args.child[3:])
+        return kv_spec_child(args.dir, args.kv_tokens, args.kv_root, args.child[3:],
+                             json.loads(args.kv_store))
     if args.child:
         return child(args.dir, args.child, args.tp)
     os.environ.setdefault("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
