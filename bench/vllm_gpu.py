@@ -6,7 +6,7 @@ transformers' LlamaForCausalLM built on the meta device), written once as safete
 
     VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0 \
         python bench/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
-        [--budget-s 540]
+        [--budget-s 480]
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
 (process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is process_group).
@@ -240,7 +240,7 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--states", default="warm,cold")
-    parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--kv-spec", action="store_true")
     parser.add_argument("--kv-root", default="/tmp/ferry-kv-bench")
     parser.add_argument("--kv-tokens", type=int, default=16384)
@@ -264,6 +264,11 @@ def main() -> None:
     if args.kv_spec:
         return kv_spec(args)
     slowest = 0.0
+    # One GPU: vLLM's engine in the child itself (no second process importing vLLM again); the
+    # weight loading is timed from vLLM's log either way.
+    env = dict(os.environ)
+    if args.tp == 1:
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     rows = []
     for state in args.states.split(","):
         for fmt in args.formats.split(","):
@@ -280,7 +285,8 @@ def main() -> None:
                         while f.read(64 << 20):
                             pass
             done = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--tp",
-                                   str(args.tp), "--child", fmt], capture_output=True, text=True)
+                                   str(args.tp), "--child", fmt], capture_output=True, text=True,
+                                  env=env)
             slowest = max(slowest, time.monotonic() - began)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()
                            if l.startswith("RESULT ")), None)
@@ -295,8 +301,13 @@ def main() -> None:
             result["state"] = state
             rows.append(result)
             load = f"{result['load_s']:.2f}" if result["load_s"] is not None else "?"
+            # Load format ferry under TP logs each rank's mode and file bytes read.
+            reads = sorted(re.findall(r"ferry: tp_mode (\w+), rank (\d+) of \d+ read (\d+) bytes",
+                                      done.stdout + done.stderr), key=lambda r: int(r[1]))
+            per_rank = (f"  {reads[0][0]}: GB read per rank "
+                        + " ".join(f"{int(r[2]) / 1e9:.2f}" for r in reads)) if reads else ""
             print(f"{fmt:16s} {state:5s} tp={args.tp}  LLM() to ready {result['ready_s']:7.2f} s  "
-                  f"weights {load} s", flush=True)
+                  f"weights {load} s{per_rank}", flush=True)
     by = {(r["format"], r["state"]): r for r in rows}
     failed = False
     for state in args.states.split(","):

@@ -35,7 +35,7 @@ def run_ranks(folders, ranks=2):
                                str(ranks), str(port)] + [str(f) for f in folders],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for r in range(ranks)]
-    results = []
+    results, logs = [], []
     for p in procs:
         try:
             text, _ = p.communicate(timeout=600)
@@ -46,7 +46,8 @@ def run_ranks(folders, ranks=2):
         line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
         assert p.returncode == 0 and line, text[-4000:]
         results.append(json.loads(line[7:]))
-    return results
+        logs.append(text)
+    return results, logs
 
 
 def tensor_bytes(folder) -> int:
@@ -77,7 +78,11 @@ def test_tensor_parallel_modes(tmp_path):
         folders[1], max_shard_size="40KB")
     transformers.LlamaForCausalLM(one_kv).to(torch.bfloat16).save_pretrained(folders[2])
 
-    results = run_ranks(folders)
+    results, logs = run_ranks(folders)
+    # vLLM's log says what each rank did (ferry's lines go where vLLM's go).
+    for rank, text in enumerate(logs):
+        assert f"ferry: tp_mode process_group, rank {rank} of 2 read " in text, text[-3000:]
+        assert "Loading weights took" in text
     for folder in folders:
         total = tensor_bytes(folder)
         rows = [r[str(folder)] for r in results]

@@ -41,6 +41,10 @@ def same(a, b) -> bool:
 
 def main() -> None:
     rank, ranks, port = (int(x) for x in sys.argv[1:4])
+    import logging
+    vllm_log = logging.getLogger("vllm")  # as vLLM's engine configures it
+    vllm_log.addHandler(logging.StreamHandler(sys.stdout))
+    vllm_log.setLevel(logging.INFO)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
     with set_current_vllm_config(VllmConfig()):

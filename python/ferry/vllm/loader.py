@@ -9,6 +9,7 @@ process group, or each reads only its slices, or each reads everything (`tp_mode
 Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob
+import logging
 import os
 import time
 from typing import Iterator, List, Optional, Tuple
@@ -16,13 +17,11 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
-from vllm.logger import init_logger
-
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
 from .tp import TP_MODES, check_slices_taken, choose_mode, group_weights, slice_weights, tp_group
 
-logger = init_logger(__name__)
+logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 
 _INDEX = "model.safetensors.index.json"
 _BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
