@@ -73,21 +73,29 @@ def group_weights(path: str, device: str, process_group, groups: List[List[str]]
             yield name, tensors.pop(name)
 
 
-def _submit_slice(reader, full: torch.Tensor, name: str, piece, device: str):
-    """Submits the read of this rank's slice of `name` into `full` (the checkpoint's shape), the
-    elements outside it set to NaN: (ticket, None) for a slice of rows, read in place; (ticket,
-    packed) for a slice of columns, read packed and copied into place once it landed."""
+def _slice_target(full: torch.Tensor, piece, device: str):
+    """Prepares `full` (the checkpoint's shape) for this rank's slice: the elements outside the
+    slice set to NaN; for a slice of columns, the packed buffer its rows' ranges land in first."""
     dim, begin, end, _ = piece
-    shape, size = list(full.shape), full.element_size()
-    row = size * (full.numel() // shape[0])
     if dim == 0:
         full[:begin].fill_(float("nan"))
         full[end:].fill_(float("nan"))
+        return None
+    full.fill_(float("nan"))
+    return torch.empty((full.shape[0], end - begin), dtype=full.dtype, device=device)
+
+
+def _submit_slice(reader, full: torch.Tensor, packed, name: str, piece, device: str):
+    """Submits the read of this rank's slice of `name`: a slice of rows in place, one byte range;
+    a slice of columns into `packed`, a range per row."""
+    dim, begin, end, _ = piece
+    size = full.element_size()
+    row = size * (full.numel() // full.shape[0])
+    if dim == 0:
         return reader.submit(name, begin * row, (end - begin) * row,
-                             full.data_ptr() + begin * row, device), None
-    packed = torch.empty((shape[0], end - begin), dtype=full.dtype, device=device)
-    ranges = [(r * row + begin * size, r * row + end * size) for r in range(shape[0])]
-    return reader.submit_ranges(name, ranges, packed.data_ptr(), device), packed
+                             full.data_ptr() + begin * row, device)
+    ranges = [(r * row + begin * size, r * row + end * size) for r in range(full.shape[0])]
+    return reader.submit_ranges(name, ranges, packed.data_ptr(), device)
 
 
 def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[List[str]],
@@ -103,28 +111,37 @@ def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[Li
     reader = _ferry.TensorReader(checkpoint)
 
     def load(names):
-        out, pending = {}, []
+        targets = []  # (name, tensor, its piece or None when read whole, packed buffer)
         for name in names:
             dtype, shape, _ = table[name]
             piece = pieces[name]
             tensor = torch.empty(shape, dtype=torch_dtype(dtype, name), device=device)
             sliced = (piece[0] == 0 or piece[0] == 1 and len(shape) == 2) and \
                 dtype in _SLICED_DTYPES and tensor.numel() > 0
-            if sliced:
-                ticket, packed = _submit_slice(reader, tensor, name, piece, device)
+            packed = _slice_target(tensor, piece, device) if sliced else None
+            targets.append((name, tensor, piece if sliced else None, packed))
+        cuda = device.startswith("cuda")
+        if cuda:  # the allocator may hand out memory that queued work still uses
+            torch.cuda.current_stream().synchronize()
+        pending = []
+        for name, tensor, piece, packed in targets:
+            if piece is not None:
+                ticket = _submit_slice(reader, tensor, packed, name, piece, device)
             elif tensor.numel():
-                ticket, packed = reader.submit(name, 0, tensor.numel() * tensor.element_size(),
-                                               tensor.data_ptr(), device), None
+                ticket = reader.submit(name, 0, tensor.numel() * tensor.element_size(),
+                                       tensor.data_ptr(), device)
             else:
-                ticket, packed = None, None
-            pending.append((name, tensor, ticket, piece, packed))
-        for name, tensor, ticket, piece, packed in pending:
+                ticket = None
+            pending.append(ticket)
+        out = {}
+        for (name, tensor, piece, packed), ticket in zip(targets, pending):
             if ticket is not None:
                 reader.wait(ticket)
             if packed is not None:
-                tensor.fill_(float("nan"))
                 tensor[:, piece[1]:piece[2]].copy_(packed)
             out[name] = tensor
+        if cuda:  # the column copies done before vLLM's thread uses the tensors
+            torch.cuda.current_stream().synchronize()
         return out
 
     before = reader.bytes_read
