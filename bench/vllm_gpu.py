@@ -71,6 +71,21 @@ def write_checkpoint(folder: str, shard_bytes: int = 5 << 30) -> None:
     config.save_pretrained(folder)
 
 
+def _run_child(command, env, timeout: float) -> subprocess.CompletedProcess:
+    """The child in a session of its own: past `timeout` it and the processes it started (vLLM's
+    engine core, its workers) are killed, so the next child finds the GPUs free."""
+    import signal
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nkilled after {timeout:.0f} s (--budget-s)"
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def drop_cache(folder: str) -> None:
     for name in os.listdir(folder):
         fd = os.open(os.path.join(folder, name), os.O_RDONLY)
@@ -204,10 +219,9 @@ def kv_spec(args) -> None:
         # The checkpoint's config says 8192 positions; RoPE runs past them on random weights.
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
                    VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
-        done = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--kv-root",
-                               args.kv_root, "--kv-tokens", str(args.kv_tokens), "--kv-store",
-                               args.kv_store, "--child", "kv-" + arm],
-                              capture_output=True, text=True, env=env)
+        done = _run_child([sys.executable, __file__, "--dir", args.dir, "--kv-root",
+                           args.kv_root, "--kv-tokens", str(args.kv_tokens), "--kv-store",
+                           args.kv_store, "--child", "kv-" + arm], env, args.budget_s)
         line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
             tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
@@ -284,9 +298,9 @@ def main() -> None:
                     with open(os.path.join(args.dir, name), "rb") as f:
                         while f.read(64 << 20):
                             pass
-            done = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--tp",
-                                   str(args.tp), "--child", fmt], capture_output=True, text=True,
-                                  env=env)
+            done = _run_child([sys.executable, __file__, "--dir", args.dir, "--tp",
+                               str(args.tp), "--child", fmt], env,
+                              args.budget_s + 60 - (time.monotonic() - started))
             slowest = max(slowest, time.monotonic() - began)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()
                            if l.startswith("RESULT ")), None)
@@ -323,6 +337,7 @@ def main() -> None:
                     failed = True
     if failed:
         sys.exit(1)
+
 
 if __name__ == "__main__":
     main()
