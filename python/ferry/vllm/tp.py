@@ -125,8 +125,9 @@ def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[Li
             torch.cuda.current_stream().synchronize()
         pending = []
         for name, tensor, piece, packed in targets:
-            if piece is not None:
-                ticket = _submit_slice(reader, tensor, packed, name, piece, device)
+            if piece is not None:  # a rank past a short tensor's rows reads none of it
+                ticket = (_submit_slice(reader, tensor, packed, name, piece, device)
+                          if piece[2] > piece[1] else None)
             elif tensor.numel():
                 ticket = reader.submit(name, 0, tensor.numel() * tensor.element_size(),
                                        tensor.data_ptr(), device)
