@@ -25,6 +25,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from common import drop_file_cache
+
 PAGE = 4096
 
 
@@ -40,16 +42,6 @@ def parse():
     p.add_argument("--misalign", type=int, default=0)
     p.add_argument("--lib", default=None, help="libferry.so (C ABI) instead of ferry.KVStore")
     return p.parse_args()
-
-
-def drop_cache(path):
-    """Evicts a file's clean pages (posix_fadvise DONTNEED after fdatasync)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class Memory:
@@ -144,7 +136,7 @@ class FsTier:
 
     def drop(self, count):
         for i in range(count):
-            drop_cache(self.path(i))
+            drop_file_cache(self.path(i))
 
 
 class FerryC:
@@ -312,7 +304,7 @@ def main():
                 figures["fs put+fdatasync"].append(
                     gb / timed(lambda: tier.put(source, a.blocks, True)))
         for f in slabs():
-            drop_cache(f)
+            drop_file_cache(f)
         tier.drop(a.blocks)
         for who in order:
             dest.map[:] = bytes(len(dest.map))

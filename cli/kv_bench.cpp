@@ -10,7 +10,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/gpu_checksum.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"
