@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #endif
 
@@ -145,45 +146,20 @@ char command(int fd) {
 class Writers {
  public:
   Writers(const Plan& p, unsigned n) {
+    // A writer that died leaves its command pipe without a reader: the bench's write then fails
+    // with EPIPE (and says so) instead of SIGPIPE ending the bench without a word.
+    _old_sigpipe = std::signal(SIGPIPE, SIG_IGN);
     std::fflush(nullptr);  // nothing buffered is written twice
-    for (unsigned w = 0; w < n; ++w) {
-      int to[2], from[2];
-      if (::pipe(to) != 0) FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
-      if (::pipe(from) != 0) {
-        ::close(to[0]);
-        ::close(to[1]);
-        FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
-      }
-      const pid_t child = ::fork();
-      if (child == 0) {
-        ::close(to[1]);
-        ::close(from[0]);
-        for (const Child& c : _children) {  // the earlier writers' pipes are theirs alone
-          ::close(c.to);
-          ::close(c.from);
-        }
-        writer_main(p, w, to[0], from[1]);
-      }
-      ::close(to[0]);
-      ::close(from[1]);
-      if (child < 0) {
-        ::close(to[1]);
-        ::close(from[0]);
-        FERRY_SYSCALL_FAIL("kv bench --writers: fork");
-      }
-      _children.push_back({child, to[1], from[0]});
+    try {
+      for (unsigned w = 0; w < n; ++w) start(p, w);
+    } catch (...) {
+      release();
+      throw;
     }
   }
   Writers(const Writers&) = delete;
   Writers& operator=(const Writers&) = delete;
-  ~Writers() {
-    for (Child& c : _children) ::close(c.to);
-    for (Child& c : _children) {
-      int status = 0;
-      ::waitpid(c.pid, &status, 0);
-      ::close(c.from);
-    }
-  }
+  ~Writers() { release(); }
 
   void tell(unsigned w, char c) { say(w, &c, 1); }
   void start_pass(unsigned w, std::uint64_t pass) {
@@ -215,7 +191,50 @@ class Writers {
     pid_t pid;
     int to, from;
   };
+
+  // Forks writer w, its pipes made first.
+  void start(const Plan& p, unsigned w) {
+    int to[2], from[2];
+    if (::pipe(to) != 0) FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
+    if (::pipe(from) != 0) {
+      ::close(to[0]);
+      ::close(to[1]);
+      FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
+    }
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(to[1]);
+      ::close(from[0]);
+      for (const Child& c : _children) {  // the earlier writers' pipes are theirs alone
+        ::close(c.to);
+        ::close(c.from);
+      }
+      writer_main(p, w, to[0], from[1]);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    if (child < 0) {
+      ::close(to[1]);
+      ::close(from[0]);
+      FERRY_SYSCALL_FAIL("kv bench --writers: fork");
+    }
+    _children.push_back({child, to[1], from[0]});
+  }
+
+  // Closes the command pipes (a writer at EOF closes its store and exits), reaps the writers.
+  void release() noexcept {
+    for (Child& c : _children) ::close(c.to);
+    for (Child& c : _children) {
+      int status = 0;
+      ::waitpid(c.pid, &status, 0);
+      ::close(c.from);
+    }
+    _children.clear();
+    std::signal(SIGPIPE, _old_sigpipe);
+  }
+
   std::vector<Child> _children;
+  void (*_old_sigpipe)(int) = SIG_DFL;
 };
 
 double percentile(std::vector<double> v, double q) {
