@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from common import drop_tree_cache, read_through, warm_page_cache
+
 FORMATS = ["ferry-own", "ferry", "safetensors", "fastsafetensors", "runai_streamer",
            "instanttensor"]
 PROMPT = list(range(1000, 1032))
@@ -84,15 +86,6 @@ def _run_child(command, env, timeout: float) -> subprocess.CompletedProcess:
         out, err = proc.communicate()
         err += f"\nkilled after {timeout:.0f} s (--budget-s)"
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
-
-def drop_cache(folder: str) -> None:
-    for name in os.listdir(folder):
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def child(folder: str, load_format: str, tp: int) -> None:
@@ -192,15 +185,9 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
     for state in ("warm", "cold"):
         result[f"reset_{state}"] = llm.reset_prefix_cache()
         if state == "warm":
-            for name in _slabs(root):
-                with open(name, "rb") as f:
-                    while f.read(64 << 20):
-                        pass
+            read_through(_slabs(root))
         else:
-            for name in _slabs(root):
-                fd = os.open(name, os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+            drop_tree_cache(root)
         loaded = worker.counters["loaded_blocks"]
         seconds, out = _timed(llm, prompt, 1)
         result[f"ttft_{state}_s"] = seconds
@@ -292,12 +279,9 @@ def main() -> None:
                 continue
             began = time.monotonic()
             if state == "cold":
-                drop_cache(args.dir)
+                drop_tree_cache(args.dir)
             else:  # warm: the files read once into the page cache
-                for name in os.listdir(args.dir):
-                    with open(os.path.join(args.dir, name), "rb") as f:
-                        while f.read(64 << 20):
-                            pass
+                warm_page_cache(args.dir)
             done = _run_child([sys.executable, __file__, "--dir", args.dir, "--tp",
                                str(args.tp), "--child", fmt], env,
                               args.budget_s + 60 - (time.monotonic() - started))
