@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the page cache (drop, evict, warm), a process's memory, the
 shards of a checkpoint, device syncs, pinned host-to-device bandwidth, JSON results.
 
-Imported as `common` by scripts run as `python3 bench/NAME.py` (their folder is first on
+Imported as `common` by scripts run as `python3 bench/KIND/NAME.py` (each puts bench/ first on
 sys.path). Nothing here imports torch at module level: scripts that run without it use it too.
 """
 import glob

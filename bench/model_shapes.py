@@ -144,6 +144,6 @@ def scaled(shapes, scale):
 MODELS = {"qwen3-0.6b": (qwen3_0_6b, 1), "llama3-8b": (llama3_8b, 4), "moe-16x64": (moe_16x64, 5)}
 # Checkpoint size sweep: name -> (shapes, shards); shards of about 4 GB as transformers writes.
 SIZES = {f"sized-{gb}gb": (sized(gb), max(1, gb // 4)) for gb in (1, 4, 16, 32)}
-# The first-load benchmark's (bench/first_load.py): shapes ferry's suite did not use before.
+# The first-load benchmark's (bench/load/first_load.py): shapes ferry's suite did not use before.
 FIRST_LOAD = {"one-file-8gb": (one_file_8gb, 1), "moe-3k": (moe_3k, 4)}
 ALL = {**MODELS, **SIZES, **FIRST_LOAD}

@@ -1,4 +1,4 @@
-"""Turns the suite's results (bench/run_bench.py, one or more files from separate calls) into
+"""Turns the suite's results (bench/load/run_bench.py, one or more files from separate calls) into
 results.json, loaders.md (the tables BENCHMARKS.md takes) and loaders.png in --out, out of the
 source tree (generated files are not committed).
 

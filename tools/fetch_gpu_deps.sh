@@ -15,7 +15,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   -d .whl "fastsafetensors==0.5.0" "runai-model-streamer==0.16.1"
-# InstantTensor (bench/first_load.py's strongest peer): its wheel names manylinux_2_27/2_28 only;
+# InstantTensor (bench/load/first_load.py's strongest peer): its wheel names manylinux_2_27/2_28 only;
 # it needs nothing beyond torch, which the GPU machine has.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d .whl "instanttensor==0.2.2"

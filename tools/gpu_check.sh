@@ -4,7 +4,7 @@
 # Full logs go to $OUT; short tables print as it goes. The stages live in tools/gpu/*.sh, each
 # function with a comment saying what it runs.
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
-#   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/run_bench.py)
+#   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/load/run_bench.py)
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
 #     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout,
 #     kvfleet, stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
@@ -79,7 +79,7 @@ want mgpu-full && mgpu full
 if want mgpu-sweep; then
   mgpu sweep
   log "multi-GPU benchmark, warm, with the machine's facts and one row per knob"
-  (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --sources warm \
+  (cd bench/multi_gpu && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --sources warm \
     --no-peers --sweep --json "$OUT/multi_gpu_sweep.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 fi
 if want warm || want tmpfs || want cold || want sizes; then checkpoints; tuned; fi

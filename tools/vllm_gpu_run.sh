@@ -2,7 +2,7 @@
 # On the GPU machine (device tool), after tools/vllm_gpu_pack.sh here: vLLM 0.26 carried in parts.
 #   tools/vllm_gpu_run.sh stash          keeps the carried .vllm_pack/part-* in /tmp/vllm-pack
 #   tools/vllm_gpu_run.sh bench [ARGS]   stashes, unpacks vLLM into /tmp/vllm026 once every part
-#                                        is there, then runs bench/vllm_gpu.py ARGS with ferry
+#                                        is there, then runs bench/load/vllm_gpu.py ARGS with ferry
 #                                        from /tmp/site (tools/gpu_check.sh build puts it there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +25,4 @@ export PYTHONPATH=/tmp/site:$site
 export VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c 'import vllm, ferry.vllm; print("vllm", vllm.__version__, "with ferry", ferry.__file__)'
-python3 bench/vllm_gpu.py "$@"
+python3 bench/load/vllm_gpu.py "$@"

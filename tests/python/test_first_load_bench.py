@@ -1,4 +1,4 @@
-"""bench/first_load.py end to end on the CPU (issue 27's benchmark): tiny checkpoints written by
+"""bench/load/first_load.py end to end on the CPU (issue 27's benchmark): tiny checkpoints written by
 safetensors, a fresh process per loader, the first load beside later ones, and one process per
 rank with --nproc 2 (gloo). Timing is not checked; the rows, their loads and the bytes are."""
 import json
@@ -15,7 +15,7 @@ if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "first_load.py"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "load" / "first_load.py"
 
 
 def run_bench(tmp_path, ferry_bin, *args):

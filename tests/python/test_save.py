@@ -336,8 +336,8 @@ def test_cuda_tensors_stream_to_the_same_bytes(tmp_path):
 
 
 def test_save_benchmark_smoke_run(tmp_path):
-    """bench/save_bench.py runs end to end (on the CPU, tiny tensors); timing is not checked."""
-    bench = pathlib.Path(__file__).resolve().parents[2] / "bench" / "save_bench.py"
+    """bench/load/save_bench.py runs end to end (on the CPU, tiny tensors); timing is not checked."""
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench" / "load" / "save_bench.py"
     out = tmp_path / "runs.json"
     done = subprocess.run([sys.executable, str(bench), "--device", "cpu", "--dir", str(tmp_path), "--shape",
                            "qwen3_0_6b", "--scale", "0.0005", "--runs", "1", "--json", str(out)],

@@ -116,13 +116,13 @@ def test_a_missing_weight_is_an_error_naming_it(tmp_path):
 
 
 def test_from_pretrained_benchmark_smoke_run(tmp_path):
-    """bench/from_pretrained_bench.py end to end on a tiny model on the CPU; timing is not checked."""
+    """bench/load/from_pretrained_bench.py end to end on a tiny model on the CPU; timing is not checked."""
     import json
     import pathlib
     import subprocess
     import sys
 
-    bench = pathlib.Path(__file__).resolve().parents[2] / "bench" / "from_pretrained_bench.py"
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench" / "load" / "from_pretrained_bench.py"
     out = tmp_path / "runs.json"
     done = subprocess.run([sys.executable, str(bench), str(tmp_path), "--model", "tiny-llama", "--device", "cpu",
                            "--runs", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)

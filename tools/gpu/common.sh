@@ -66,7 +66,7 @@ tuned() {
 bench() {
   local stage=$1; shift
   log "benchmark: $stage"
-  (cd bench && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT/results-$stage.json" "$@") \
+  (cd bench/load && python3 run_bench.py --ferry "$ferry" --dir "$ckpts" --out "$OUT/results-$stage.json" "$@") \
     2>&1 | tee -a "$OUT/bench.txt"
 }
 

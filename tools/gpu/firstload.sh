@@ -11,13 +11,13 @@ first_load() {
   common="--dir $dir --ferry-bin $ferry --scale ${FIRST_LOAD_SCALE:-1} --later ${FIRST_LOAD_LATER:-2} --timeout ${FIRST_LOAD_TIMEOUT:-180}"
   case $1 in
     warm)
-      log "first loads, one GPU, warm (bench/first_load.py)"
-      (cd bench && python3 first_load.py $common --cases one-file,moe,shm --temps warm \
+      log "first loads, one GPU, warm (bench/load/first_load.py)"
+      (cd bench/load && python3 first_load.py $common --cases one-file,moe,shm --temps warm \
         ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load.json") 2>&1 |
         tee -a "$OUT/summary.txt" || status=1 ;;
     cold)
-      log "first loads, one GPU, cold (bench/first_load.py; raw O_DIRECT in the same run)"
-      (cd bench && python3 first_load.py $common --cases one-file,moe --temps cold \
+      log "first loads, one GPU, cold (bench/load/first_load.py; raw O_DIRECT in the same run)"
+      (cd bench/load && python3 first_load.py $common --cases one-file,moe --temps cold \
         --loaders ${FIRST_LOAD_LOADERS:-ferry,ferry-cli,instanttensor,instanttensor-buffered} \
         --json "$OUT/first_load_cold.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
     tests)
@@ -34,12 +34,12 @@ first_load() {
       log "torch.distributed loads, gloo and NCCL on $gpus GPUs (tests/python/test_distributed.py)"
       FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py 2>&1 |
         tail -3 | tee -a "$OUT/summary.txt" || status=1
-      log "first loads, a process per GPU on $gpus GPUs, warm (bench/first_load.py --nproc $gpus)"
-      (cd bench && python3 first_load.py $common --cases llama --temps warm --nproc "$gpus" \
+      log "first loads, a process per GPU on $gpus GPUs, warm (bench/load/first_load.py --nproc $gpus)"
+      (cd bench/load && python3 first_load.py $common --cases llama --temps warm --nproc "$gpus" \
         ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load_group.json") 2>&1 |
         tee -a "$OUT/summary.txt" || status=1
       log "the same checkpoint's single-GPU first load"
-      (cd bench && python3 first_load.py $common --cases llama --temps warm --loaders ferry,ferry-cli \
+      (cd bench/load && python3 first_load.py $common --cases llama --temps warm --loaders ferry,ferry-cli \
         --json "$OUT/first_load_single.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
   esac
 }

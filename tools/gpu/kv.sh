@@ -38,8 +38,8 @@ kv_extras() {
   log "KV index: lookup and reopen at 10 million blocks (kv_bench)"
   /tmp/build/tests/kv_bench /tmp/kvbench/index --sizes 4K --bytes 4M --batch 16 \
     --index-blocks 10000000 2>&1 | tail -1 | tee -a "$OUT/summary.txt" || status=1
-  log "KV beside torch.save/torch.load and per-file writes (bench/kv_torch_compare.py)"
-  python3 bench/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
+  log "KV beside torch.save/torch.load and per-file writes (bench/kv/kv_torch_compare.py)"
+  python3 bench/kv/kv_torch_compare.py --dir /tmp/kvbench/cmp --device cuda:0 --drop-caches 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }
@@ -120,10 +120,10 @@ kv_layout_stage() {
     tee -a "$OUT/summary.txt" || status=1
   "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
-  log "bench/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
-  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so 2>&1 |
+  log "bench/kv/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
+  python3 bench/kv/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
-  python3 bench/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 2>&1 |
+  python3 bench/kv/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }

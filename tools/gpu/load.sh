@@ -18,7 +18,7 @@ tests() {
     same_hashes "$ckpts/$m" "/tmp/hashes/cpu-$m.txt" "$m cuda:0 cuFile" --device cuda:0 --backend cufile --allow-compat
   done
   mkdir -p "$ckpts/gguf"
-  (cd bench && python3 make_gguf.py "$ckpts/gguf/llama3-8b-f16.gguf") | tee -a "$OUT/summary.txt"
+  (cd bench/load && python3 make_gguf.py "$ckpts/gguf/llama3-8b-f16.gguf") | tee -a "$OUT/summary.txt"
   "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cpu --hash >/tmp/hashes/cpu-gguf.txt 2>/dev/null
   same_hashes "$ckpts/gguf/llama3-8b-f16.gguf" /tmp/hashes/cpu-gguf.txt "gguf 8B cuda:0" --device cuda:0
   "$ferry" load "$ckpts/gguf/llama3-8b-f16.gguf" --device cuda:0 | head -1 | tee -a "$OUT/summary.txt"
@@ -40,23 +40,23 @@ PY
 
 # Side-by-side loads by the commit in .before/ and this one.
 compare() {
-  log "before/after loads (bench/compare_loads.py)"
+  log "before/after loads (bench/load/compare_loads.py)"
   build_before || return
   checkpoints
-  (cd bench && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
+  (cd bench/load && python3 compare_loads.py --before /tmp/build-before/cli/ferry --after "$ferry" \
     --dir "$ckpts" --out "$OUT/compare.json" ${COMPARE_ARGS:-}) 2>&1 | tee -a "$OUT/summary.txt"
 }
 
 # The saver (8B shape from cuda:0, beside raw O_DIRECT writes and safetensors) and the
 # transformers front end (time to a ready 8B-shaped model beside transformers' own).
 python_benches() {
-  log "saver (bench/save_bench.py)"
+  log "saver (bench/load/save_bench.py)"
   mkdir -p /tmp/save-bench
-  (cd bench && python3 save_bench.py --device cuda:0 --dir /tmp/save-bench --runs 3 \
+  (cd bench/load && python3 save_bench.py --device cuda:0 --dir /tmp/save-bench --runs 3 \
     --json "$OUT/save.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/save-bench
-  log "from_pretrained (bench/from_pretrained_bench.py)"
-  (cd bench && python3 from_pretrained_bench.py /tmp/fp-bench --model llama3-8b --runs 3 \
+  log "from_pretrained (bench/load/from_pretrained_bench.py)"
+  (cd bench/load && python3 from_pretrained_bench.py /tmp/fp-bench --model llama3-8b --runs 3 \
     --json "$OUT/from_pretrained.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/fp-bench
 }
@@ -64,21 +64,21 @@ python_benches() {
 # The transfer core (latency, extent throughput both ways beside raw O_DIRECT and pinned copies),
 # the KV store on the host path, per-key reads (safe_open) and opening 100,000 tensors.
 engine_benches() {
-  log "transfer core (bench/transfer_bench)"
+  log "transfer core (bench/transfer/transfer_bench)"
   ninja -C /tmp/build transfer_bench >>"$OUT/build.log" 2>&1 || { status=1; return; }
   mkdir -p /tmp/tb && /tmp/build/transfer_bench --dir /tmp/tb --device cuda:0 \
     --json "$OUT/transfer.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/tb
-  log "KV store, host path (bench/kv_bench)"
+  log "KV store, host path (bench/kv/kv_bench)"
   /tmp/build/tests/kv_bench /tmp/kvb --sizes 256K,1M,4M,16M --bytes 2G --batch 16 \
     --index-blocks 10000000 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvb
-  log "per-key reads (bench/per_key_reads.py)"
+  log "per-key reads (bench/load/per_key_reads.py)"
   for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
-    (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    (cd bench/load && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
-  log "opening 100,000 tensors (bench/open_many_tensors.py)"
-  (cd bench && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "opening 100,000 tensors (bench/load/open_many_tensors.py)"
+  (cd bench/load && python3 open_many_tensors.py --ferry-bin "$ferry") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }
 
 # The safetensors drop-in: GPU tests of safe_open (small reads and the engine, read-ahead
@@ -95,19 +95,19 @@ dropin() {
       "tests/python/$file" >"$OUT/pytest-${file%.py}.log" 2>&1 || status=1
     tail -12 "$OUT/pytest-${file%.py}.log" | tee -a "$OUT/summary.txt"
   done
-  log "per-key reads, 1,000 x 256 KiB (bench/per_key_reads.py)"
+  log "per-key reads, 1,000 x 256 KiB (bench/load/per_key_reads.py)"
   for args in "--device cpu" "--device cuda:0" "--device cuda:0 --slices"; do
-    (cd bench && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    (cd bench/load && python3 per_key_reads.py $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
   log "per-key reads, 256 x 1 MiB (the small-read path's limit for get_tensor)"
-  (cd bench && python3 per_key_reads.py --device cuda:0 --tensors 256 --kib 1024) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  (cd bench/load && python3 per_key_reads.py --device cuda:0 --tensors 256 --kib 1024) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   [ -d "$ckpts/llama3-8b" ] || { log "checkpoint llama3-8b"; (cd bench && python3 make_checkpoints.py "$ckpts" llama3-8b) | tee -a "$OUT/summary.txt"; }
   log "per-key reads, Llama-3-8B shape"
   for args in "--device cuda:0" "--device cuda:0 --slices"; do
-    (cd bench && python3 per_key_reads.py --checkpoint "$ckpts/llama3-8b" --repeat 3 $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    (cd bench/load && python3 per_key_reads.py --checkpoint "$ckpts/llama3-8b" --repeat 3 $args) 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
-  log "from_pretrained, MoE (bench/from_pretrained_bench.py --model moe-16x64)"
-  (cd bench && python3 from_pretrained_bench.py /tmp/fp-bench --model moe-16x64 --runs 2 \
+  log "from_pretrained, MoE (bench/load/from_pretrained_bench.py --model moe-16x64)"
+  (cd bench/load && python3 from_pretrained_bench.py /tmp/fp-bench --model moe-16x64 --runs 2 \
     --json "$OUT/from_pretrained_moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/fp-bench
 }

@@ -43,9 +43,9 @@ mgpu() {
   done
   "$ferry" load "$ckpts/llama3-8b" --device "$all" --tensor-parallel 2>/dev/null | tee -a "$OUT/summary.txt" || status=1
   [ "${1:-}" = sweep ] && return
-  log "multi-GPU benchmark (bench/multi_gpu_bench.py)"
+  log "multi-GPU benchmark (bench/multi_gpu/multi_gpu_bench.py)"
   local args="--sources warm --no-peers --page-cache-pin ${MGPU_PAGE_CACHE_PIN:-64GiB}"
   [ "${1:-}" = full ] && args="--sources warm cold --page-cache-pin ${MGPU_PAGE_CACHE_PIN:-64GiB}"
-  (cd bench && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --gpus "$gpus" \
+  (cd bench/multi_gpu && python3 multi_gpu_bench.py --ferry "$ferry" --dir "$ckpts" --gpus "$gpus" \
     $args --json "$OUT/multi_gpu.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }

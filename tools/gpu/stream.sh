@@ -31,9 +31,9 @@ stream_tests() {
 }
 
 stream_bench() {
-  log "weight streaming benchmark (bench/stream_bench.py ${STREAM_BENCH_ARGS:-})"
-  (cd bench && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
+  log "weight streaming benchmark (bench/stream/stream_bench.py ${STREAM_BENCH_ARGS:-})"
+  (cd bench/stream && python3 stream_bench.py --json "$OUT/stream.json" ${STREAM_BENCH_ARGS:-}) 2>&1 \
     | tee -a "$OUT/summary.txt" || status=1
-  log "MoE expert cache benchmark (bench/moe_bench.py)"
-  (cd bench && python3 moe_bench.py --json "$OUT/moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  log "MoE expert cache benchmark (bench/stream/moe_bench.py)"
+  (cd bench/stream && python3 moe_bench.py --json "$OUT/moe.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1
 }

@@ -1,4 +1,4 @@
-"""The benchmark suite: every loader of bench/loaders.py and ferry's command, on each checkpoint
+"""The benchmark suite: every loader of bench/load/loaders.py and ferry's command, on each checkpoint
 and source, beside the machine's limits measured in the same run. Writes a results file (JSON)
 that bench/report.py turns into BENCHMARKS.md and the chart.
 
@@ -21,9 +21,10 @@ import time
 
 import torch
 
-from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json  # noqa: F401
-from loaders import LOADERS
-from model_shapes import MODELS, SIZES
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json  # noqa: E402,F401
+from loaders import LOADERS  # noqa: E402
+from model_shapes import MODELS, SIZES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Runs per loader: ferry's own rows get more, for a stable median; slow peers fewer.
@@ -104,8 +105,8 @@ def size_sweep(args):
     """ferry's load time against checkpoint size, warm; each checkpoint is deleted after use."""
     rows = []
     for name in SIZES:
-        subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoints.py"), args.dir, name],
-                       check=True)
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "make_checkpoints.py"), args.dir,
+                        name], check=True)
         path = os.path.join(args.dir, name)
         warm_page_cache(path)
         result = ferry_cli(args.ferry, path, 3, False)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
 import model_shapes  # noqa: E402
 from common import reset_peak_rss, status_bytes, write_json  # noqa: E402
 

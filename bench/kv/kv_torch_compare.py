@@ -5,7 +5,7 @@ GB/s for put (store) and get (load back into the device). ferry's puts are durab
 before the index record); the others are not synced, as those stores do not sync. With
 --drop-caches (root) the page cache is dropped before each get, so every get reads the disk.
 
-    python3 bench/kv_torch_compare.py --dir /tmp/kvcmp --device cuda:0 [--block 2M] [--blocks 512]
+    python3 bench/kv/kv_torch_compare.py --dir /tmp/kvcmp --device cuda:0 [--block 2M] [--blocks 512]
 Timings are printed for reporting only.
 """
 import argparse

@@ -5,7 +5,7 @@ safetensors'. The checkpoint: Llama-3-8B's shape with random weights (names and 
 transformers' LlamaForCausalLM built on the meta device), written once as safetensors shards.
 
     VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0 \
-        python bench/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
+        python bench/load/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
         [--budget-s 480]
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 
-from common import drop_tree_cache, read_through, warm_page_cache
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import drop_tree_cache, read_through, warm_page_cache  # noqa: E402
 
 FORMATS = ["ferry-own", "ferry", "safetensors", "fastsafetensors", "runai_streamer",
            "instanttensor"]

@@ -7,7 +7,7 @@ Prints each load's GB/s and where its time went: before the submission (plan, al
 head (submission to the first copy queued), the steady part, the tail (last read done to every
 copy finished) and the end (statistics); then, from a run with --profile (timed events around
 each read's copies), how long the GPU had copies queued or running (copy busy) within the span
-of the copies, and the copy rate while busy. --bound BIN (bench/staged_bound) adds what this
+of the copies, and the copy rate while busy. --bound BIN (bench/transfer/staged_bound) adds what this
 machine allows a warm staged load: the same pipeline with memcpy from memory in place of the
 reads (threads, read size and slots of the load), whose bytes cross host memory as a load's do
 (read and written by the CPU, read again by the copy engine): the later loads as a fraction of
@@ -44,7 +44,8 @@ import statistics
 import subprocess
 import sys
 
-from common import pinned_h2d_gbps, warm_page_cache, write_json
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import pinned_h2d_gbps, warm_page_cache, write_json  # noqa: E402
 
 # (threads, read MiB, slots per thread, copy streams (0: one per thread)) beside the built-in
 # defaults (16, 4, 2, 0).
@@ -59,7 +60,7 @@ PAGE_CACHE_SWEEP = [(4, 0, 4), (2, 0, 4), (1, 0, 4), (4, 1, 4), (4, 2, 4), (4, 0
 
 
 def ferry_loads(args, extra=(), repeat=None):
-    # The built-in defaults, as bench/compare_loads.py measures them (no tuning file).
+    # The built-in defaults, as bench/load/compare_loads.py measures them (no tuning file).
     env = dict(os.environ, FERRY_TUNING_FILE="/nonexistent/ferry-second-load-tuning.json")
     out = subprocess.run([args.ferry, "load", args.checkpoint, "--device", args.device, "--json",
                           "--repeat", str(repeat or args.repeat), *extra],
@@ -168,7 +169,7 @@ def main():
     ap.add_argument("--ferry", required=True)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--repeat", type=int, default=8)
-    ap.add_argument("--bound", help="bench/staged_bound, built (GPU devices only)")
+    ap.add_argument("--bound", help="bench/transfer/staged_bound, built (GPU devices only)")
     ap.add_argument("--sweep", action="store_true",
                     help="also other thread counts, read sizes and slots (one process each)")
     ap.add_argument("--page-cache-pin", metavar="SIZE",

@@ -1,4 +1,4 @@
-"""Runs one loader of bench/loaders.py on one checkpoint, several times, in this fresh process;
+"""Runs one loader of bench/load/loaders.py on one checkpoint, several times, in this fresh process;
 prints a JSON list with one object per run.
 
 usage: run_loader.py LOADER CHECKPOINT [--runs N] [--cold] [--device cuda:0]
@@ -10,13 +10,15 @@ path the loader took. --cold drops the page cache before each run (needs root).
 """
 import argparse
 import json
+import os
 import sys
 import time
 
 import torch
 
-from common import drop_page_cache, reset_peak_rss, status_bytes, synchronize
-from loaders import LOADERS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import drop_page_cache, reset_peak_rss, status_bytes, synchronize  # noqa: E402
+from loaders import LOADERS  # noqa: E402
 
 
 def tensor_bytes(tensors):

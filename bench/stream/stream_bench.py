@@ -29,7 +29,8 @@ import torch
 
 import ferry.torch
 
-from common import write_json
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import write_json  # noqa: E402
 
 
 def build(args, device):

@@ -19,7 +19,7 @@ Every tensor's pages are touched (one byte per 4 KiB summed on its device, colle
 end), so that a lazily mapped tensor pays for its reads as a copied one does, and both
 libraries must give the same sums. Median of --repeat runs; figures only, nothing asserted.
 
-    python3 bench/per_key_reads.py [--device cpu|cuda:0] [--tensors 1000] [--kib 256] [--slices]
+    python3 bench/load/per_key_reads.py [--device cpu|cuda:0] [--tensors 1000] [--kib 256] [--slices]
                                    [--checkpoint PATH] [--repeat 5]
 """
 import argparse

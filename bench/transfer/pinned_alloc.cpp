@@ -1,6 +1,6 @@
 // How long pinning host memory takes, by method: cuMemHostAlloc, and mmap (+ MADV_HUGEPAGE)
 // followed by cuMemHostRegister. Build on the GPU machine:
-//   g++ -O2 -std=c++20 bench/pinned_alloc.cpp -I/usr/local/cuda/include -lcuda -o pinned_alloc
+//   g++ -O2 -std=c++20 bench/transfer/pinned_alloc.cpp -I/usr/local/cuda/include -lcuda -o pinned_alloc
 #include <cuda.h>
 #include <sys/mman.h>
 

@@ -7,8 +7,10 @@ Peers are imported inside their loader, so a missing one fails only its own rows
 import json
 import os
 import struct
+import sys
 
-from common import shard_files  # noqa: F401  (loaders.shard_files for the scripts that import it)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import shard_files  # noqa: E402,F401  (loaders.shard_files for the scripts that import it)
 
 
 def cufile_mode():

@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(SAFE_ENV)
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: shared helpers
 
 from common import drop_page_cache, warm_page_cache, write_json  # noqa: E402
 
@@ -672,7 +673,7 @@ def main():
         sys.exit(f"multi_gpu_bench: needs 2 GPUs, {n} visible")
     path = os.path.join(args.dir, args.model)
     if not os.path.isdir(path):
-        subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoints.py"), args.dir,
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "make_checkpoints.py"), args.dir,
                         args.model], check=True)
     ckpt_bytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
     facts = machine_facts(n)

@@ -15,9 +15,11 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 
-from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json
-from run_bench import checkpoint_bytes, machine, run_json
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json  # noqa: E402
+from run_bench import checkpoint_bytes, machine, run_json  # noqa: E402
 
 NO_TUNING = {"FERRY_TUNING_FILE": "/nonexistent/ferry-compare-tuning.json"}
 

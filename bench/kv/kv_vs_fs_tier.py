@@ -11,7 +11,7 @@ per call, 128 blocks of 64 pieces cost the C ABI side about 50-100 ms of Python 
 (8,192 ctypes structs), which the fs tier's threads hide behind their I/O, so that was measured
 instead of the stores.
 
-  python3 bench/kv_vs_fs_tier.py --dir /mnt/nvme/kvbench [--blocks 512] [--block-mib 2]
+  python3 bench/kv/kv_vs_fs_tier.py --dir /mnt/nvme/kvbench [--blocks 512] [--block-mib 2]
       [--batch 128] [--threads 16] [--rounds 3] [--pieces 1] [--misalign 0]
       [--lib build/libferry.so]
 
@@ -29,7 +29,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from common import drop_file_cache
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import drop_file_cache  # noqa: E402
 
 PAGE = 4096
 

@@ -8,7 +8,7 @@ safe_open + keys(); then the same N tensors as --shards files with an index
 or an index of 100,000 tensors opens and plans in under 0.2 s). Prints figures only; nothing
 here is asserted.
 
-    python3 bench/open_many_tensors.py [--tensors N] [--shards 40] [--repeat 5] [--ferry-bin build/cli/ferry]
+    python3 bench/load/open_many_tensors.py [--tensors N] [--shards 40] [--repeat 5] [--ferry-bin build/cli/ferry]
 """
 import json
 import argparse

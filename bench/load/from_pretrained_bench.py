@@ -22,7 +22,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: shared helpers
 from common import status_bytes, write_json  # noqa: E402
 
 CONFIGS = {  # transformers config fields of the bench/model_shapes.py architectures

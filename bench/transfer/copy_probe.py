@@ -1,7 +1,7 @@
 """What the GPU side of a staged load can reach on this machine: pinned host-to-device copy
 bandwidth by copy size and number of streams (the engine issues one stream per reader thread),
 how long allocating destination memory takes, and copies from sources misaligned by a few bytes.
-(Copies beside host memory traffic: bench/staged_bound, in C++, since Python threads that copy
+(Copies beside host memory traffic: bench/transfer/staged_bound, in C++, since Python threads that copy
 hold the GIL and delay the timing thread.)
 
 usage: copy_probe.py [--gib N]

@@ -4,7 +4,7 @@
 region shaped as the primary tier's, then loaded back warm (page cache as the store left it) and
 cold (the files' pages dropped with posix_fadvise), every loaded byte checked.
 
-    VLLM_TARGET_DEVICE=cpu python bench/vllm_tier_bench.py --dir /tmp --blocks 512 --block-mib 2
+    VLLM_TARGET_DEVICE=cpu python bench/kv/vllm_tier_bench.py --dir /tmp --blocks 512 --block-mib 2
 """
 import argparse
 import mmap
@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "python"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
 from common import drop_tree_cache  # noqa: E402
 
 

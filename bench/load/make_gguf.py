@@ -4,12 +4,14 @@ from make_checkpoints.py and the two load speeds compare directly.
 
 usage: make_gguf.py OUT.gguf
 """
+import os
 import sys
 
 import numpy as np
 from gguf import GGUFWriter
 
-from model_shapes import llama3_8b
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from model_shapes import llama3_8b  # noqa: E402
 
 POOL = np.random.default_rng(7).integers(0, 1 << 16, size=32 << 20, dtype=np.uint16)
 

@@ -9,6 +9,7 @@ and bytes per token; figures only.
 import argparse
 import gc
 import inspect
+import os
 import sys
 import time
 
@@ -17,7 +18,8 @@ import torch
 import ferry.torch
 from ferry.offload import find_fused_experts, find_moe_blocks
 
-from common import write_json
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: shared helpers
+from common import write_json  # noqa: E402
 
 
 def build(args, device):

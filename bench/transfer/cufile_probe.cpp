@@ -1,6 +1,6 @@
 // Diagnoses cuFile on a machine: driver open, handle registration with and without O_DIRECT,
 // and one read. Build on the GPU machine:
-//   g++ -std=c++17 bench/cufile_probe.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64 \
+//   g++ -std=c++17 bench/transfer/cufile_probe.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64 \
 //     -L/usr/local/cuda/lib64/stubs -lcufile -lcuda -o cufile_probe && ./cufile_probe FILE
 #include <cuda.h>
 #include <cufile.h>
