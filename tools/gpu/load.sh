@@ -89,7 +89,7 @@ engine_benches() {
 # its small-read path off), tensor-parallel slices with the bytes they read; time to a ready
 # MoE model (moe-16x64, Qwen3-MoE layers whose experts transformers 5 fuses) beside transformers'.
 dropin() {
-  for file in test_dropin.py test_transformers.py test_hf_conversion.py; do
+  for file in test_dropin.py test_dropin_reads.py test_transformers.py test_hf_conversion.py; do
     log "tests/python/$file (cuda:0 included)"
     FERRY_BIN=$ferry FERRY_LIB=/tmp/build/libferry.so python3 -m pytest -q -p no:cacheprovider \
       "tests/python/$file" >"$OUT/pytest-${file%.py}.log" 2>&1 || status=1
