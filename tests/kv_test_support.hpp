@@ -1,5 +1,5 @@
-// Helpers shared by the KV store tests: a namespace, each key's deterministic block bytes, and
-// one-block put/get wrappers.
+// Helpers shared by the KV store tests: a namespace, each key's deterministic block bytes, runs of
+// keys, and one-block put/get wrappers.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,12 @@ inline KVNamespace kv_namespace(const std::string& model = "llama-test", int ran
 // The bytes a key's block holds in these tests: a function of the key and length only.
 inline std::vector<std::byte> kv_bytes(KVKey key, std::size_t size) {
   return random_bytes(size, key * 7919 + size);
+}
+
+inline std::vector<KVKey> iota_keys(std::size_t n, KVKey first = 1) {
+  std::vector<KVKey> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = first + i;
+  return keys;
 }
 
 inline KVResult put_one(KVStore& store, KVKey key, const std::vector<std::byte>& bytes) {
