@@ -154,6 +154,7 @@ class FanoutRoundRead {
   LoadOptions _options;
   LoadStats _stats;
   std::chrono::steady_clock::time_point _began;
+  double _submitted = 0;  // seconds from _began to the submission
 };
 
 // Starts the reads and returns at once, so that the next round's reads can be queued behind them

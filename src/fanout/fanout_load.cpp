@@ -471,6 +471,7 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
     // One process per rank: the staged backend copies this rank's reads of files it can lease
     // straight from their registered page cache (one-process loads split the reads themselves).
     t.page_cache_pin_bytes = options.page_cache_pin_bytes;
+    out._submitted = since(out._began);
     out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
                          resolve(mine, bases, scratches, devices), t);
     out._started = true;
@@ -488,12 +489,22 @@ LoadStats FanoutRoundRead::wait() {
     _stats.slots_per_thread = ts.slots_per_thread;
     _stats.staging_bytes = ts.staging_bytes;
     _stats.staging_pinned = ts.staging_pinned;
+    _stats.staging_seconds = ts.staging_seconds;
+    _stats.setup_thread_seconds = ts.setup_thread_seconds;
+    _stats.read_thread_seconds = ts.read_thread_seconds;
+    _stats.wait_thread_seconds = ts.wait_thread_seconds;
+    _stats.queue_thread_seconds = ts.queue_thread_seconds;
+    _stats.pipeline = ts.pipeline;
+    _stats.submit_seconds = _submitted + ts.route_seconds;
+    _stats.timeline.emplace_back("submitted", _stats.submit_seconds);
+    add_pipeline_phases(ts.pipeline, _stats.submit_seconds, _stats.timeline);
     _stats.files = ts.files;
     for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
     _stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
     _stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   }
   _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
+  _stats.timeline.emplace_back("done", _stats.seconds);
   return _stats;
 }
 

@@ -46,6 +46,7 @@ class Stopwatch {
 
 // A job's part of the timeline (PipelineTimes), merged into the run's when it ends.
 struct Timeline {
+  double started = 0, staging_ready = 0, streams_ready = 0;
   double first_read = 0, first_copy = 0, last_read = 0, last_copy = 0, copies_done = 0;
   void read_done(double t) {
     if (first_read == 0) first_read = t;
@@ -74,6 +75,7 @@ class Job {
     std::optional<RelaxedCaptureMode> relaxed;
     if (!_run->gpus.empty()) relaxed.emplace();
     Stopwatch clock;
+    _timeline.started = since(_run->started);
     Times times;
     double staging = 0;
     std::uint64_t staged_bytes = 0;
@@ -90,6 +92,7 @@ class Job {
           // staging); the others as they are first used, while this job's copies run.
           lease.ready(0);
           staging = clock.lap();
+          _timeline.staging_ready = since(_run->started);
           staged_bytes = std::uint64_t{lease.slots()} * lease.slot_bytes();
           pinned = lease.pinned();
           _slots = lease.slots();
@@ -97,6 +100,7 @@ class Job {
         }
         for (const Device& d : _run->gpus) copier(d);
         times.setup += clock.lap();
+        _timeline.streams_ready = since(_run->started);
         if (_t.direction == Direction::FileToMemory)
           read_loop(times, clock);
         else
@@ -134,6 +138,10 @@ class Job {
     std::lock_guard lock(_run->mutex);
     TransferStats& s = _run->stats;
     PipelineTimes& p = s.pipeline;
+    p.first_job = earliest(p.first_job, _timeline.started);
+    p.last_job = std::max(p.last_job, _timeline.started);
+    p.staging_ready = std::max(p.staging_ready, _timeline.staging_ready);
+    p.streams_ready = std::max(p.streams_ready, _timeline.streams_ready);
     p.first_read = earliest(p.first_read, _timeline.first_read);
     p.first_copy = earliest(p.first_copy, _timeline.first_copy);
     p.last_read = std::max(p.last_read, _timeline.last_read);
