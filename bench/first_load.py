@@ -121,7 +121,7 @@ def load_ferry(path, device, group, shard, engine):
         # load_file(..., process_group=group, shard=shard) with its statistics: the same code.
         from ferry._distributed import load_sharded
         tensors, stats = load_sharded(path, device, group, shard, return_stats=True)
-        engine["timeline"] = stats.get("timeline", [])
+        engine["group_timeline"] = stats.get("timeline", [])
         if stats.get("reads"):
             engine["round0_timeline"] = stats["reads"][0].get("timeline", [])
             engine.update({k: stats["reads"][0][k] for k in ENGINE_STATS if k in stats["reads"][0]})
@@ -422,10 +422,11 @@ def print_table(rows, h2d):
         print(f"{head} {r['first_seconds']:>8.3f} {r['first_gbps']:>6.1f} {later} {ratio}")
 
 
-# The timelines a ferry load reports (milliseconds from its start): the engine's (one GPU), the
-# Python call's around it, and with --nproc the group load's and its round 0 reads'.
+# The timelines a ferry load reports (milliseconds from its start): the engine's (one GPU; the
+# CLI's too), the Python call's around it, and with --nproc the group load's and its round 0
+# reads'.
 TIMELINES = (("timeline", "engine"), ("python_timeline", "python"),
-             ("round0_timeline", "round 0 reads"))
+             ("group_timeline", "group load"), ("round0_timeline", "round 0 reads"))
 
 
 def format_timeline(marks, limit=24):

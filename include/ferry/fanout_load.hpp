@@ -109,6 +109,10 @@ struct FanoutStats {
   std::string next_round;   // "eager" or "at-tail" (FanoutOptions::next_round)
   std::string submissions;  // "per-round" or "per-device" (FanoutOptions::submissions)
   FanoutPhases phases;
+  // As LoadStats::timeline: planned, allocated, page_cache_mapped, each round submitted, read
+  // and its exchanges queued, round 0's start-up (its workers, staging, streams), reads_done,
+  // done; seconds from the load's start, in order.
+  std::vector<std::pair<std::string, double>> timeline;
   std::vector<RankLoadStats> ranks;
   std::vector<FileLoadStats> files;
   double gigabytes_per_second() const {  // aggregate: bytes landed on all ranks

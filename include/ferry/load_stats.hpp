@@ -59,8 +59,9 @@ struct LoadStats {
 std::string to_json(const LoadStats& stats);
 
 // Appends a staged submission's phases (its PipelineTimes, `submitted` seconds after the load's
-// start) to `timeline`, in the order they were reached.
+// start) to `timeline`, in the order they were reached, each name after `prefix`.
 void add_pipeline_phases(const PipelineTimes& pipeline, double submitted,
-                         std::vector<std::pair<std::string, double>>& timeline);
+                         std::vector<std::pair<std::string, double>>& timeline,
+                         std::string_view prefix = {});
 
 }  // namespace ferry

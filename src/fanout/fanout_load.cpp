@@ -150,6 +150,7 @@ class FanoutLoader {
 
     const ActiveTuning tuning = detail::tuning_for(_options.load);
     const auto started = Clock::now();
+    _started = started;
     const detail::EngineSettings settings = detail::choose_settings(_options.load, tuning);
     FanoutPlanOptions plan_options;
     plan_options.chunk_bytes = settings.chunk_bytes;
@@ -160,6 +161,7 @@ class FanoutLoader {
     result._plan = plan;
 
     const auto allocating = Clock::now();
+    mark(stats, "planned");
     std::vector<std::uintptr_t> bases;
     std::vector<void*> base_pointers;
     for (unsigned r = 0; r < n; ++r) {
@@ -188,6 +190,7 @@ class FanoutLoader {
       scratch.push_back(reinterpret_cast<std::uintptr_t>(scratch_memory.back().get()));
     }
     stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
+    mark(stats, "allocated");
 
     // Files whose page cache the devices DMA from (registered mappings) and the staged rest.
     std::vector<bool> used(_checkpoint->files().size(), false);
@@ -195,6 +198,7 @@ class FanoutLoader {
       for (const FanoutRead& read : round.reads) used[read.file_index] = true;
     const std::vector<detail::MappedSource> sources =
         _map(*_checkpoint, used, devices, _options.load);
+    if (_options.load.page_cache_pin_bytes > 0) mark(stats, "page_cache_mapped");
     std::vector<std::uint64_t> direct_file_bytes(used.size(), 0);
     std::vector<detail::RoundReads> split;
     for (const FanoutRound& round : plan->rounds)
@@ -280,6 +284,8 @@ class FanoutLoader {
       for (unsigned r = 0; r < n && direct; ++r)
         if (!reads.direct[r].empty()) _copied[k][r] = direct->queue(r, reads.direct[r]);
       Submitted current = submit_round(reads.staged);
+      mark(stats, "round " + std::to_string(k) + " submitted");
+      if (k == 0) _round0_submitted = since(_started);
       if (k > 0)
         finish(previous, previous_round, *plan, *collective, base_pointers, scratch, stats);
       previous = std::move(current);
@@ -293,11 +299,15 @@ class FanoutLoader {
       stats.phases.loader_wait_seconds += since(waiting);
     }
     stats.phases.reads_seconds = since(reading);
+    mark(stats, "reads_done");
     const auto draining = Clock::now();
     collective->wait();
     stats.phases.tail_seconds = since(draining);
     stats.phases.pool_threads = detail::transfer_workers().threads();
     stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    stats.timeline.emplace_back("done", stats.seconds);
+    std::stable_sort(stats.timeline.begin(), stats.timeline.end(),
+                     [](const auto& a, const auto& b) { return a.second < b.second; });
     stats.collective_seconds = collective->busy_seconds();
     stats.rounds = plan->rounds.size();
     stats.settings_source = settings.source;
@@ -332,6 +342,11 @@ class FanoutLoader {
               const std::vector<std::uintptr_t>& scratch, FanoutStats& stats) {
     const FanoutRound& round = plan.rounds[k];
     for (Ticket& ticket : submitted.tickets) add_stats(ticket, stats);
+    mark(stats, "round " + std::to_string(k) + " read");
+    // Round 0's start-up (workers, staging, streams): what a first load pays before its reads.
+    if (k == 0 && !submitted.tickets.empty())
+      add_pipeline_phases(submitted.tickets.front().stats().pipeline, _round0_submitted,
+                          stats.timeline, "round 0 ");
     for (unsigned r = 0; r < plan.ranks; ++r)
       for (void* copied : _copied[k][r]) collective.after(r, copied);
     std::vector<detail::Collective::Slice> slices;
@@ -348,6 +363,7 @@ class FanoutLoader {
       for (unsigned r = 0; r < plan.ranks; ++r) _scattered[k][r] = collective.mark(r);
     if (round.gather_bytes_per_rank > 0 && bases.size() > 1)
       collective.all_gather(bases, round.gather_offset, round.gather_bytes_per_rank);
+    mark(stats, "round " + std::to_string(k) + " exchanges queued");
   }
 
   // Until every direct copy landed, round by round: reports progress and stops (once what is
@@ -416,8 +432,14 @@ class FanoutLoader {
     }
   }
 
+  void mark(FanoutStats& stats, std::string name) const {
+    stats.timeline.emplace_back(std::move(name), since(_started));
+  }
+
   std::shared_ptr<const Checkpoint> _checkpoint;
   const FanoutOptions& _options;
+  Clock::time_point _started;
+  double _round0_submitted = 0;
   const detail::MapSources& _map;
   // Per round and rank: a CUevent behind the round's direct copies into the rank, and one
   // behind the rank's collectives once the round's scatters were queued (null: none).

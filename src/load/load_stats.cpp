@@ -25,7 +25,8 @@ std::string dump_json(const nlohmann::json& j) {
 }  // namespace detail
 
 void add_pipeline_phases(const PipelineTimes& p, double submitted,
-                         std::vector<std::pair<std::string, double>>& timeline) {
+                         std::vector<std::pair<std::string, double>>& timeline,
+                         std::string_view prefix) {
   const std::pair<const char*, double> phases[] = {
       {"page_cache_leased", p.page_cache_leased}, {"first_worker", p.first_job},
       {"last_worker", p.last_job},                {"staging_ready", p.staging_ready},
@@ -35,7 +36,7 @@ void add_pipeline_phases(const PipelineTimes& p, double submitted,
       {"submission_done", p.done}};
   std::vector<std::pair<std::string, double>> reached;
   for (const auto& [name, t] : phases)
-    if (t > 0) reached.emplace_back(name, submitted + t);
+    if (t > 0) reached.emplace_back(std::string(prefix) + name, submitted + t);
   std::stable_sort(reached.begin(), reached.end(),
                    [](const auto& a, const auto& b) { return a.second < b.second; });
   timeline.insert(timeline.end(), reached.begin(), reached.end());
