@@ -8,7 +8,8 @@
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
 #     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout, stream,
 #     stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs), firstload-tests,
-#     firstload, firstload-cold, firstload4 (2+ GPUs).
+#     firstload, firstload-cold, firstload4 (2+ GPUs); `build vllm` builds only what
+#     tools/vllm_gpu_run.sh needs.
 #   The device tool caps one call at 10 minutes: split them (`build tests warm`, then `tmpfs
 #   cold`, then `sizes`; `build kv`...); each stage builds and writes checkpoints first where a
 #   fresh machine lacks them. Benchmark stages leave $OUT/results-STAGE.json for bench/report.py.

@@ -20,7 +20,6 @@ if [ ! -d "$site/vllm" ]; then
   (cd "$stash" && cat part-* | sha256sum -c <(sed -n 2p parts.txt | sed 's/$/  -/'))
   mkdir -p "$site"
   cat "$stash"/part-* | xz -d | tar -x -C "$site"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$site"/.wheels/*.whl
 fi
 export PYTHONPATH=/tmp/site:$site
 export VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0

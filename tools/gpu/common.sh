@@ -13,6 +13,8 @@ build() {
     "build firstload-tests" | firstload-tests)
       targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
     "build firstload"* | firstload*) targets=ferry_cli ;;
+    # tools/vllm_gpu_run.sh needs the Python package alone.
+    "build vllm") targets=ferry_cli ;;
   esac
   ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
