@@ -94,18 +94,24 @@ def _check_agreement(plan, group, device: torch.device, label: str) -> None:
                      f"(different files, sizes or shard specs): {detail}")
 
 
-def _connect_ring(group, device: torch.device, works: List[Any]) -> None:
-    """NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it; a
-    warm-up all_reduce may have taken another algorithm (tree). One all-gather of a byte per rank,
-    queued while round 0's reads run, makes those connections then, not at round 0's gather
+# The warm-up all-gather's bytes per rank: large enough that NCCL takes the protocol and channels
+# of a round's gather (256 MiB per rank), not those of a few bytes.
+_WARM_GATHER_BYTES = 16 << 20
+
+
+def _connect_ring(group, device: torch.device, gather_bytes: int, works: List[Any]) -> None:
+    """NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it, and
+    CUDA loads a kernel at its first launch; a warm-up all_reduce of a few bytes may have taken
+    another algorithm (tree) and protocol. One all-gather shaped like round 0's (at most 16 MiB
+    per rank), queued while round 0's reads run, pays for both then, not at round 0's gather
     (broadcasts take the same ring)."""
     if dist.get_backend(group) != "nccl" or dist.get_world_size(group) < 2:
         return
-    world = dist.get_world_size(group)
-    region = torch.zeros(world, dtype=torch.uint8, device=device)
-    rank = dist.get_rank(group)
-    works.append(dist.all_gather_into_tensor(region, region[rank:rank + 1], group=group,
-                                             async_op=True))
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    per_rank = max(1, min(gather_bytes or _WARM_GATHER_BYTES, _WARM_GATHER_BYTES))
+    region = torch.zeros(world * per_rank, dtype=torch.uint8, device=device)
+    works.append(dist.all_gather_into_tensor(region, region[rank * per_rank:(rank + 1) * per_rank],
+                                             group=group, async_op=True))
     works.append(region)  # alive until waited for
 
 
@@ -280,7 +286,7 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     try:
         _check_agreement(plan, group, target, label)
         timeline.mark("plans agreed")
-        _connect_ring(group, target, warm)
+        _connect_ring(group, target, plan.gather(0)[1] if plan.rounds else 0, warm)
         timeline.mark("ring connect queued")
     except BaseException:
         if reading is not None:

@@ -69,9 +69,11 @@ std::mutex comm_mutex;
 double setup_seconds = 0;
 
 // NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it, not in
-// ncclCommInitAll: one all-gather of a byte per rank here, in the set-up, so that a load's first
-// gather does not pay for the connections while its reads wait behind it.
+// ncclCommInitAll, and CUDA loads a kernel at its first launch: one all-gather here, in the
+// set-up, large enough (16 MiB per rank) to take the protocol and channels of a load's gathers,
+// so that a load's first gather pays for neither while its reads wait behind it.
 void connect_ring(CommSet& set) {
+  constexpr std::size_t kPerRank = 16 << 20;
   const std::size_t n = set.ranks.size();
   struct Buffers {
     CommSet& set;
@@ -86,14 +88,15 @@ void connect_ring(CommSet& set) {
   } buffers{set, std::vector<shim::cu::DevicePtr>(n, 0)};
   for (std::size_t r = 0; r < n; ++r) {
     set.ranks[r].context->make_current();
-    FERRY_CU(cuMemAlloc, &buffers.ptrs[r], n);
-    FERRY_CU(cuMemsetD8Async, buffers.ptrs[r], 0, n, set.ranks[r].stream->get());
+    FERRY_CU(cuMemAlloc, &buffers.ptrs[r], n * kPerRank);
+    FERRY_CU(cuMemsetD8Async, buffers.ptrs[r], 0, n * kPerRank, set.ranks[r].stream->get());
   }
   FERRY_NCCL(ncclGroupStart);
   for (std::size_t r = 0; r < n; ++r) {
     auto* recv = reinterpret_cast<std::byte*>(buffers.ptrs[r]);
     const shim::nccl::Result result = shim::NcclLibrary::get().ncclAllGather(
-        recv + r, recv, 1, shim::nccl::kUint8, set.ranks[r].comm, set.ranks[r].stream->get());
+        recv + r * kPerRank, recv, kPerRank, shim::nccl::kUint8, set.ranks[r].comm,
+        set.ranks[r].stream->get());
     if (result != shim::nccl::kSuccess) {
       shim::NcclLibrary::get().ncclGroupEnd();
       shim::nccl_check(result, "ncclAllGather");
