@@ -12,13 +12,12 @@ cold: the page cache dropped before each run, the first load counted). Also the 
 second load of the first model, beside pinned host-to-device copy measured in the same run.
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
 
-from run_bench import (checkpoint_bytes, drop_page_cache, machine, pinned_h2d_gbps, run_json,
-                       warm_page_cache)
+from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json
+from run_bench import checkpoint_bytes, machine, run_json
 
 NO_TUNING = {"FERRY_TUNING_FILE": "/nonexistent/ferry-compare-tuning.json"}
 
@@ -92,8 +91,7 @@ def main():
             if source == "tmpfs":
                 shutil.rmtree(path)
     result["second_load"] = second_load(args, os.path.join(args.dir, args.models[0]), pinned)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

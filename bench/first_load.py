@@ -40,6 +40,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from common import (can_drop_page_cache, drop_page_cache, read_through, shard_files,  # noqa: E402
+                    synchronize)
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(SAFE_ENV)
@@ -49,28 +51,6 @@ SINGLE_LOADERS = ["ferry", "ferry-cli", "instanttensor", "instanttensor-buffered
                   "fastsafetensors", "safetensors"]
 GROUP_LOADERS = ["ferry", "ferry-tp", "ferry-cli", "instanttensor", "instanttensor-buffered"]
 CUDA_ONLY = {"instanttensor", "instanttensor-buffered", "fastsafetensors"}
-
-
-def shard_files(path):
-    from loaders import shard_files as files
-    return files(path)
-
-
-def drop_page_cache():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def can_drop_page_cache():
-    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
-
-
-def warm_page_cache(path):
-    for f in shard_files(path):
-        with open(f, "rb") as h:
-            while h.read(64 << 20):
-                pass
 
 
 def checkpoint_bytes(path):
@@ -177,12 +157,6 @@ def import_loader(name):
               "instanttensor-buffered": "instanttensor", "fastsafetensors": "fastsafetensors",
               "safetensors": "safetensors.torch"}[name]
     __import__(module)
-
-
-def synchronize(device):
-    import torch
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def timed_loads(name, path, device, later, cold, group=None, before=None):
@@ -510,7 +484,7 @@ def main():
                 rows.append({**base, "loader": "raw O_DIRECT", "runs": got, "error": error,
                              **(summarize(got, got[0]["tensor_bytes"]) if got else {})})
             else:
-                warm_page_cache(path)
+                read_through(shard_files(path))
             for loader in loaders:
                 row = {**base, "loader": loader}
                 if loader in CUDA_ONLY and not cuda:

@@ -23,6 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from common import status_bytes, write_json  # noqa: E402
 
 CONFIGS = {  # transformers config fields of the bench/model_shapes.py architectures
     "llama3-8b": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -42,14 +43,6 @@ CONFIGS = {  # transformers config fields of the bench/model_shapes.py architect
     "tiny-llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512)),
 }
-
-
-def status_bytes(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def prepare(root, model):
@@ -179,9 +172,7 @@ def main():
     equal = [r["equal_tensors"] for r in results if "equal_tensors" in r]
     if equal:
         print(f"parameters equal bit for bit: {equal[0]} tensors")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,11 @@ tensors, kept alive until the clock stops, and the data path it took, in words.
 
 Peers are imported inside their loader, so a missing one fails only its own rows.
 """
-import glob
 import json
 import os
 import struct
 
-
-def shard_files(path):
-    if os.path.isfile(path):
-        return [path]
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"{path}: no .safetensors files")
-    return files
+from common import shard_files  # noqa: F401  (loaders.shard_files for the scripts that import it)
 
 
 def cufile_mode():

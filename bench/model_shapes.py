@@ -1,6 +1,33 @@
 """Tensor shapes of real model architectures, for benchmark checkpoints."""
 
 
+def qwen3_attention(p, hidden, q, kv, head_dim):
+    """A Qwen3 layer's norms and attention (with q and k norms), names prefixed by `p`."""
+    return {
+        p + "input_layernorm.weight": (hidden,),
+        p + "post_attention_layernorm.weight": (hidden,),
+        p + "self_attn.q_proj.weight": (q, hidden),
+        p + "self_attn.k_proj.weight": (kv, hidden),
+        p + "self_attn.v_proj.weight": (kv, hidden),
+        p + "self_attn.o_proj.weight": (hidden, q),
+        p + "self_attn.q_norm.weight": (head_dim,),
+        p + "self_attn.k_norm.weight": (head_dim,),
+    }
+
+
+def experts_of(p, experts, hidden, expert_mlp):
+    """A MoE layer's experts (gate, up and down projections each), names prefixed by `p`."""
+    shapes = {}
+    for e in range(experts):
+        x = f"{p}mlp.experts.{e}."
+        shapes.update({
+            x + "gate_proj.weight": (expert_mlp, hidden),
+            x + "up_proj.weight": (expert_mlp, hidden),
+            x + "down_proj.weight": (hidden, expert_mlp),
+        })
+    return shapes
+
+
 def qwen3_0_6b():
     """Qwen3-0.6B: 310 bf16 tensors, tied embeddings."""
     hidden, layers, head_dim, mlp, vocab = 1024, 28, 128, 3072, 151936
@@ -8,15 +35,8 @@ def qwen3_0_6b():
     shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
         p = f"model.layers.{i}."
+        shapes.update(qwen3_attention(p, hidden, q, kv, head_dim))
         shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q, hidden),
-            p + "self_attn.k_proj.weight": (kv, hidden),
-            p + "self_attn.v_proj.weight": (kv, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q),
-            p + "self_attn.q_norm.weight": (head_dim,),
-            p + "self_attn.k_norm.weight": (head_dim,),
             p + "mlp.gate_proj.weight": (mlp, hidden),
             p + "mlp.up_proj.weight": (mlp, hidden),
             p + "mlp.down_proj.weight": (hidden, mlp),
@@ -62,24 +82,9 @@ def moe_16x64():
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q, hidden),
-            p + "self_attn.k_proj.weight": (kv, hidden),
-            p + "self_attn.v_proj.weight": (kv, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q),
-            p + "self_attn.q_norm.weight": (head_dim,),
-            p + "self_attn.k_norm.weight": (head_dim,),
-            p + "mlp.gate.weight": (experts, hidden),
-        })
-        for e in range(experts):
-            x = f"{p}mlp.experts.{e}."
-            shapes.update({
-                x + "gate_proj.weight": (expert_mlp, hidden),
-                x + "up_proj.weight": (expert_mlp, hidden),
-                x + "down_proj.weight": (hidden, expert_mlp),
-            })
+        shapes.update(qwen3_attention(p, hidden, q, kv, head_dim))
+        shapes[p + "mlp.gate.weight"] = (experts, hidden)
+        shapes.update(experts_of(p, experts, hidden, expert_mlp))
     shapes["model.norm.weight"] = (hidden,)
     shapes["lm_head.weight"] = (vocab, hidden)
     return shapes
@@ -122,13 +127,7 @@ def moe_3k():
             p + "self_attn.o_proj.weight": (hidden, q),
             p + "mlp.gate.weight": (experts, hidden),
         })
-        for e in range(experts):
-            x = f"{p}mlp.experts.{e}."
-            shapes.update({
-                x + "gate_proj.weight": (expert_mlp, hidden),
-                x + "up_proj.weight": (expert_mlp, hidden),
-                x + "down_proj.weight": (hidden, expert_mlp),
-            })
+        shapes.update(experts_of(p, experts, hidden, expert_mlp))
     shapes["model.norm.weight"] = (hidden,)
     shapes["lm_head.weight"] = (vocab, hidden)
     return shapes

@@ -9,7 +9,6 @@ and bytes per token; figures only.
 import argparse
 import gc
 import inspect
-import json
 import sys
 import time
 
@@ -17,6 +16,8 @@ import torch
 
 import ferry.torch
 from ferry.offload import find_fused_experts, find_moe_blocks
+
+from common import write_json
 
 
 def build(args, device):
@@ -148,9 +149,7 @@ def main():
         tok_s = decode(model, device, args.tokens, warmup=2,
                        on_start=lambda: setattr(naive, "bytes", 0))
         report("sync load per step", tok_s, bytes_moved=naive.bytes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

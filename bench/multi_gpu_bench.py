@@ -39,18 +39,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(SAFE_ENV)
 
-
-def drop_page_cache():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def warm_page_cache(path):
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            while f.read(64 << 20):
-                pass
+from common import drop_page_cache, warm_page_cache, write_json  # noqa: E402
 
 
 def ferry_json(binary, path, devices, runs, extra=(), env=None):
@@ -741,9 +730,7 @@ def main():
         if args.sweep and not cold:
             m["sweep"] = sweep(args.ferry, path, n, args.runs, m["single"]["seconds"])
         results["sources"][source] = m
-        if args.json:  # after each source: a later one that fails keeps what was measured
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)  # after each source: a later one that fails keeps the rest
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from common import drop_page_cache, pinned_h2d_gbps, warm_page_cache, write_json  # noqa: F401
 from loaders import LOADERS
 from model_shapes import MODELS, SIZES
 
@@ -30,37 +31,8 @@ PEER_RUNS = {"safetensors load_file": 3, "safetensors safe_open": 2, "fastsafete
              "fastsafetensors gds": 1, "runai-model-streamer": 2, "torch.cuda.gds": 1}
 
 
-def drop_page_cache():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def warm_page_cache(path):
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            while f.read(64 << 20):
-                pass
-
-
 def checkpoint_bytes(path):
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-
-
-def pinned_h2d_gbps(runs=5, nbytes=1 << 30):
-    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    rates = []
-    for i in range(runs + 1):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        if i:
-            rates.append(nbytes / (time.perf_counter() - t) / 1e9)
-    del src, dst
-    torch.cuda.empty_cache()
-    return statistics.median(rates)
 
 
 def run_json(cmd):
@@ -186,12 +158,10 @@ def main():
                 case = run_case(args, model, source, path)
             case["pinned_h2d_gbps"] = results["pinned_h2d_gbps"]
             results["cases"].append(case)
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
+            write_json(args.out, results)
     if args.sizes:
         results["sizes"] = size_sweep(args)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -10,32 +10,13 @@ path the loader took. --cold drops the page cache before each run (needs root).
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 
 import torch
 
+from common import drop_page_cache, reset_peak_rss, status_bytes, synchronize
 from loaders import LOADERS
-
-
-def status_bytes(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak_rss():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5\n")
-
-
-def drop_page_cache():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def tensor_bytes(tensors):
@@ -44,11 +25,6 @@ def tensor_bytes(tensors):
 
 def gpu_free_bytes(device):
     return torch.cuda.mem_get_info(device)[0] if device.startswith("cuda") else 0
-
-
-def synchronize(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def main():

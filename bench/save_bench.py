@@ -24,22 +24,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_shapes  # noqa: E402
+from common import reset_peak_rss, status_bytes, write_json  # noqa: E402
 
 PIECE = 16 << 20
 WRITERS = 4
-
-
-def status_bytes(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak_rss():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5\n")
 
 
 def make_tensors(shape_name, scale, device):
@@ -154,9 +142,7 @@ def main():
         median = sorted(r["seconds"] for r in runs)[len(runs) // 2]
         growth = max(r["peak_host_growth_bytes"] for r in runs)
         print(f"{saver:<12} {best:>9.2f} {median:>9.3f} {growth / 2**20:>13.0f} MiB  {runs[0].get('io_path', '')}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

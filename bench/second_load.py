@@ -44,7 +44,7 @@ import statistics
 import subprocess
 import sys
 
-from run_bench import warm_page_cache
+from common import pinned_h2d_gbps, warm_page_cache, write_json
 
 # (threads, read MiB, slots per thread, copy streams (0: one per thread)) beside the built-in
 # defaults (16, 4, 2, 0).
@@ -101,24 +101,14 @@ def non_copy_ms(s):
 def pinned_h2d_after_free_gbps(free_bytes, runs=5, nbytes=1 << 30):
     """Pinned H2D into a kept buffer right after freeing `free_bytes` of device memory
     (cudaFree through torch.cuda.empty_cache): the driver's post-free cost on the next copies."""
-    import time
     import torch
-    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    rates = []
-    for i in range(runs + 1):
+
+    def free_some():
         freed = torch.empty(free_bytes, dtype=torch.uint8, device="cuda:0")
         torch.cuda.synchronize()
         del freed
         torch.cuda.empty_cache()  # the caching allocator's cudaFree of that block
-        t = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
-        if i:
-            rates.append(nbytes / (time.perf_counter() - t) / 1e9)
-    del src, dst
-    torch.cuda.empty_cache()
-    return statistics.median(rates)
+    return pinned_h2d_gbps(runs, nbytes, before_each=free_some)
 
 
 def fits_repeat(args, tensor_bytes):
@@ -191,7 +181,6 @@ def main():
     args = ap.parse_args()
     pinned = None
     if args.device.startswith("cuda"):
-        from run_bench import pinned_h2d_gbps
         pinned = pinned_h2d_gbps()
     warm_page_cache(args.checkpoint)
     loads = ferry_loads(args)
@@ -354,9 +343,7 @@ def main():
     for label, gbps in rows:
         if gbps is not None:
             print(f"{label:<68} {gbps:7.2f} {times_pinned(gbps, pinned):>12}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ mode's bound is the larger of the two; "x bound" is bound / measured (1.0 is the
 Prints a table last; figures only, no pass/fail."""
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,8 @@ import time
 import torch
 
 import ferry.torch
+
+from common import write_json
 
 
 def build(args, device):
@@ -329,9 +330,7 @@ def main():
               f"{max(resident['prefill_s'], streamed_bytes / h2d) * 1e3:.1f} ms from pinned memory "
               f"({max(resident['prefill_s'], streamed_bytes / h2d) / resident['prefill_s']:.2f} x "
               "resident: the copies alone take that long)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

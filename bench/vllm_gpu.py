@@ -6,6 +6,16 @@ transformers' LlamaForCausalLM built on the meta device), written once as safete
 
     VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0 \
         python bench/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
+        [--budget-s 480]
+
+A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
+(process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is process_group).
+--budget-s: a format is skipped (and said so) when the slowest start so far would end past it.
+
+--kv-spec (instead of the load formats): time to first token of a --kv-tokens prompt (random token
+ids) served again from ferry's KV offloading spec (FerryOffloadingConnector, store under
+--kv-root) after its blocks left GPU memory (reset_prefix_cache), against recomputing it: see
+kv_spec_child.
 """
 import argparse
 import json
@@ -14,6 +24,8 @@ import re
 import subprocess
 import sys
 import time
+
+from common import drop_tree_cache, read_through, warm_page_cache
 
 FORMATS = ["ferry-own", "ferry", "safetensors", "fastsafetensors", "runai_streamer",
            "instanttensor"]
@@ -61,13 +73,19 @@ def write_checkpoint(folder: str, shard_bytes: int = 5 << 30) -> None:
     config.save_pretrained(folder)
 
 
-def drop_cache(folder: str) -> None:
-    for name in os.listdir(folder):
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def _run_child(command, env, timeout: float) -> subprocess.CompletedProcess:
+    """The child in a session of its own: past `timeout` it and the processes it started (vLLM's
+    engine core, its workers) are killed, so the next child finds the GPUs free."""
+    import signal
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nkilled after {timeout:.0f} s (--budget-s)"
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def child(folder: str, load_format: str, tp: int) -> None:
@@ -84,15 +102,137 @@ def child(folder: str, load_format: str, tp: int) -> None:
                                       "own_s": seconds, "tokens": []}), flush=True)
         return
     from vllm import LLM, SamplingParams
+    name, _, mode = load_format.partition(":")
+    extra = {"model_loader_extra_config": {"tp_mode": mode}} if mode else {}
     started = time.perf_counter()
-    llm = LLM(model=folder, load_format=load_format, tensor_parallel_size=tp,
+    llm = LLM(model=folder, load_format=name, tensor_parallel_size=tp,
               skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.85,
-              max_model_len=4096)
+              max_model_len=4096, **extra)
     ready = time.perf_counter() - started
     out = llm.generate([{"prompt_token_ids": PROMPT}],
                        SamplingParams(temperature=0.0, max_tokens=16, detokenize=False))
     print("RESULT " + json.dumps({"format": load_format, "ready_s": ready,
                                   "tokens": list(out[0].outputs[0].token_ids)}), flush=True)
+
+
+def _prompt(seed: int, tokens: int) -> list:
+    import random
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 128000) for _ in range(tokens)]
+
+
+def _timed(llm, prompt, max_tokens: int):
+    from vllm import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False)
+    started = time.perf_counter()
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    return time.perf_counter() - started, out
+
+
+def _slabs(root: str) -> list:
+    import glob
+    return sorted(glob.glob(os.path.join(root, "**", "slab-*"), recursive=True))
+
+
+def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) -> None:
+    """One LLM(...) (engine in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0, so that ferry's
+    worker and its counters are reachable). arm "recompute": no connector, prefix caching off;
+    time to first token (max_tokens=1) of a fresh prompt, twice. arm "ferry": ferry's spec;
+    the prompt generated once (its blocks stored), the engine stepped until ferry stored them,
+    reset_prefix_cache() (the GPU's copies gone), then time to first token with the store's files
+    in the page cache (warm) and dropped from it (cold), the prefix hit (num_cached_tokens) and
+    the blocks ferry loaded each time. Both arms first run another prompt of the same length
+    (the kernels compile then) and print greedy tokens of the prompt."""
+    from vllm import LLM
+    kwargs = dict(model=folder, load_format="safetensors", skip_tokenizer_init=True,
+                  enforce_eager=True, gpu_memory_utilization=0.85, max_model_len=tokens + 256)
+    prompt, other = _prompt(1, tokens), _prompt(2, tokens)
+    result = {"arm": arm, "tokens_in": tokens}
+    if arm == "recompute":
+        llm = LLM(enable_prefix_caching=False, **kwargs)
+        _timed(llm, other, 1)
+        result["ttft_s"] = [_timed(llm, prompt, 1)[0] for _ in range(2)]
+        result["tokens"] = list(_timed(llm, prompt, 8)[1].outputs[0].token_ids)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    import shutil
+    import ferry.vllm
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    ferry.vllm.register()  # what the plugin entry point does, before the connector is looked up
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    config = KVTransferConfig(
+        kv_connector="FerryOffloadingConnector", kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"spec_name": "FerryOffloadingSpec", "root": root, **store})
+    llm = LLM(enable_prefix_caching=True, kv_transfer_config=config, **kwargs)
+    worker = get_kv_transfer_group().connector_worker.worker
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    _timed(llm, other, 1)
+    _, first = _timed(llm, prompt, 8)
+    result["tokens_first"] = list(first.outputs[0].token_ids)
+    want = 2 * (tokens // block)  # both prompts' full blocks
+    seen, still = -1, time.monotonic()
+    while worker.counters["stored_blocks"] < want and time.monotonic() - still < 10:
+        _timed(llm, [7, 8, 9], 1)  # engine steps collect the finished stores
+        time.sleep(0.05)
+        if worker.counters["stored_blocks"] != seen:
+            seen, still = worker.counters["stored_blocks"], time.monotonic()
+    result["blocks_per_prompt"] = tokens // block
+    result["stored_blocks"] = worker.counters["stored_blocks"]
+    result["store_files_bytes"] = sum(os.path.getsize(f) for f in _slabs(root))
+    for state in ("warm", "cold"):
+        result[f"reset_{state}"] = llm.reset_prefix_cache()
+        if state == "warm":
+            read_through(_slabs(root))
+        else:
+            drop_tree_cache(root)
+        loaded = worker.counters["loaded_blocks"]
+        seconds, out = _timed(llm, prompt, 1)
+        result[f"ttft_{state}_s"] = seconds
+        result[f"hit_{state}_tokens"] = out.num_cached_tokens
+        result[f"loaded_{state}_blocks"] = worker.counters["loaded_blocks"] - loaded
+    result["reset_again"] = llm.reset_prefix_cache()
+    result["tokens"] = list(_timed(llm, prompt, 8)[1].outputs[0].token_ids)
+    result["counters"] = {k: (dict(v) if isinstance(v, dict) else v)
+                          for k, v in worker.counters.items()}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def kv_spec(args) -> None:
+    rows = {}
+    for arm in ("recompute", "ferry"):
+        # The checkpoint's config says 8192 positions; RoPE runs past them on random weights.
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                   VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+        done = _run_child([sys.executable, __file__, "--dir", args.dir, "--kv-root",
+                           args.kv_root, "--kv-tokens", str(args.kv_tokens), "--kv-store",
+                           args.kv_store, "--child", "kv-" + arm], env, args.budget_s)
+        line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
+            print(f"kv spec, {arm}: failed, exit {done.returncode}:\n  " + "\n  ".join(tail))
+            sys.exit(1)
+        rows[arm] = json.loads(line[7:])
+        print(f"kv spec, {arm}: {line[7:]}", flush=True)
+    base, ferry = rows["recompute"], rows["ferry"]
+    recompute = min(base["ttft_s"])
+    print(f"KV spec, {args.kv_tokens}-token prompt, store {args.kv_store}: time to first token")
+    print(f"  recompute                 {recompute:7.3f} s")
+    for state in ("warm", "cold"):
+        t = ferry[f"ttft_{state}_s"]
+        print(f"  ferry, store {state:4s}        {t:7.3f} s  ({t / recompute:.2f} x recompute; "
+              f"prefix hit {ferry[f'hit_{state}_tokens']} tokens, "
+              f"{ferry[f'loaded_{state}_blocks']} blocks loaded by ferry)")
+    print(f"  ferry stored {ferry['stored_blocks']} blocks, "
+          f"{ferry['store_files_bytes'] / 2**30:.2f} GiB of slab files; counters "
+          f"{ferry['counters']}")
+    same = base["tokens"] == ferry["tokens_first"] == ferry["tokens"]
+    print(f"greedy tokens recompute == ferry's first pass == served from ferry: {same}")
+    if not same:
+        print(f"  recompute {base['tokens']}\n  first     {ferry['tokens_first']}\n"
+              f"  ferry     {ferry['tokens']}")
 
 
 def main() -> None:
@@ -101,28 +241,51 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--states", default="warm,cold")
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--kv-spec", action="store_true")
+    parser.add_argument("--kv-root", default="/tmp/ferry-kv-bench")
+    parser.add_argument("--kv-tokens", type=int, default=16384)
+    parser.add_argument("--kv-store", default='{"capacity_bytes": 8589934592}',
+                        help="the spec's store options (JSON): capacity_bytes, page_cache_pin, ...")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "write":
         return write_checkpoint(args.dir)
+    if args.child and args.child.startswith("kv-"):
+        return kv_spec_child(args.dir, args.kv_tokens, args.kv_root, args.child[3:],
+                             json.loads(args.kv_store))
     if args.child:
         return child(args.dir, args.child, args.tp)
     os.environ.setdefault("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    started = time.monotonic()
     # In a process of its own: the GPU memory it takes is gone before vLLM starts.
     subprocess.run([sys.executable, __file__, "--dir", args.dir, "--child", "write"], check=True)
+    print(f"checkpoint ready in {time.monotonic() - started:.0f} s", flush=True)
+    if args.kv_spec:
+        return kv_spec(args)
+    slowest = 0.0
+    # One GPU: vLLM's engine in the child itself (no second process importing vLLM again); the
+    # weight loading is timed from vLLM's log either way.
+    env = dict(os.environ)
+    if args.tp == 1:
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     rows = []
     for state in args.states.split(","):
         for fmt in args.formats.split(","):
+            if time.monotonic() - started + slowest > args.budget_s:
+                print(f"{fmt} ({state}): skipped, the slowest start so far ({slowest:.0f} s) "
+                      f"would end past --budget-s {args.budget_s:.0f}", flush=True)
+                continue
+            began = time.monotonic()
             if state == "cold":
-                drop_cache(args.dir)
+                drop_tree_cache(args.dir)
             else:  # warm: the files read once into the page cache
-                for name in os.listdir(args.dir):
-                    with open(os.path.join(args.dir, name), "rb") as f:
-                        while f.read(64 << 20):
-                            pass
-            done = subprocess.run([sys.executable, __file__, "--dir", args.dir, "--tp",
-                                   str(args.tp), "--child", fmt], capture_output=True, text=True)
+                warm_page_cache(args.dir)
+            done = _run_child([sys.executable, __file__, "--dir", args.dir, "--tp",
+                               str(args.tp), "--child", fmt], env,
+                              args.budget_s + 60 - (time.monotonic() - started))
+            slowest = max(slowest, time.monotonic() - began)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()
                            if l.startswith("RESULT ")), None)
             if result is None:
@@ -136,17 +299,28 @@ def main() -> None:
             result["state"] = state
             rows.append(result)
             load = f"{result['load_s']:.2f}" if result["load_s"] is not None else "?"
+            # Load format ferry under TP logs each rank's mode and file bytes read.
+            reads = sorted(re.findall(r"ferry: tp_mode (\w+), rank (\d+) of \d+ read (\d+) bytes",
+                                      done.stdout + done.stderr), key=lambda r: int(r[1]))
+            per_rank = (f"  {reads[0][0]}: GB read per rank "
+                        + " ".join(f"{int(r[2]) / 1e9:.2f}" for r in reads)) if reads else ""
             print(f"{fmt:16s} {state:5s} tp={args.tp}  LLM() to ready {result['ready_s']:7.2f} s  "
-                  f"weights {load} s", flush=True)
+                  f"weights {load} s{per_rank}", flush=True)
     by = {(r["format"], r["state"]): r for r in rows}
+    failed = False
     for state in args.states.split(","):
-        a, b = by.get(("ferry", state)), by.get(("safetensors", state))
-        if a and b:
-            same = a["tokens"] == b["tokens"]
-            print(f"greedy tokens ferry == safetensors ({state}): {same}")
-            if not same:
-                print(f"  ferry       {a['tokens']}\n  safetensors {b['tokens']}")
-                sys.exit(1)
+        b = by.get(("safetensors", state))
+        for fmt in [f for f in args.formats.split(",") if f.startswith("ferry")
+                    and f != "ferry-own"]:
+            a = by.get((fmt, state))
+            if a and b:
+                same = a["tokens"] == b["tokens"]
+                print(f"greedy tokens {fmt} == safetensors ({state}): {same}")
+                if not same:
+                    print(f"  {fmt:11s} {a['tokens']}\n  safetensors {b['tokens']}")
+                    failed = True
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ cold (the files' pages dropped with posix_fadvise), every loaded byte checked.
     VLLM_TARGET_DEVICE=cpu python bench/vllm_tier_bench.py --dir /tmp --blocks 512 --block-mib 2
 """
 import argparse
-import glob
 import mmap
 import os
 import shutil
@@ -20,6 +19,7 @@ import numpy as np
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
+from common import drop_tree_cache  # noqa: E402
 
 
 def make_tier(kind, root, primary, block_bytes, blocks):
@@ -55,17 +55,6 @@ def run_jobs(tier, keys, job_blocks, storing):
     return seconds
 
 
-def drop_cache(root):
-    for path in glob.glob(os.path.join(root, "**", "*"), recursive=True):
-        if os.path.isfile(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def primary_region(data):
     """A page-aligned copy of `data`, as vLLM's primary tier is (a shared mapping): the fs
     tier's O_DIRECT I/O needs aligned memory."""
@@ -83,7 +72,7 @@ def one_round(kind, base, data, keys, args):
     out = {"store": gb / run_jobs(tier, keys, args.job_blocks, True)}
     for state in ("warm", "cold"):
         if state == "cold":
-            drop_cache(root)
+            drop_tree_cache(root)
         primary[:] = 0
         out[f"load {state}"] = gb / run_jobs(tier, keys, args.job_blocks, False)
         if not np.array_equal(primary, data):

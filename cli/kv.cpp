@@ -15,6 +15,7 @@
 #include "ferry/kv_store.hpp"
 #include "ferry/utf8_path.hpp"
 #include "kv_bench.hpp"
+#include "kv_fleet_bench.hpp"
 #include "output_file.hpp"
 
 namespace ferry::cli {
@@ -82,13 +83,59 @@ std::uint64_t parse_size(const std::string& text) {
   return n << shift;
 }
 
+// `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
+void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
+  std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
+  if (!json.empty()) json_file.emplace(json);
+  const KVFleetBenchRow r = run_kv_fleet_bench(o);
+  std::printf(
+      "KV fleet bench on %s, %s memory: %u writer processes on one namespace, %llu blocks of "
+      "%llu KiB each, %llu per put (durable), medians of %u rounds\n",
+      utf8_of(o.root).c_str(), o.device.to_string().c_str(), r.writers,
+      static_cast<unsigned long long>(r.blocks_per_writer),
+      static_cast<unsigned long long>(r.block_bytes >> 10),
+      static_cast<unsigned long long>(r.batch), r.rounds);
+  std::printf("  put: one writer alone %.2f GB/s; %u at once %.2f GB/s aggregate (x%.2f of one);"
+              " each:", r.one_writer_put_gbps, r.writers, r.fleet_put_gbps,
+              r.fleet_put_gbps / r.one_writer_put_gbps);
+  for (double g : r.writer_put_gbps) std::printf(" %.2f", g);
+  std::printf("\n  lookup of a 16-key prefix while they write: p50 %.1f us, p99 %.1f us (%llu "
+              "calls); idle: p50 %.1f us, p99 %.1f us\n",
+              r.lookup_p50_us, r.lookup_p99_us, static_cast<unsigned long long>(r.lookups),
+              r.idle_lookup_p50_us, r.idle_lookup_p99_us);
+  std::printf("  reader: got all %llu blocks of the writers' last round, bit-exact, cold %.2f "
+              "GB/s; its index holds %llu blocks\n",
+              static_cast<unsigned long long>(r.blocks_read), r.reader_get_gbps,
+              static_cast<unsigned long long>(r.store_blocks));
+  if (json_file)
+    json_file->write_and_close(
+        nlohmann::json{{"writers", r.writers},
+                       {"block_bytes", r.block_bytes},
+                       {"blocks_per_writer", r.blocks_per_writer},
+                       {"batch", r.batch},
+                       {"rounds", r.rounds},
+                       {"one_writer_put_gbps", r.one_writer_put_gbps},
+                       {"fleet_put_gbps", r.fleet_put_gbps},
+                       {"writer_put_gbps", r.writer_put_gbps},
+                       {"lookups", r.lookups},
+                       {"lookup_p50_us", r.lookup_p50_us},
+                       {"lookup_p99_us", r.lookup_p99_us},
+                       {"idle_lookup_p50_us", r.idle_lookup_p50_us},
+                       {"idle_lookup_p99_us", r.idle_lookup_p99_us},
+                       {"blocks_read", r.blocks_read},
+                       {"reader_get_gbps", r.reader_get_gbps},
+                       {"store_blocks", r.store_blocks}}
+            .dump(2) +
+        "\n");
+}
+
 void add_bench(CLI::App& kv) {
   static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json,
                            batch_bytes, page_cache_pin, layout, dtype = "bf16";
   static unsigned layers = 32, block_tokens = 16, kv_heads = 8, head_dim = 128;
   static std::vector<std::string> paths;
   static std::uint64_t batch = 16;
-  static unsigned pieces = 1, rounds = 3;
+  static unsigned pieces = 1, rounds = 3, writers = 0;
   auto* bench = kv.add_subcommand(
       "bench", "Put/get throughput per block size beside raw O_DIRECT and pinned copies");
   bench->add_option("root", root, "a scratch directory on the storage to measure")->required();
@@ -129,6 +176,12 @@ void add_bench(CLI::App& kv) {
                     "page-cache DMA for warm gets into GPU memory: bytes of slab windows kept "
                     "registered (e.g. 4G; default off); adds a second warm pass from the "
                     "windows the first registered");
+  bench
+      ->add_option("--writers", writers,
+                   "a fleet of N writer processes on one namespace instead: their aggregate "
+                   "put rate beside one writer's, prefix lookups while they write, a reader's "
+                   "gets of their blocks (one block size; --bytes per writer)")
+      ->check(CLI::Range(1u, 64u));
   bench->add_option("--json", json, "also write the rows to this file");
   bench->callback([] {
     KVBenchOptions o;
@@ -159,6 +212,8 @@ void add_bench(CLI::App& kv) {
                   static_cast<unsigned long long>(kv_layout_block_bytes(o)));
     if (!page_cache_pin.empty()) o.page_cache_pin = parse_size(page_cache_pin);
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
+    o.writers = writers;
+    if (writers > 0) return print_fleet_bench(o, json);
     std::printf(
         "KV bench on %s, %s memory, batches of %s, %u piece%s per block (GB/s, medians of %u "
         "rounds alternating with the raw I/O; put is durable; raw = the same bytes, a batch's "

@@ -10,15 +10,23 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/gpu_checksum.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/thread_barrier.hpp"
+#include "kv_bench_memory.hpp"
 
 namespace ferry {
 namespace {
+
+using kv_bench::BatchMemory;
+using kv_bench::drop_cache;
+using kv_bench::median;
+using kv_bench::piece_layout;
+using kv_bench::PieceLayout;
+using kv_bench::slabs_of;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -29,103 +37,6 @@ double seconds_since(Clock::time_point start) {
 }
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Where a block's pieces sit in a batch's memory: equal parts of one contiguous block, or an
-// engine's layout over per-layer cache tensors laid back to back (all of them together hold the
-// batch's blocks exactly, so the memory is the same size either way).
-struct PieceLayout {
-  std::string name;  // empty: equal parts
-  unsigned pieces = 1, layers = 0, per_layer = 0;
-  std::uint64_t page = 0;  // bytes of one piece
-  // Offset and size of piece p of block b among `batch`.
-  std::pair<std::uint64_t, std::uint64_t> piece(std::uint64_t block, std::uint64_t batch,
-                                                std::uint64_t b, unsigned p) const {
-    if (name.empty()) {
-      const std::uint64_t part = block / pieces;
-      return {b * block + part * p, p + 1 == pieces ? block - part * p : part};
-    }
-    const unsigned layer = p / per_layer, kv = p % per_layer;
-    if (name == "vllm")  // [2, batch, page] per layer: K pages, then V pages
-      return {layer * 2 * batch * page + (kv * batch + b) * page, page};
-    // vllm-canonical, mla: [batch, page] per layer; sglang: a K and a V tensor [batch, page]
-    return {(layer * per_layer + kv) * batch * page + b * page, page};
-  }
-};
-
-PieceLayout piece_layout(const KVBenchOptions& o) {
-  PieceLayout l;
-  l.name = o.layout;
-  l.pieces = o.pieces;
-  if (o.layout.empty()) return l;
-  const std::uint64_t tokens_bytes = std::uint64_t(o.block_tokens) * o.element_bytes;
-  l.layers = o.layers;
-  if (o.layout == "vllm" || o.layout == "sglang") {
-    l.per_layer = 2;
-    l.page = tokens_bytes * o.kv_heads * o.head_dim;
-  } else if (o.layout == "vllm-canonical") {
-    l.per_layer = 1;
-    l.page = 2 * tokens_bytes * o.kv_heads * o.head_dim;
-  } else if (o.layout == "mla") {
-    l.per_layer = 1;
-    l.page = tokens_bytes * 576;  // the latent (512) and rope (64) values of each token
-  } else {
-    detail::fail<std::invalid_argument>("kv bench: unknown layout \"", o.layout,
-                                        "\" (vllm, vllm-canonical, mla or sglang)");
-  }
-  FERRY_EXPECT(o.layers >= 1 && l.page >= 1, std::invalid_argument,
-               "kv bench: a layout needs layers, block tokens, heads, head size and element "
-               "bytes of at least 1");
-  l.pieces = o.layers * l.per_layer;
-  return l;
-}
-
-// One batch of blocks in memory on the bench's device: `batch` blocks laid out as `layout`.
-class BatchMemory {
- public:
-  BatchMemory(const Device& device, std::uint64_t block, std::uint64_t batch, PieceLayout layout)
-      : _device(device), _block(block), _batch(batch), _layout(std::move(layout)) {
-    const std::uint64_t bytes = block * batch;
-    if (device.is_cuda()) {
-      _context = std::make_shared<detail::PrimaryContext>(device.index);
-      _memory = detail::allocate_device_memory(_context, bytes);
-    } else {
-      _memory = detail::allocate_host_memory(bytes);
-    }
-  }
-  std::byte* base() const { return static_cast<std::byte*>(_memory.get()); }
-  std::vector<KVPiece> block(std::uint64_t b) const {
-    std::vector<KVPiece> out;
-    for (unsigned p = 0; p < _layout.pieces; ++p) {
-      const auto [offset, size] = _layout.piece(_block, _batch, b, p);
-      out.push_back({base() + offset, size, _device});
-    }
-    return out;
-  }
-  void fill(const std::vector<std::byte>& bytes) const {
-    if (!_device.is_cuda()) return void(std::memcpy(base(), bytes.data(), bytes.size()));
-    _context->make_current();
-    FERRY_CU(cuMemcpyHtoDAsync, reinterpret_cast<shim::cu::DevicePtr>(base()), bytes.data(),
-             bytes.size(), nullptr);
-    FERRY_CU(cuStreamSynchronize, nullptr);
-  }
-  std::vector<std::byte> read() const {
-    std::vector<std::byte> out(_block * _batch);
-    if (!_device.is_cuda()) {
-      std::memcpy(out.data(), base(), out.size());
-      return out;
-    }
-    _context->make_current();
-    FERRY_CU(cuMemcpyDtoH, out.data(), reinterpret_cast<shim::cu::DevicePtr>(base()), out.size());
-    return out;
-  }
-
- private:
-  Device _device;
-  std::uint64_t _block, _batch;
-  PieceLayout _layout;
-  std::shared_ptr<detail::PrimaryContext> _context;
-  std::shared_ptr<void> _memory;
-};
 
 // Median GB/s of copying `bytes` between pinned host memory and the device, each way.
 std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
@@ -182,28 +93,6 @@ std::pair<double, std::string> gpu_checksum_rate(int ordinal, std::uint64_t bloc
   }
   std::sort(rates.begin(), rates.end());
   return {rates[rates.size() / 2], ""};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or
-// synced), so the next read comes from the device.
-void drop_cache(const fs::path& file) {
-  const detail::FileDescriptor fd = detail::open_existing(file, false);
-  if (!fd) return;
-  detail::sync_data(fd.get());
-  detail::drop_cached_pages(fd.get());
-}
-
-// The slab files of a store's directory.
-std::vector<fs::path> slabs_of(const fs::path& directory) {
-  std::vector<fs::path> out;
-  for (const auto& entry : fs::directory_iterator(directory))
-    if (entry.path().filename().string().rfind("slab-", 0) == 0) out.push_back(entry.path());
-  return out;
 }
 
 // The share of the files' bytes in the page cache, probed in 64 MiB windows (a window counts
@@ -372,6 +261,9 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   std::vector<std::byte> pattern(block * batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
   source.fill(pattern);
+  // The target's pages made before round 0's cold gets, as the raw reads' buffers are: else the
+  // first O_DIRECT reads fault them in (about a second per 256 MiB on a 2-core machine).
+  target.fill(std::vector<std::byte>(pattern.size()));
   std::vector<std::vector<KVPiece>> in(batch), out(batch);
   for (std::uint64_t b = 0; b < batch; ++b) {
     in[b] = source.block(b);

@@ -44,6 +44,8 @@ struct KVBenchOptions {
   // (warm staged), one that registers the windows (warm), one that copies from them (warm
   // registered).
   std::uint64_t page_cache_pin = 0;
+  // Where not 0: the fleet bench (kv_fleet_bench.hpp) with this many writer processes instead.
+  unsigned writers = 0;
 };
 
 // Where one pass's time went (seconds, the mean of the rounds), from KVStats.

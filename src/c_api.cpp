@@ -42,6 +42,7 @@ using ferry::capi::fail;
 using ferry::capi::guarded;
 using ferry::capi::require;
 using ferry::capi::require_size;
+using ferry::capi::wait_ticket;
 
 using ferry::capi::Field;
 
@@ -337,15 +338,7 @@ ferry_status ferry_transfer_submit(ferry_file_set* set, ferry_direction directio
 }
 
 ferry_status ferry_ticket_wait(ferry_ticket* ticket, int64_t timeout_ms, int* ready) {
-  return guarded([&] {
-    require(ticket, "ticket");
-    bool done = true;
-    if (timeout_ms < 0)
-      ticket->ticket.wait();
-    else
-      done = ticket->ticket.wait_for(static_cast<double>(timeout_ms) / 1000.0);
-    if (ready) *ready = done ? 1 : 0;
-  });
+  return guarded([&] { wait_ticket(ticket, timeout_ms, ready); });
 }
 
 int ferry_ticket_ready(const ferry_ticket* ticket) {

@@ -53,6 +53,19 @@ inline void require(const void* pointer, const char* what) {
   FERRY_EXPECT(pointer != nullptr, std::invalid_argument, what, " must not be NULL");
 }
 
+// A ticket's wait as the C ABI offers it: until done where timeout_ms < 0, else at most
+// timeout_ms; *ready (where given) says whether it finished. A transfer's and a KV call's alike.
+template <class Handle>
+void wait_ticket(Handle* ticket, int64_t timeout_ms, int* ready) {
+  require(ticket, "ticket");
+  bool done = true;
+  if (timeout_ms < 0)
+    ticket->ticket.wait();
+  else
+    done = ticket->ticket.wait_for(static_cast<double>(timeout_ms) / 1000.0);
+  if (ready) *ready = done ? 1 : 0;
+}
+
 // A growable struct's struct_size must be one this library can honour: at least the struct_size
 // field itself, and no larger than the struct it knows (a host built against a newer ferry.h
 // would otherwise lose settings, or read counters never written).

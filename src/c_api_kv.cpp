@@ -23,6 +23,7 @@ namespace {
 
 using ferry::capi::guarded;
 using ferry::capi::require;
+using ferry::capi::wait_ticket;
 
 std::string text(const char* s) { return s ? s : ""; }
 
@@ -196,15 +197,7 @@ ferry_status ferry_kv_get_async(ferry_kv_store* store, const uint64_t* keys,
 }
 
 ferry_status ferry_kv_ticket_wait(ferry_kv_ticket* ticket, int64_t timeout_ms, int* ready) {
-  return guarded([&] {
-    require(ticket, "ticket");
-    bool done = true;
-    if (timeout_ms < 0)
-      ticket->ticket.wait();
-    else
-      done = ticket->ticket.wait_for(static_cast<double>(timeout_ms) / 1000.0);
-    if (ready) *ready = done ? 1 : 0;
-  });
+  return guarded([&] { wait_ticket(ticket, timeout_ms, ready); });
 }
 
 ferry_status ferry_kv_ticket_result(ferry_kv_ticket* ticket, size_t index, ferry_kv_result* result,

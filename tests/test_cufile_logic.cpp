@@ -7,7 +7,7 @@
 #include <map>
 
 #include "backends/cufile/aligned_split.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "backends/cufile/handle_cache.hpp"
 #include "backends/cufile/transfer_result.hpp"
 #include "ferry/error.hpp"

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_resources.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "backends/cufile/gds_file.hpp"
 #include "ferry/loaded_checkpoint.hpp"

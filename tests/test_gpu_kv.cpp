@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "cuda/cuda_resources.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv_test_support.hpp"
 #include "shim/cuda_driver.hpp"

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv_layouts.hpp"
 #include "kv_test_support.hpp"

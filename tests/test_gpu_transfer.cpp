@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "cuda/cuda_resources.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/tensor_reader.hpp"

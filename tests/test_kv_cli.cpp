@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "kv_test_support.hpp"
 
@@ -90,6 +91,35 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   EXPECT_NE(out.find("\"4Q\" is not a size"), std::string::npos) << out;
 }
 
+
+// `--writers 3`: three writer processes on one namespace, a reader following them; the reader
+// gets every writer's blocks back bit-exact (the bench fails otherwise) and its index holds all
+// of them. Figures are never checked, only that they are there.
+TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
+  TempDir dir;
+  const std::string json = (dir / "fleet.json").string();
+  auto [status, out] = run_cli("kv bench " + (dir / "scratch").string() +
+                               " --writers 3 --sizes 64K --bytes 512K --batch 4 --rounds 2 "
+                               "--pieces 3 --json " + json);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("3 writer processes on one namespace, 8 blocks of 64 KiB each, 4 per put"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("lookup of a 16-key prefix while they write"), std::string::npos) << out;
+  EXPECT_NE(out.find("reader: got all 24 blocks"), std::string::npos) << out;
+  std::ifstream rows(json);
+  const auto row = nlohmann::json::parse(rows);
+  EXPECT_EQ(row.at("writers"), 3);
+  EXPECT_EQ(row.at("blocks_read"), 24);
+  EXPECT_EQ(row.at("store_blocks"), 24);  // each writer's last round, the earlier ones evicted
+  EXPECT_EQ(row.at("writer_put_gbps").size(), 3u);
+  EXPECT_GE(row.at("lookups").get<int>(), 2);  // one at least per round
+  EXPECT_GT(row.at("fleet_put_gbps").get<double>(), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir / "scratch" / "fleet"));  // removed after
+  std::tie(status, out) =
+      run_cli("kv bench " + (dir / "scratch").string() + " --writers 0 --sizes 64K");
+  EXPECT_NE(status, 0) << out;
+}
 
 // A namespace whose manifest.json is gone (its journal and slabs are there) is reported as
 // damaged by stats and verify, which fail; before, verify said "verified 0 blocks, 0 bad" (exit

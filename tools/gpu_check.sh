@@ -6,10 +6,10 @@
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
 #   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/run_bench.py)
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
-#     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout, stream,
-#     stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs), firstload-tests,
-#     firstload, firstload-cold, firstload4 (2+ GPUs); `build vllm` builds only what
-#     tools/vllm_gpu_run.sh needs.
+#     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout,
+#     kvfleet, stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
+#     firstload-tests, firstload, firstload-cold, firstload4 (2+ GPUs); `build vllm` builds only
+#     what tools/vllm_gpu_run.sh needs.
 #   The device tool caps one call at 10 minutes: split them (`build tests warm`, then `tmpfs
 #   cold`, then `sizes`; `build kv`...); each stage builds and writes checkpoints first where a
 #   fresh machine lacks them. Benchmark stages leave $OUT/results-STAGE.json for bench/report.py.
@@ -69,6 +69,7 @@ want core-full && core_checks full
 want kv && kv_stage
 want kvperf && KV_CRASH_SECONDS=${KV_CRASH_SECONDS:-30} kv_stage perf
 want kvdma && kv_dma
+want kvfleet && kv_fleet_stage
 want kvlayout && kv_layout_stage
 want stream && { stream_tests; stream_bench; }
 want stream-tests && stream_tests

@@ -4,7 +4,8 @@
 usage: tools/include_graph.py [--files]   (run from anywhere; reads src/, include/, cli/)
 
 A folder is the file's directory (src/platform/posix and src/platform/windows count as
-src/platform); `--files` also lists the including and included files of each edge.
+src/platform); `--files` also lists the including and included files of each edge. Exits 1
+when two folders include each other (the include_layers test runs it).
 """
 import os
 import re
@@ -61,7 +62,8 @@ def main():
     cycles = sorted({tuple(sorted((a, b))) for (a, b) in edges if (b, a) in edges})
     for a, b in cycles:
         print(f"cycle: {a} <-> {b}")
+    return 1 if cycles else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

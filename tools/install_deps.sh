@@ -11,7 +11,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  cmake ninja-build g++ clang libclang-rt-14-dev binutils \
+  cmake ninja-build ccache g++ clang libclang-rt-14-dev binutils \
   nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev \
   g++-mingw-w64-x86-64-posix wine64 golang-go \
   python3 python3-dev python3-pip python3-venv python3-numpy python3-torch >/dev/null

@@ -3,9 +3,9 @@
 # network and takes at most 64 MiB per device call: vLLM's wheel without the binaries offline
 # inference with VLLM_ATTENTION_BACKEND=TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0 does not
 # load (flash-attention, MoE, deep_gemm, FlashMLA, vllm-rs binaries), plus the wheels the image lacks, as
-# one tar.xz split in two halves under .vllm_pack/ (git-ignored). On the GPU
-# machine (kept warm between the calls), call 1 carries part 00 and stores it; the last call
-# carries the rest and unpacks everything into /tmp/vllm026 (see docs/vllm.md, "GPU run").
+# one tar.xz split in parts of at most 42 MiB under .vllm_pack/ (git-ignored). On the GPU
+# machine (kept warm between the calls), one call per part but the last stores it; the last call
+# carries the last part and unpacks everything into /tmp/vllm026 (see docs/vllm.md, "GPU run").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.vllm_pack
@@ -25,9 +25,11 @@ pip_download -d "$work" "vllm==0.26.0"
 # packages (resolved against the image's `pip list`, 2026-11-27), at the versions it asks for.
 # Left out, as offline dense inference with Triton attention does not import them: flashinfer,
 # cutlass-dsl, tilelang, tokenspeed-triton, pynvvideocodec, torchcodec, z3-solver, cudnn-frontend.
+# xgrammar 0.2.7: 0.2.8 calls tvm-ffi's load_lib_module(extra_lib_paths=), which the
+# apache-tvm-ffi 0.1.10 vLLM pins lacks (vLLM's engine fails at start on the GPU machine).
 pip_download -d "$work/wheels" msgspec pydantic pydantic-core pydantic-extra-types annotated-types \
   typing-inspection pyzmq pybase64 cachetools cbor2 "openai>=2.0.0" httpx2 httpcore2 \
-  "openai-harmony>=0.0.3" sniffio "llguidance>=1.7.0,<1.8.0" "xgrammar>=0.2.1,<1.0.0" \
+  "openai-harmony>=0.0.3" sniffio "llguidance>=1.7.0,<1.8.0" "xgrammar==0.2.7" \
   "apache-tvm-ffi==0.1.10" "fastapi>=0.133.0,<0.137.0" "starlette>=1.0.1" sse-starlette uvicorn \
   python-multipart partial-json-parser distro jiter httpx httpcore h11 anyio blake3 gguf diskcache \
   "lark==1.2.2" interegular "outlines_core==0.2.14" "lm-format-enforcer==0.11.3" \
@@ -45,8 +47,9 @@ pip_download -d "$work/wheels" msgspec pydantic pydantic-core pydantic-extra-typ
 # in .whl (tools/fetch_gpu_deps.sh), which tools/gpu_check.sh installs into /tmp/site.
 python3 -m zipfile -e "$work"/vllm-0.26.0-*.whl "$work/site"
 # Kernels offline dense inference with the Triton attention backend does not load (binaries
-# only: the Python modules beside them are imported regardless).
-find "$work/site/vllm" \( -path '*/vllm_flash_attn/*.so' -o -name '_flashmla*.so' -o -name '_moe_C*.so' \
+# only: the Python modules beside them are imported regardless). vllm_flash_attn must import on
+# CUDA, so FlashAttention 3 (Hopper's) stays and FlashAttention 2 goes.
+find "$work/site/vllm" \( -name '_vllm_fa2_C*.so' -o -name '_flashmla*.so' -o -name '_moe_C*.so' \
   -o -path '*/third_party/deep_gemm' -o -path '*/third_party/fmha_sm100' -o -name 'vllm-rs' \) \
   -prune -exec rm -rf {} +
 echo "largest files left:"
@@ -55,7 +58,7 @@ find "$work/site" -type f -printf '%s %P\n' | sort -rn | awk 'NR <= 8 {printf " 
 # machine needs no pip: the folder goes on PYTHONPATH.
 for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
 tar -C "$work/site" -cf - . | xz -T2 -6 > "$work/vllm026.tar.xz"
-# Two halves: each leaves room in a call's 64 MiB carry for .deps and .whl (gpu_check.sh).
-split -n 2 -d "$work/vllm026.tar.xz" "$out/part-"
+# Parts of at most 42 MiB: each leaves room in a call's 64 MiB carry for .deps and .whl.
+split -b 42M -d "$work/vllm026.tar.xz" "$out/part-"
 { ls "$out"/part-* | wc -l; sha256sum < "$work/vllm026.tar.xz" | cut -d' ' -f1; } > "$out/parts.txt"
 ls -l "$out"

@@ -9,7 +9,7 @@ map), ferry writes in the dict's order. CUDA tensors stream device -> pinned sta
 import os
 import sys
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, Union
 
 from . import _ferry
 
@@ -17,6 +17,9 @@ try:
     from ._ferry import SafetensorError
 except ImportError:  # an extension built before the drop-in loading API
     SafetensorError = ValueError  # type: ignore[misc,assignment]
+
+if TYPE_CHECKING:  # annotations only: ferry.numpy saves without torch
+    import torch
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -167,7 +170,8 @@ def _torch_entries(tensors) -> Tuple[list, list]:
     return entries, keep
 
 
-def torch_write_file(tensors, filename: PathLike, metadata: Optional[Dict[str, str]] = None, **engine) -> dict:
+def torch_write_file(tensors: "Dict[str, torch.Tensor]", filename: PathLike,
+                     metadata: Optional[Dict[str, str]] = None, **engine) -> dict:
     """save_file, returning the write's statistics (io_path and why, staging, copy/wait/write
     seconds). `engine`: direct (O_DIRECT where allowed, default True), staging_bytes (128 MiB),
     piece_bytes (16 MiB per write), writer_threads (4)."""
@@ -179,7 +183,7 @@ def torch_write_file(tensors, filename: PathLike, metadata: Optional[Dict[str, s
     return stats
 
 
-def torch_save(tensors, metadata: Optional[Dict[str, str]] = None) -> bytes:
+def torch_save(tensors: "Dict[str, torch.Tensor]", metadata: Optional[Dict[str, str]] = None) -> bytes:
     _check_torch(tensors)
     pairs = _check_names_and_metadata(tensors.keys(), metadata)
     entries, keep = _torch_entries(tensors)
@@ -188,7 +192,8 @@ def torch_save(tensors, metadata: Optional[Dict[str, str]] = None) -> bytes:
     return data
 
 
-def torch_save_file(tensors, filename: PathLike, metadata: Optional[Dict[str, str]] = None) -> None:
+def torch_save_file(tensors: "Dict[str, torch.Tensor]", filename: PathLike,
+                    metadata: Optional[Dict[str, str]] = None) -> None:
     """Like safetensors.torch.save_file: `tensors` into `filename`, byte for byte as safetensors
     writes it; CUDA tensors stream to the file through bounded pinned staging."""
     torch_write_file(tensors, filename, metadata)

@@ -159,23 +159,92 @@ PageCacheGets::Writing::~Writing() {
   }
 }
 
-void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Times& times) {
-  Lanes& device = lanes(ordinal);
-  std::lock_guard lock(device.mutex);
-  RelaxedCaptureMode relaxed;  // our own streams' waits: never part of another thread's capture
-  device.context->make_current();
-  while (device.lanes.size() < 2) device.lanes.push_back(std::make_unique<Lanes::Lane>());
-  if (device.digests.size() < blocks.size() * sizeof(std::uint64_t))
-    device.digests = HostBuffer(blocks.size() * sizeof(std::uint64_t), device.context.get());
-  auto* digests = reinterpret_cast<std::uint64_t*>(device.digests.data());
+// Blocks of one get queued together on one lane: copies, then checksums, then scatters.
+struct PageCacheGets::Chunk {
+  std::span<Served* const> blocks;
+  std::uint64_t bytes = 0;
+  std::uint64_t* digests = nullptr;  // in the pinned buffer, one per block
+  Event start{true}, copied{true}, hashed{true}, scattered{true};
+  bool queued = false;
+};
 
-  struct Chunk {
-    std::span<Served* const> blocks;
-    std::uint64_t bytes = 0;
-    std::uint64_t* digests = nullptr;  // in the pinned buffer, one per block
-    Event start{true}, copied{true}, hashed{true}, scattered{true};
-    bool queued = false;
-  };
+namespace {
+
+// A served block as queueing it sees it: the request, its window's mapping, its bytes there.
+struct Block {
+  const BlockRequest* request = nullptr;
+  const std::byte* window = nullptr;
+  const std::byte* source = nullptr;
+  std::uint64_t length = 0;
+};
+
+// Where each block of a chunk lands in the lane's bounce buffer (multi-piece blocks; 0 for the
+// others), and the bytes the buffer needs.
+std::vector<std::uint64_t> bounce_offsets(std::span<const Block> blocks, std::uint64_t& need) {
+  need = 0;
+  std::vector<std::uint64_t> at(blocks.size(), 0);
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (!only_piece(*blocks[i].request)) {
+      at[i] = need;
+      need += (blocks[i].length + kBounceAlign - 1) / kBounceAlign * kBounceAlign;
+    }
+  return at;
+}
+
+// What the GPU checks of a chunk: where each block's bytes land, the checksum each must have,
+// and the scatters of the multi-piece blocks out of the bounce buffer (run where they matched).
+struct Landing {
+  std::vector<DeviceBytes> landed;
+  std::vector<std::uint64_t> expected;
+  std::vector<MatchedCopy> scatter;
+};
+
+Landing landing(std::span<const Block> blocks, shim::cu::DevicePtr bounce,
+                std::span<const std::uint64_t> at) {
+  Landing out;
+  out.landed.resize(blocks.size());
+  out.expected.resize(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const BlockRequest& r = *blocks[i].request;
+    const BlockSpan* only = only_piece(r);
+    out.landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + at[i],
+                     blocks[i].length};
+    out.expected[i] = r.checksum;
+    if (only) continue;
+    shim::cu::DevicePtr from = bounce + at[i];
+    for (const BlockSpan& p : r.pieces) {
+      if (p.size == 0) continue;
+      out.scatter.push_back({from, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size, i});
+      from += p.size;
+    }
+  }
+  return out;
+}
+
+// Blocks next to each other in one window that land next to each other (consecutive slots into
+// consecutive destinations, or into the bounce buffer) go in one copy.
+void queue_copies(std::span<const Block> blocks, std::span<const DeviceBytes> landed,
+                  shim::cu::Stream stream) {
+  for (std::size_t i = 0; i < blocks.size();) {
+    const Block& first = blocks[i];
+    std::uint64_t bytes = first.length;
+    std::size_t next = i + 1;
+    for (; next < blocks.size(); ++next) {
+      const Block& b = blocks[next];
+      if (b.window != first.window || b.source != first.source + bytes ||
+          landed[next].data != landed[i].data + bytes)
+        break;
+      bytes += b.length;
+    }
+    FERRY_CU(cuMemcpyHtoDAsync, landed[i].data, first.source, bytes, stream);
+    i = next;
+  }
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<PageCacheGets::Chunk>> PageCacheGets::cut_in_chunks(
+    std::span<Served* const> blocks, std::uint64_t* digests) {
   std::uint64_t get_bytes = 0;
   for (const Served* s : blocks) get_bytes += s->length;
   const std::uint64_t chunk_bytes =
@@ -191,6 +260,53 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
     c.blocks = blocks.subspan(i - c.blocks.size(), c.blocks.size() + 1);
     c.bytes += blocks[i]->length;
   }
+  return chunks;
+}
+
+// On the chunk's stream: the copies out of the page cache, into each block's destination or
+// the lane's bounce buffer; the checksums of the bytes where they landed; the scatter of the
+// multi-piece blocks that matched, decided on the GPU (the others' pieces are left untouched).
+void PageCacheGets::queue_chunk(int ordinal, Lanes& device, std::size_t lane_index, Chunk& c) {
+  Lanes::Lane& lane = *device.lanes[lane_index];
+  std::vector<Block> blocks;
+  for (const Served* s : c.blocks)
+    blocks.push_back({s->request, s->lease.data(), s->source, s->length});
+  std::uint64_t need = 0;
+  const std::vector<std::uint64_t> at = bounce_offsets(blocks, need);
+  if (need > lane.bounce_bytes) {
+    lane.stream.synchronize();  // the chunk before on this lane scatters from it
+    lane.bounce.reset();
+    lane.bounce_bytes = 0;
+    lane.bounce = allocate_device_memory(device.context, need);
+    lane.bounce_bytes = need;
+  }
+  const Landing l = landing(blocks, reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get()), at);
+  c.start.record(lane.stream);
+  queue_copies(blocks, l.landed, lane.stream.get());
+  c.copied.record(lane.stream);
+  queue_gpu_checksums(ordinal, l.landed, lane.stream.get(), lane.scratch, c.digests, l.expected,
+                      l.scatter, [&] { c.hashed.record(lane.stream); });
+  c.scattered.record(lane.stream);
+  c.queued = true;
+}
+
+void PageCacheGets::fail(std::span<Served* const> blocks, const std::exception& e) {
+  for (Served* s : blocks) {
+    s->verdict = Served::Verdict::failed;
+    s->failure = e.what();
+  }
+}
+
+void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Times& times) {
+  Lanes& device = lanes(ordinal);
+  std::lock_guard lock(device.mutex);
+  RelaxedCaptureMode relaxed;  // our own streams' waits: never part of another thread's capture
+  device.context->make_current();
+  while (device.lanes.size() < 2) device.lanes.push_back(std::make_unique<Lanes::Lane>());
+  if (device.digests.size() < blocks.size() * sizeof(std::uint64_t))
+    device.digests = HostBuffer(blocks.size() * sizeof(std::uint64_t), device.context.get());
+  const std::vector<std::unique_ptr<Chunk>> chunks =
+      cut_in_chunks(blocks, reinterpret_cast<std::uint64_t*>(device.digests.data()));
   // Whatever happens, no copy into a destination (or out of a leased window) is still running
   // when this returns: the usual path may rewrite the destination, the leases may go.
   struct Drain {
@@ -203,86 +319,17 @@ void PageCacheGets::land_on_gpu(int ordinal, std::span<Served* const> blocks, Ti
         }
     }
   } drain{device};
-
-  // On the chunk's stream: the copies out of the page cache, into each block's destination or
-  // the lane's bounce buffer; the checksums of the bytes where they landed; the scatter of the
-  // multi-piece blocks that matched, decided on the GPU (the others' pieces are left untouched).
-  const auto queue = [&](Chunk& c, Lanes::Lane& lane) {
-    std::uint64_t need = 0;
-    std::vector<std::uint64_t> at(c.blocks.size(), 0);  // multi-piece blocks: in the bounce buffer
-    for (std::size_t i = 0; i < c.blocks.size(); ++i)
-      if (!only_piece(*c.blocks[i]->request)) {
-        at[i] = need;
-        need += (c.blocks[i]->length + kBounceAlign - 1) / kBounceAlign * kBounceAlign;
-      }
-    if (need > lane.bounce_bytes) {
-      lane.stream.synchronize();  // the chunk before on this lane scatters from it
-      lane.bounce.reset();
-      lane.bounce_bytes = 0;
-      lane.bounce = allocate_device_memory(device.context, need);
-      lane.bounce_bytes = need;
-    }
-    const auto bounce = reinterpret_cast<shim::cu::DevicePtr>(lane.bounce.get());
-    std::vector<DeviceBytes> landed(c.blocks.size());
-    std::vector<std::uint64_t> expected(c.blocks.size());
-    std::vector<MatchedCopy> scatter;
-    for (std::size_t i = 0; i < c.blocks.size(); ++i) {
-      const BlockRequest& r = *c.blocks[i]->request;
-      const BlockSpan* only = only_piece(r);
-      landed[i] = {only ? reinterpret_cast<shim::cu::DevicePtr>(only->data) : bounce + at[i],
-                   c.blocks[i]->length};
-      expected[i] = r.checksum;
-      if (only) continue;
-      shim::cu::DevicePtr from = bounce + at[i];
-      for (const BlockSpan& p : r.pieces) {
-        if (p.size == 0) continue;
-        scatter.push_back({from, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size, i});
-        from += p.size;
-      }
-    }
-    // Blocks next to each other in one window that land next to each other (consecutive slots
-    // into consecutive destinations, or into the bounce buffer) go in one copy.
-    c.start.record(lane.stream);
-    for (std::size_t i = 0; i < c.blocks.size();) {
-      const Served& first = *c.blocks[i];
-      std::uint64_t bytes = first.length;
-      std::size_t next = i + 1;
-      for (; next < c.blocks.size(); ++next) {
-        const Served& s = *c.blocks[next];
-        if (s.lease.data() != first.lease.data() || s.source != first.source + bytes ||
-            landed[next].data != landed[i].data + bytes)
-          break;
-        bytes += s.length;
-      }
-      FERRY_CU(cuMemcpyHtoDAsync, landed[i].data, first.source, bytes, lane.stream.get());
-      i = next;
-    }
-    c.copied.record(lane.stream);
-    queue_gpu_checksums(ordinal, landed, lane.stream.get(), lane.scratch, c.digests, expected,
-                        scatter, [&] { c.hashed.record(lane.stream); });
-    c.scattered.record(lane.stream);
-    c.queued = true;
-  };
   for (std::size_t k = 0; k < chunks.size(); ++k) {
-    Chunk& c = *chunks[k];
     try {
-      queue(c, *device.lanes[k % 2]);
+      queue_chunk(ordinal, device, k % 2, *chunks[k]);
     } catch (const std::exception& e) {
-      // Not queued whole: its blocks are re-read on the usual path.
-      for (Served* s : c.blocks) {
-        s->verdict = Served::Verdict::failed;
-        s->failure = e.what();
-      }
+      fail(chunks[k]->blocks, e);  // not queued whole: its blocks are re-read on the usual path
     }
   }
   try {
     for (auto& lane : device.lanes) lane->stream.synchronize();
   } catch (const std::exception& e) {
-    // A copy or scatter failed after it was queued: no block of this get is trusted.
-    for (Served* s : blocks) {
-      s->verdict = Served::Verdict::failed;
-      s->failure = e.what();
-    }
+    fail(blocks, e);  // a copy or scatter failed after it was queued: no block is trusted
     return;
   }
   for (const auto& c : chunks) {
@@ -329,90 +376,99 @@ void PageCacheGets::land_in_host(std::span<Served* const> blocks, Times& times) 
   }
 }
 
-std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> blocks) {
+// Why `r` cannot take page-cache DMA ("" where it can), and the device it goes to. Under _mutex.
+std::string PageCacheGets::why_not_served(const BlockRequest& r, int& ordinal,
+                                          std::map<int, std::string>& no_checksum) const {
+  const PageCacheRegistry& registry = page_cache_registry();
+  ordinal = kHost;
+  if (!one_device(r, ordinal))
+    return "its pieces lie on more than one device (page-cache DMA verifies a block where it "
+           "lands, on one device)";
+  const Device device = ordinal == kHost ? Device::cpu() : Device::cuda(ordinal);
+  if (!registry.serves(device))
+    return device.is_cuda() ? "page-cache DMA (" + registry.registrar_name() +
+                                  ") does not serve " + device.to_string()
+                            : "its destination is host memory (page-cache DMA serves GPU memory)";
+  if (device.is_cuda()) {
+    auto why = no_checksum.find(ordinal);
+    if (why == no_checksum.end())
+      why = no_checksum.emplace(ordinal, gpu_checksum_unavailable(ordinal)).first;
+    if (!why->second.empty())
+      return "page-cache DMA needs the GPU checksum to verify the bytes that land on " +
+             device.to_string() + ": " + why->second;
+  }
+  if (_writing.count(window_of(r))) return "a put is writing into its window";
+  return {};
+}
+
+namespace {
+
+std::string served_reason(const PageCacheRegistry::Acquired& got, bool cuda) {
+  return (got.registered_now
+              ? "copied from the page cache's registered pages (its window registered by this "
+                "get in " +
+                    milliseconds(got.register_seconds) + ")"
+              : std::string("copied from the page cache's registered pages (its window "
+                            "registered earlier)")) +
+         (cuda ? ", checked where it landed by the GPU checksum" : ", checked where it landed");
+}
+
+}  // namespace
+
+// Leases of this get, one registry call per window; taken under the lock that writing() marks
+// windows under, so no window a put is writing into is registered meanwhile.
+std::vector<PageCacheGets::Served> PageCacheGets::take_windows(
+    std::span<BlockRequest* const> blocks, std::vector<BlockRequest*>& rest) {
   PageCacheRegistry& registry = page_cache_registry();
-  std::vector<BlockRequest*> rest;
   std::vector<Served> served;
   served.reserve(blocks.size());
   std::map<int, std::string> no_checksum;  // per device: why the GPU checksum cannot run
-  {
-    // Leases of this get, one registry call per window; taken under the lock that writing()
-    // marks windows under, so no window a put is writing into is registered meanwhile.
-    std::map<Window, PageCacheRegistry::Acquired> windows;
-    std::lock_guard lock(_mutex);
-    for (BlockRequest* r : blocks) {
-      const auto refuse = [&](std::string why) {
-        r->route_reason = std::move(why);
-        rest.push_back(r);
-      };
-      int ordinal = kHost;
-      if (!one_device(*r, ordinal)) {
-        refuse(
-            "its pieces lie on more than one device (page-cache DMA verifies a block where it "
-            "lands, on one device)");
-        continue;
-      }
-      const Device device = ordinal == kHost ? Device::cpu() : Device::cuda(ordinal);
-      if (!registry.serves(device)) {
-        refuse(device.is_cuda() ? "page-cache DMA (" + registry.registrar_name() +
-                                      ") does not serve " + device.to_string()
-                                : "its destination is host memory (page-cache DMA serves GPU "
-                                  "memory)");
-        continue;
-      }
-      if (device.is_cuda()) {
-        auto why = no_checksum.find(ordinal);
-        if (why == no_checksum.end())
-          why = no_checksum.emplace(ordinal, gpu_checksum_unavailable(ordinal)).first;
-        if (!why->second.empty()) {
-          refuse("page-cache DMA needs the GPU checksum to verify the bytes that land on " +
-                 device.to_string() + ": " + why->second);
-          continue;
-        }
-      }
-      const Window w = window_of(*r);
-      if (_writing.count(w)) {
-        refuse("a put is writing into its window");
-        continue;
-      }
-      auto found = windows.find(w);
-      if (found == windows.end()) {
-        const std::uint64_t offset = w.index * _window_bytes;
-        auto got = registry.acquire_window(_files[w.slab], offset, window_size(w), _budget);
-        if (got.registered_now) {
-          ++_counters.registered;
-          _counters.register_seconds += got.register_seconds;
-        }
-        if (!got.lease)
-          got.why_not = "its window (" + _slabs.name(w.slab) + " bytes " + std::to_string(offset) +
-                        " to " + std::to_string(offset + window_size(w)) + "): " + got.why_not;
-        found = windows.emplace(w, std::move(got)).first;
-      }
-      const PageCacheRegistry::Acquired& got = found->second;
-      const std::uint64_t length = total(*r);
-      if (!got.lease || r->offset + length > got.lease.offset() + got.lease.size()) {
-        refuse(got.lease ? "the block runs past its window" : got.why_not);
-        continue;
-      }
-      Served s;
-      s.request = r;
-      s.lease = got.lease.share();
-      s.source = got.lease.data() + (r->offset - got.lease.offset());
-      s.length = length;
-      s.ordinal = ordinal;
-      s.reason = (got.registered_now
-                      ? "copied from the page cache's registered pages (its window registered by "
-                        "this get in " +
-                            milliseconds(got.register_seconds) + ")"
-                      : std::string("copied from the page cache's registered pages (its window "
-                                    "registered earlier)")) +
-                 (device.is_cuda() ? ", checked where it landed by the GPU checksum"
-                                   : ", checked where it landed");
-      served.push_back(std::move(s));
+  std::map<Window, PageCacheRegistry::Acquired> windows;
+  std::lock_guard lock(_mutex);
+  for (BlockRequest* r : blocks) {
+    const auto refuse = [&](std::string why) {
+      r->route_reason = std::move(why);
+      rest.push_back(r);
+    };
+    int ordinal = kHost;
+    if (std::string why = why_not_served(*r, ordinal, no_checksum); !why.empty()) {
+      refuse(std::move(why));
+      continue;
     }
+    const Window w = window_of(*r);
+    auto found = windows.find(w);
+    if (found == windows.end()) {
+      const std::uint64_t offset = w.index * _window_bytes;
+      auto got = registry.acquire_window(_files[w.slab], offset, window_size(w), _budget);
+      if (got.registered_now) {
+        ++_counters.registered;
+        _counters.register_seconds += got.register_seconds;
+      }
+      if (!got.lease)
+        got.why_not = "its window (" + _slabs.name(w.slab) + " bytes " + std::to_string(offset) +
+                      " to " + std::to_string(offset + window_size(w)) + "): " + got.why_not;
+      found = windows.emplace(w, std::move(got)).first;
+    }
+    const PageCacheRegistry::Acquired& got = found->second;
+    const std::uint64_t length = total(*r);
+    if (!got.lease || r->offset + length > got.lease.offset() + got.lease.size()) {
+      refuse(got.lease ? "the block runs past its window" : got.why_not);
+      continue;
+    }
+    Served s;
+    s.request = r;
+    s.lease = got.lease.share();
+    s.source = got.lease.data() + (r->offset - got.lease.offset());
+    s.length = length;
+    s.ordinal = ordinal;
+    s.reason = served_reason(got, ordinal != kHost);
+    served.push_back(std::move(s));
   }
+  return served;
+}
 
-  // Each device's blocks copied and checked where they landed (host memory: tests' stand-ins).
+// Each device's blocks copied and checked where they landed (host memory: tests' stand-ins).
+PageCacheGets::Times PageCacheGets::land(std::vector<Served>& served) {
   std::map<int, std::vector<Served*>> by_device;
   for (Served& s : served) by_device[s.ordinal].push_back(&s);
   Times times;
@@ -430,7 +486,13 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
         }
     }
   }
+  return times;
+}
 
+// Each served block's outcome: done where it matched, else back to `rest` for the usual path;
+// a mismatch's window is dropped (after this get's leases) and its pages with it.
+void PageCacheGets::settle(std::vector<Served>& served, std::vector<BlockRequest*>& rest,
+                           const Times& times) {
   std::set<Window> stale;
   std::vector<BlockRequest*> reread;
   std::uint64_t verified = 0;
@@ -473,6 +535,13 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
   _counters.dma_seconds += times.dma;
   _counters.checksum_seconds += times.checksum;
   _counters.scatter_seconds += times.scatter;
+}
+
+std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> blocks) {
+  std::vector<BlockRequest*> rest;
+  std::vector<Served> served = take_windows(blocks, rest);
+  const Times times = land(served);
+  settle(served, rest, times);
   return rest;
 }
 

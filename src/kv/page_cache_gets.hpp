@@ -30,10 +30,12 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -101,10 +103,25 @@ class PageCacheGets {
   struct Times {  // device (or host) seconds of one get, added to the counters
     double dma = 0, checksum = 0, scatter = 0;
   };
+  struct Chunk;   // blocks of one get queued together on one lane
   Lanes& lanes(int ordinal);
+
+  // read()'s steps: the blocks that can take a window (the others to `rest`, saying why), their
+  // copies and checks, then their outcomes and the counters.
+  std::vector<Served> take_windows(std::span<BlockRequest* const> blocks,
+                                   std::vector<BlockRequest*>& rest);
+  std::string why_not_served(const BlockRequest& r, int& ordinal,
+                             std::map<int, std::string>& no_checksum) const;
+  Times land(std::vector<Served>& served);
+  void settle(std::vector<Served>& served, std::vector<BlockRequest*>& rest, const Times& times);
+
   // Copies `blocks` (all bound for GPU `ordinal`) out of their windows and checks each where it
   // landed; sets each one's verdict. Returns with no copy running.
   void land_on_gpu(int ordinal, std::span<Served* const> blocks, Times& times);
+  static std::vector<std::unique_ptr<Chunk>> cut_in_chunks(std::span<Served* const> blocks,
+                                                           std::uint64_t* digests);
+  void queue_chunk(int ordinal, Lanes& device, std::size_t lane, Chunk& c);
+  static void fail(std::span<Served* const> blocks, const std::exception& e);
   // The same for host memory (tests' stand-in registrars serve it): memcpy, then XXH3.
   void land_in_host(std::span<Served* const> blocks, Times& times);
 

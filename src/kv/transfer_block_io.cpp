@@ -378,12 +378,6 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   g.direct = direct;
   place_in_bounce(g);
   if (writing) bounce_copies(g, true, after_event);
-  std::vector<Extent> extents(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    extents[i].file = static_cast<std::uint32_t>(blocks[i]->slab);
-    extents[i].file_offset = blocks[i]->offset;
-    for (const BlockSpan& p : g.views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
-  }
   // Staged: each block's checksum taken by the core's observer from the bytes in host staging,
   // in block order, as they pass (no second pass over them). Declared before the ticket, whose
   // destructor waits for the workers that update them.
@@ -394,7 +388,7 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
       seen[e].update(data, n);
     };
   Ticket ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
-                         std::move(extents), o);
+                         extents_of(g), o);
   // The checksums the observer could not take (cuFile; a staged block it did not see whole),
   // from the device-side bytes; a put's while the transfer runs.
   const auto hash_rest = [&](const std::vector<bool>& candidates, const std::vector<void*>& waits) {
@@ -406,26 +400,10 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
       if (candidates[i] && !wanted[i]) sums[i] = seen[i].digest();
     return sums;
   };
-  if (writing && direct) {  // gathered blocks are ready already; the others wait for the event
-    std::vector<void*> waits(blocks.size());
-    for (std::size_t i = 0; i < blocks.size(); ++i) waits[i] = g.bounce[i] ? nullptr : after_event;
-    const auto sums = hash_blocks(g.views, std::vector<bool>(blocks.size(), true), waits);
-    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
-  }
+  if (writing && direct) hash_direct_put(g, after_event);
   // cuFile gets: each block hashed once its read ended, while later blocks are still read.
-  std::vector<std::uint64_t> direct_sums;
-  if (!writing && direct) {
-    const auto ended = [&](std::size_t i) {
-      for (;;) {
-        const ExtentStatus status = ticket.status(i);
-        if (status.state != ExtentStatus::State::Pending)
-          return status.state == ExtentStatus::State::Done;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    };
-    direct_sums = hash_blocks(g.views, std::vector<bool>(blocks.size(), true),
-                              std::vector<void*>(blocks.size(), nullptr), ended);
-  }
+  const std::vector<std::uint64_t> direct_sums =
+      !writing && direct ? hash_direct_get(g, ticket) : std::vector<std::uint64_t>{};
   ticket.wait();
   if (writing && !direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).
@@ -441,14 +419,53 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
   std::vector<bool> landed(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     landed[i] = blocks[i]->outcome == BlockOutcome::ok;
-  const auto sums =
-      direct ? direct_sums : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr));
-  for (std::size_t i = 0; i < blocks.size(); ++i)
-    if (landed[i] && sums[i] != blocks[i]->checksum)
-      fail(*blocks[i], BlockOutcome::checksum_mismatch,
-           concat(_slabs.name(blocks[i]->slab), ": block at offset ", blocks[i]->offset,
-                  " fails its checksum; dropped"));
+  verify(g, landed,
+         direct ? direct_sums : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr)));
   bounce_copies(g, false, nullptr);  // verified blocks only, their pieces untouched before
+}
+
+// The submission's extents: each block's slab and offset, its views' spans.
+std::vector<Extent> TransferBlockIo::extents_of(const Group& g) {
+  std::vector<Extent> extents(g.blocks.size());
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    extents[i].file = static_cast<std::uint32_t>(g.blocks[i]->slab);
+    extents[i].file_offset = g.blocks[i]->offset;
+    for (const BlockSpan& p : g.views[i]) extents[i].spans.push_back({p.device, p.data, p.size});
+  }
+  return extents;
+}
+
+// A cuFile put's checksums: gathered blocks are ready already; the others wait for the event.
+void TransferBlockIo::hash_direct_put(const Group& g, void* after_event) {
+  const std::size_t n = g.blocks.size();
+  std::vector<void*> waits(n);
+  for (std::size_t i = 0; i < n; ++i) waits[i] = g.bounce[i] ? nullptr : after_event;
+  const auto sums = hash_blocks(g.views, std::vector<bool>(n, true), waits);
+  for (std::size_t i = 0; i < n; ++i) g.blocks[i]->checksum = sums[i];
+}
+
+// A cuFile get's checksums, each block's once its read ended.
+std::vector<std::uint64_t> TransferBlockIo::hash_direct_get(const Group& g, const Ticket& ticket) {
+  const auto ended = [&](std::size_t i) {
+    for (;;) {
+      const ExtentStatus status = ticket.status(i);
+      if (status.state != ExtentStatus::State::Pending)
+        return status.state == ExtentStatus::State::Done;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
+  const std::size_t n = g.blocks.size();
+  return hash_blocks(g.views, std::vector<bool>(n, true), std::vector<void*>(n, nullptr), ended);
+}
+
+// A get's landed blocks whose bytes do not match their checksum are dropped.
+void TransferBlockIo::verify(const Group& g, const std::vector<bool>& landed,
+                             const std::vector<std::uint64_t>& sums) {
+  for (std::size_t i = 0; i < g.blocks.size(); ++i)
+    if (landed[i] && sums[i] != g.blocks[i]->checksum)
+      fail(*g.blocks[i], BlockOutcome::checksum_mismatch,
+           concat(_slabs.name(g.blocks[i]->slab), ": block at offset ", g.blocks[i]->offset,
+                  " fails its checksum; dropped"));
 }
 
 StagedTimes TransferBlockIo::staged_times() const {

@@ -76,6 +76,11 @@ class TransferBlockIo final : public BlockIo {
   TransferOptions group_options(const Group& g, void* after_event) const;
   void record_times(const TransferStats& stats);
   void settle(Group& g, const Ticket& ticket);
+  static std::vector<Extent> extents_of(const Group& g);
+  void hash_direct_put(const Group& g, void* after_event);
+  std::vector<std::uint64_t> hash_direct_get(const Group& g, const Ticket& ticket);
+  void verify(const Group& g, const std::vector<bool>& landed,
+              const std::vector<std::uint64_t>& sums);
   TransferOptions options(void* after_event) const;
   // XXH3 of each wanted block's device-side bytes, on up to kHashers threads (a hasher each, its
   // own pinned buffers and stream): the copies down and the hashing of several blocks overlap.

@@ -1,7 +1,7 @@
 // Facts about this machine: the CUDA driver and GPUs, cuFile's mode, file systems, page cache.
 #include <algorithm>
 
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "shim/dstorage_availability.hpp"
 #ifdef _WIN32
 #include "backends/dstorage/adapters.hpp"

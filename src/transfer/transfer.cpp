@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "services/page_cache_registry.hpp"
 #include "services/pinned_pool.hpp"

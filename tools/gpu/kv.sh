@@ -127,3 +127,31 @@ kv_layout_stage() {
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }
+
+# A fleet of writer processes on one namespace (issue 26): the fleet tests, then `ferry kv bench
+# --writers 4` (vLLM's layout, 128 blocks per put, 512 MiB per writer) from GPU memory and from host
+# memory: 4 writers' aggregate durable put rate beside one writer's alone (target >= 0.9 x), a
+# 16-key prefix lookup's p50/p99 while they write (each folds in the other writers' journals), a
+# reader's cold gets of all their blocks (bit-exact). Then the host path beside raw O_DIRECT of
+# the same bytes (put >= 0.9 x raw write, cold get >= 0.9 x raw read) for one piece and vLLM's
+# layout. About 4 minutes after build.
+kv_fleet_stage() {
+  log "KV fleet tests (test_kv_fleet, test_kv_cli)"
+  for t in test_kv_fleet test_kv_cli; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  mkdir -p /tmp/kvbench
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for device in cuda:0 cpu; do
+    log "ferry kv bench --writers 4 ($device memory, vLLM's layout, 128 blocks per put)"
+    "$ferry" kv bench /tmp/kvbench --device "$device" $vllm --writers 4 --batch 128 --bytes 512M \
+      --rounds 3 --json "$OUT/kv-fleet-${device/:/}.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  log "ferry kv bench: host memory beside raw O_DIRECT (one piece of 2 MiB; vLLM's layout)"
+  "$ferry" kv bench /tmp/kvbench --device cpu --sizes 2M --batch 128 --bytes 1G --rounds 5 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 5 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}

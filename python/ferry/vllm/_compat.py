@@ -10,7 +10,12 @@ from vllm.model_executor.model_loader import register_model_loader as _register_
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader  # noqa: F401
 
 VERSION = vllm.__version__
-logger = logging.getLogger("ferry.vllm")
+
+
+# Under vLLM's "vllm" logger, which vLLM configures (in 0.33 only once its engine starts): ferry's
+# INFO lines then go where vLLM's go, in its format, and follow its level. ferry.vllm's modules
+# log through children of this one.
+logger = logging.getLogger("vllm.ferry")
 
 try:  # 0.33
     from vllm.model_executor.model_loader.weight_utils import enable_tqdm

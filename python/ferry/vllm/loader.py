@@ -4,10 +4,12 @@ Every tensor is read by ferry straight into the memory of the device the model w
 (pinned staging and asynchronous copies, or cuFile, as ferry.torch chooses), in groups of
 about `group_bytes`, the next group loading while vLLM's `model.load_weights` consumes this one
 (its weight loaders do the slicing for tensor parallelism, the fusing of q/k/v and gate/up, ...).
-With tensor parallelism each rank reads the whole checkpoint and keeps its slices, as vLLM's own
-safetensors loader does. Never a silent fallback: a file ferry cannot read is an error.
+With tensor parallelism the ranks read each byte once between them and share it over vLLM's
+process group, or each reads only its slices, or each reads everything (`tp_mode`, see tp.py).
+Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob
+import logging
 import os
 import time
 from typing import Iterator, List, Optional, Tuple
@@ -15,12 +17,11 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
-from vllm.logger import init_logger
-
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
+from .tp import TP_MODES, check_slices_taken, choose_mode, group_weights, slice_weights, tp_group
 
-logger = init_logger(__name__)
+logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 
 _INDEX = "model.safetensors.index.json"
 _BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
@@ -57,6 +58,16 @@ class FerryModelLoader(BaseModelLoader):
         self.options = check(load_config.model_loader_extra_config or {}, LOADER_OPTIONS,
                              "model_loader_extra_config for load format ferry")
         self.group_bytes = self.options.pop("group_bytes", _DEFAULT_GROUP_BYTES)
+        self.tp_mode = self.options.pop("tp_mode", None)
+        if self.tp_mode is not None and self.tp_mode not in TP_MODES:
+            raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
+                             f"{self.tp_mode!r} is not one of {list(TP_MODES)}")
+        if self.tp_mode == "slices" and self.options:
+            raise ValueError("model_loader_extra_config for load format ferry: tp_mode "
+                             "\"slices\" reads with ferry's tensor reader, which takes none of "
+                             f"{sorted(self.options)}")
+        # What the last load did on this rank: its tp_mode and the file bytes it read.
+        self.last_load = {}
 
     def _folder(self, model_config) -> str:
         model = model_config.model
@@ -81,8 +92,25 @@ class FerryModelLoader(BaseModelLoader):
             device = _model_device(model)
         checkpoint = ferry.Checkpoint.open(path)
         names = checkpoint.names()
-        weights = ferry.torch.iterate_weights(path, device, group_bytes=self.group_bytes,
-                                              **self.options)
+        rank, ranks, group = tp_group()
+        mode = choose_mode(self.tp_mode, ranks)
+        self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
+        if mode == "process_group":
+            weights = group_weights(path, device, group,
+                                    ferry.torch._groups(checkpoint, self.group_bytes),
+                                    self.last_load, **self.options)
+        elif mode == "slices":
+            if model_config.quantization is not None:
+                raise ValueError(f"load format ferry: tp_mode \"slices\" reads unquantized "
+                                 f"checkpoints; this model is {model_config.quantization} (use "
+                                 "tp_mode \"process_group\")")
+            weights = slice_weights(path, device, rank, ranks,
+                                    ferry.torch._groups(checkpoint, self.group_bytes),
+                                    self.last_load)
+        else:
+            self.last_load["bytes_read"] = checkpoint.total_bytes
+            weights = ferry.torch.iterate_weights(path, device, group_bytes=self.group_bytes,
+                                                  **self.options)
         bar = tqdm(weights, total=len(names), desc="Loading safetensors checkpoint (ferry)",
                    disable=not enable_tqdm(self.load_config.use_tqdm_on_load), bar_format=_BAR)
         yield from bar
@@ -90,7 +118,13 @@ class FerryModelLoader(BaseModelLoader):
     def load_weights(self, model: torch.nn.Module, model_config) -> None:
         started = time.perf_counter()
         loaded = model.load_weights(self.get_all_weights(model_config, model))
+        if self.last_load.get("tp_mode") == "slices":
+            check_slices_taken(model)
         logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
+        if self.last_load.get("ranks", 1) > 1:
+            logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes", self.last_load["tp_mode"],
+                        self.last_load["rank"], self.last_load["ranks"],
+                        self.last_load["bytes_read"])
         if loaded is not None and model_config.quantization is None:
             missing = {name for name, _ in model.named_parameters()} - set(loaded)
             if missing:

@@ -7,22 +7,27 @@ ferry.KVStore (no CPU tier in between).
 
 The worker (one per GPU, a KVStore writer of its rank's namespace) stores a block as the pages of
 every layer of one GPU block (one piece per KV tensor, gathered into one write) and loads it back
-the same way (staged, cuFile or page-cache DMA, as the store picks). The manager (scheduler)
-answers lookups from read-only views of every rank's store. vLLM's OffloadingConnector asserts
+the same way (staged, cuFile or page-cache DMA, as the store picks), with the full offload key
+in a trailer checked on every load (keys.py: the store indexes blocks by a 64-bit hash). The
+manager (scheduler) answers lookups from read-only views of every rank's store. vLLM's OffloadingConnector asserts
 that no transfer fails; FerryOffloadingConnector reports the GPU blocks of a failed load through
 get_block_ids_with_load_errors, so vLLM recomputes them (kv_load_failure_policy "recompute").
 Under the plain OffloadingConnector a failed load fails its job (vLLM stops), never wrong bytes.
 Offloaded blocks must be GPU blocks (block_size unset or equal to the GPU's).
 """
+import collections
 import threading
 import time
 from typing import Dict, List, Set
+
+import torch
 
 from ferry.kv import KVStore, kv_key
 
 from . import _compat
 from ._compat import (GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingManager,
                       OffloadingSpec, PrepareStoreOutput, TransferResult)
+from .keys import TRAILER, record
 from .options import STORE_OPTIONS, capacity, check
 from .tier import namespace
 
@@ -53,7 +58,7 @@ class FerryOffloadingSpec(OffloadingSpec):
         if self.blocks_per_chunk != 1:
             raise ValueError(f"{what}: ferry offloads GPU blocks as they are (block_size "
                              f"unset or the GPU's); this config groups {self.blocks_per_chunk}")
-        self.block_bytes = config.worker_kv_bytes_per_block
+        self.block_bytes = config.worker_kv_bytes_per_block  # data; the store's adds TRAILER
         self.reports_load_errors = False  # FerryOffloadingConnector turns it on
         self._manager = None
         self._worker = None
@@ -61,7 +66,7 @@ class FerryOffloadingSpec(OffloadingSpec):
     def open_store(self, rank: int, read_only: bool) -> KVStore:
         parallel = self.config.parallel
         return KVStore(self.root, capacity_bytes=self.capacity_bytes,
-                       block_bytes=self.block_bytes, tp_rank=rank,
+                       block_bytes=self.block_bytes + TRAILER, tp_rank=rank,
                        world_size=parallel.world_size, read_only=read_only,
                        **namespace(self, self.block_bytes, "vllm-spec"), **self.store_options)
 
@@ -150,18 +155,28 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
             if size > spec.block_bytes:
                 raise ValueError(f"KV group {g}: a block is {size} bytes, more than the "
                                  f"{spec.block_bytes} vLLM reported per worker block")
+        # Per GPU block, the key trailer its store writes or its load reads (one row each, so a
+        # block's trailer lives as long as the block and never shares memory with another's).
+        blocks = max(t.shape[0] for t in self._tensors)
+        self._trailers = torch.zeros((blocks, TRAILER), dtype=torch.uint8,
+                                     device=self._tensors[0].device)
         self._store = spec.open_store(spec.config.parallel.rank, False)
         self._lock = threading.Condition()
         self._finished: List[TransferResult] = []
         self._pending: Set[int] = set()
         self._load_errors: Set[int] = set()
+        # Blocks stored and loaded, loads failed, and the routes blocks took (for benchmarks
+        # and logs: vLLM's own stats count tokens, not ferry's paths).
+        self.counters = {"stored_blocks": 0, "loaded_blocks": 0, "failed_loads": 0,
+                         "routes": collections.Counter()}
 
     def _pieces(self, spec: GPULoadStoreSpec) -> list:
         groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(spec.block_ids)]
         out, at = [], 0
         for g, count in enumerate(groups):
             for b in spec.block_ids[at:at + count]:
-                out.append((int(b), [self._tensors[i][int(b)] for i in self._groups[g]]))
+                out.append((int(b), [self._tensors[i][int(b)] for i in self._groups[g]] +
+                            [self._trailers[int(b)]]))
             at += count
         return out
 
@@ -175,12 +190,22 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         good = ("ok", "already_present") if storing else ("ok",)
         ids = [b for b, _ in blocks]
 
+        if storing:  # the keys' trailers, ordered before the put by its event
+            expected = torch.frombuffer(bytearray(b"".join(record(k) for k in keys)),
+                                        dtype=torch.uint8).view(len(keys), TRAILER)
+            self._trailers[ids] = expected.to(self._trailers.device)
+
         def done(results) -> None:
+            results = list(results)
+            if not storing:  # a block of another key under the same 64-bit hash: failed
+                self._check_keys(ids, keys, results)
             failed = [(b, k, r) for b, k, r in zip(ids, keys, results) if r.status not in good]
             size = self._spec.block_bytes * (len(keys) - len(failed))
             success = not failed
             if failed and not storing:
-                self._store.remove([kv_key(k) for _, k, _ in failed])
+                # Unreadable blocks go (a later lookup misses); another key's block stays.
+                self._store.remove([kv_key(k) for _, k, r in failed
+                                    if r.status != "key_mismatch"])
                 _compat.logger.warning("ferry KV load %d: %d of %d blocks failed (%s: %s)",
                                        job_id, len(failed), len(keys), failed[0][2].status,
                                        failed[0][2].message)
@@ -192,6 +217,10 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
             with self._lock:
                 if failed and not storing:
                     self._load_errors.update(b for b, _, _ in failed)
+                done_blocks = len(keys) - len(failed)
+                self.counters["stored_blocks" if storing else "loaded_blocks"] += done_blocks
+                self.counters["failed_loads"] += 0 if storing else len(failed)
+                self.counters["routes"].update(r.route for r in results if r.route)
                 self._finished.append(TransferResult(job_id, success, size,
                                                      time.monotonic() - started))
                 self._pending.discard(job_id)
@@ -212,6 +241,17 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
             _compat.logger.exception("ferry KV job %d could not start", job_id)
             return False
         return True
+
+    def _check_keys(self, ids, keys, results) -> None:
+        loaded = [i for i, r in enumerate(results) if r.status == "ok"]
+        if not loaded:
+            return
+        got = self._trailers[[ids[i] for i in loaded]].cpu()
+        for row, i in enumerate(loaded):
+            if bytes(got[row].numpy()) != record(keys[i]):
+                results[i] = results[i]._replace(
+                    status="key_mismatch", message="the block stored under this key's 64-bit "
+                    "hash belongs to another key")
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
         return self._submit(job_id, src_spec, dst_spec.keys, storing=True)

@@ -2,8 +2,9 @@
 
     "secondary_tiers": [{"type": "ferry", "root": "/nvme/kv", "capacity_bytes": 1000000000000}]
 
-Each chunk of the CPU primary tier is one KVStore block (key: XXH3-64 of vLLM's OffloadKey
-bytes), moved straight between the primary tier's shared memory and the store's slab files:
+Each chunk of the CPU primary tier is one KVStore block (indexed by the XXH3-64 of vLLM's
+OffloadKey bytes, the full key stored with the block and checked on every load: keys.py), moved
+straight between the primary tier's shared memory and the store's slab files:
 checksummed, published only after its data and the journal are on the device (fdatasync), so
 blocks survive a restart or a crash of the server, and a new tier on the same root finds them. A
 block that fails its checksum or cannot be read is a failed key of a partial JobResult (vLLM
@@ -21,6 +22,7 @@ from ferry.kv import KVStore, kv_key
 
 from . import _compat
 from ._compat import LookupResult, SecondaryTierManager, job_result
+from .keys import TRAILER, KeyTrailers
 from .options import STORE_OPTIONS, capacity, check
 
 try:
@@ -33,7 +35,8 @@ def namespace(spec, block_bytes: int, kind: str) -> Dict[str, Any]:
     """The KVStore namespace of a vLLM deployment: blocks of another model, dtype, block
     shape or parallel layout never meet."""
     config = spec.config
-    layout = (f"{kind};bytes={block_bytes};tokens_per_block={list(spec.tokens_per_block)};"
+    layout = (f"{kind};bytes={block_bytes};key_trailer={TRAILER};"
+              f"tokens_per_block={list(spec.tokens_per_block)};"
               f"blocks_per_chunk={spec.blocks_per_chunk};"
               f"layout={getattr(config, 'kv_cache_layout', None)};"
               f"tp={config.parallel.tp_size};pp={config.parallel.pp_size};"
@@ -60,7 +63,7 @@ class FerryTierManager(SecondaryTierManager):
         self._chunks = torch.from_numpy(np.asarray(primary_kv_view).view(np.uint8)
                                         .reshape(-1, self._block))
         self._store = KVStore(root, capacity_bytes=capacity(capacity_bytes, what),
-                              block_bytes=self._block,
+                              block_bytes=self._block + TRAILER,
                               **namespace(offloading_spec, self._block, "vllm-tier"), **options)
         self._lock = threading.Condition()
         self._finished: collections.deque = collections.deque()
@@ -79,11 +82,18 @@ class FerryTierManager(SecondaryTierManager):
     def _submit(self, job, storing: bool) -> None:
         keys = list(job.keys)
         ferry_keys = [kv_key(k) for k in keys]
-        blocks = self._blocks(job)
+        trailers = KeyTrailers(keys, "cpu", storing)
+        blocks = [[chunk, trailers.piece(i)] for i, chunk in enumerate(self._blocks(job))]
         good = ("ok", "already_present") if storing else ("ok",)
 
         def done(results) -> None:
             ok = [r.status in good for r in results]
+            if not storing:  # a block of another key under the same 64-bit hash: a failed key
+                for i in trailers.mismatched([i for i, g in enumerate(ok) if g]):
+                    ok[i] = False
+                    _compat.logger.warning("ferry tier: job %d: the block stored under key %s's "
+                                           "hash belongs to another key", job.job_id,
+                                           bytes(keys[i]).hex())
             if all(ok):
                 result = job_result(job.job_id, True, transfer_bytes=self._block * len(keys))
             elif storing or not any(ok):

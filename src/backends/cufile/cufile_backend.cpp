@@ -8,7 +8,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "backends/cufile/aligned_split.hpp"
 #include "backends/cufile/cufile_files.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "platform/system.hpp"
 #include "platform/file.hpp"

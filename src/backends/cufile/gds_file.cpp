@@ -5,7 +5,7 @@
 
 #include "cuda/cuda_resources.hpp"
 #include "backends/cufile/cufile_files.hpp"
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "platform/system.hpp"
 #include "ferry/transfer.hpp"

@@ -1,4 +1,4 @@
-#include "backends/cufile/gds_mode.hpp"
+#include "shim/gds_mode.hpp"
 
 #include <cerrno>
 #include <cstdio>

@@ -1,0 +1,383 @@
+// `ferry kv bench --writers N` (kv_fleet_bench.hpp): timings for reporting only, never for tests.
+#include "kv_fleet_bench.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "ferry/error.hpp"
+#include "kv_bench_memory.hpp"
+
+#ifndef _WIN32
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#endif
+
+namespace ferry {
+
+#ifdef _WIN32
+
+KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions&) {
+  detail::fail<std::invalid_argument>(
+      "kv bench --writers: the writers are forked processes, which this build (Windows) has not");
+}
+
+#else
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr std::uint64_t kPrefix = 16;  // keys per timed lookup: one request's prefix
+
+double now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// What a writer says to the bench, one message per write (under PIPE_BUF: never split).
+struct Message {
+  char kind = 0;            // 'r': opened and ready; 'd': a pass done; 'e': failed (text)
+  double start = 0, end = 0;  // the pass, on the clock every process shares (CLOCK_MONOTONIC)
+  char text[480] = {};
+};
+
+// Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
+// EOF: close and exit.
+struct Plan {
+  KVBenchOptions o;
+  fs::path root;
+  KVNamespace ns;
+  std::uint64_t block = 0, batch = 0, count = 0, capacity = 0;
+  kv_bench::PieceLayout layout;
+};
+
+KVStoreOptions fleet_options(const Plan& p) {
+  KVStoreOptions options;
+  options.fleet_writers = p.o.writers;
+  options.checkpoint_on_close = false;
+  options.allow_compat = true;
+  return options;
+}
+
+// Writer w's key for block i of pass `pass`.
+KVKey key_of(std::uint64_t pass, unsigned w, std::uint64_t i) {
+  return (pass + 1) * (1ull << 40) + (std::uint64_t(w) << 28) + i + 1;
+}
+
+// The bytes of writer w's batch memory (block b's at its layout's places).
+std::vector<std::byte> pattern_of(const Plan& p, unsigned w) {
+  std::vector<std::byte> bytes(p.block * p.batch);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = std::byte(i * 131 + i / 4099 + w * 71 + 1);
+  return bytes;
+}
+
+void send(int fd, const Message& m) {
+  const char* at = reinterpret_cast<const char*>(&m);
+  for (std::size_t done = 0; done < sizeof m;) {
+    const ssize_t n = ::write(fd, at + done, sizeof m - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// Reads exactly `size` bytes; false at EOF.
+bool receive(int fd, void* into, std::size_t size) {
+  for (std::size_t done = 0; done < size;) {
+    const ssize_t n = ::read(fd, static_cast<char*>(into) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// The next command, or 0 at EOF.
+char command(int fd) {
+  char c = 0;
+  return receive(fd, &c, 1) ? c : 0;
+}
+
+// A writer process: opens its share when told, then puts its `count` keys per pass.
+[[noreturn]] void writer_main(const Plan& p, unsigned w, int in, int out) {
+  int code = 0;
+  try {
+    if (command(in) != 'o') std::_Exit(0);
+    KVStore store = KVStore::open(p.root, p.ns, p.capacity, p.block, fleet_options(p));
+    kv_bench::BatchMemory source(p.o.device, p.block, p.batch, p.layout);
+    source.fill(pattern_of(p, w));
+    std::vector<std::vector<KVPiece>> pieces(p.batch);
+    for (std::uint64_t b = 0; b < p.batch; ++b) pieces[b] = source.block(b);
+    const std::vector<KVBlock> blocks(pieces.begin(), pieces.end());
+    std::vector<KVKey> keys(p.batch);
+    send(out, Message{'r'});
+    for (std::uint64_t pass = 0; command(in) == 'g';) {
+      FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
+      Message m{'d'};
+      m.start = now();
+      for (std::uint64_t i = 0; i < p.count; i += p.batch) {
+        for (std::uint64_t k = 0; k < p.batch; ++k) keys[k] = key_of(pass, w, i + k);
+        for (const KVResult& r : store.put(keys, blocks))
+          FERRY_EXPECT(r.ok(), std::runtime_error, "writer ", w, ": put: ", to_string(r.status),
+                       ": ", r.message);
+      }
+      m.end = now();
+      send(out, m);
+    }
+    store.close();
+  } catch (const std::exception& e) {
+    Message m{'e'};
+    std::snprintf(m.text, sizeof m.text, "writer %u: %s", w, e.what());
+    send(out, m);
+    code = 1;
+  }
+  std::_Exit(code);  // no atexit handlers or stdio buffers of the parent's copy
+}
+
+// The writer processes, each with a command pipe and a message pipe. The destructor closes the
+// command pipes (a writer at EOF exits) and reaps them.
+class Writers {
+ public:
+  Writers(const Plan& p, unsigned n) {
+    // A writer that died leaves its command pipe without a reader: the bench's write then fails
+    // with EPIPE (and says so) instead of SIGPIPE ending the bench without a word.
+    _old_sigpipe = std::signal(SIGPIPE, SIG_IGN);
+    std::fflush(nullptr);  // nothing buffered is written twice
+    try {
+      for (unsigned w = 0; w < n; ++w) start(p, w);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  Writers(const Writers&) = delete;
+  Writers& operator=(const Writers&) = delete;
+  ~Writers() { release(); }
+
+  void tell(unsigned w, char c) { say(w, &c, 1); }
+  void start_pass(unsigned w, std::uint64_t pass) {
+    char command[1 + sizeof pass] = {'g'};
+    std::memcpy(command + 1, &pass, sizeof pass);
+    say(w, command, sizeof command);
+  }
+  void say(unsigned w, const void* bytes, std::size_t size) {
+    if (::write(_children[w].to, bytes, size) != static_cast<ssize_t>(size))
+      FERRY_SYSCALL_FAIL("kv bench --writers: writer ", w, " is gone");
+  }
+  // Writer w's next message; a failure or a writer gone throws with what it said.
+  Message hear(unsigned w) {
+    Message m;
+    FERRY_EXPECT(receive(_children[w].from, &m, sizeof m), std::runtime_error,
+                 "kv bench --writers: writer ", w, " ended without a word");
+    FERRY_EXPECT(m.kind != 'e', std::runtime_error, "kv bench --writers: ",
+                 std::string(m.text, strnlen(m.text, sizeof m.text)));
+    return m;
+  }
+  // Whether writer w has a message waiting.
+  bool ready(unsigned w) const {
+    pollfd fd{_children[w].from, POLLIN, 0};
+    return ::poll(&fd, 1, 0) > 0;
+  }
+
+ private:
+  struct Child {
+    pid_t pid;
+    int to, from;
+  };
+
+  // Forks writer w, its pipes made first.
+  void start(const Plan& p, unsigned w) {
+    int to[2], from[2];
+    if (::pipe(to) != 0) FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
+    if (::pipe(from) != 0) {
+      ::close(to[0]);
+      ::close(to[1]);
+      FERRY_SYSCALL_FAIL("kv bench --writers: pipe");
+    }
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(to[1]);
+      ::close(from[0]);
+      for (const Child& c : _children) {  // the earlier writers' pipes are theirs alone
+        ::close(c.to);
+        ::close(c.from);
+      }
+      writer_main(p, w, to[0], from[1]);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    if (child < 0) {
+      ::close(to[1]);
+      ::close(from[0]);
+      FERRY_SYSCALL_FAIL("kv bench --writers: fork");
+    }
+    _children.push_back({child, to[1], from[0]});
+  }
+
+  // Closes the command pipes (a writer at EOF closes its store and exits), reaps the writers.
+  void release() noexcept {
+    for (Child& c : _children) ::close(c.to);
+    for (Child& c : _children) {
+      int status = 0;
+      ::waitpid(c.pid, &status, 0);
+      ::close(c.from);
+    }
+    _children.clear();
+    std::signal(SIGPIPE, _old_sigpipe);
+  }
+
+  std::vector<Child> _children;
+  void (*_old_sigpipe)(int) = SIG_DFL;
+};
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * double(v.size())))];
+}
+
+// Seconds of one lookup of a 16-key prefix of writer w's blocks of `pass`.
+double timed_lookup(KVStore& reader, const Plan& p, std::uint64_t pass, unsigned w) {
+  std::vector<KVKey> keys(std::min(kPrefix, p.count));
+  for (std::uint64_t k = 0; k < keys.size(); ++k) keys[k] = key_of(pass, w, k);
+  const auto start = Clock::now();
+  reader.lookup(keys);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The reader gets every writer's blocks of `pass`, each batch compared with what was put;
+// returns the seconds.
+double read_back(KVStore& reader, const Plan& p, std::uint64_t pass) {
+  kv_bench::BatchMemory target(p.o.device, p.block, p.batch, p.layout);
+  // Its pages made before timing: faulting in fresh pages under the first O_DIRECT reads cost
+  // this machine a second per 256 MiB, and a reader of a serving engine reads into memory it has.
+  target.fill(std::vector<std::byte>(p.block * p.batch));
+  std::vector<std::vector<KVPiece>> pieces(p.batch);
+  for (std::uint64_t b = 0; b < p.batch; ++b) pieces[b] = target.block(b);
+  const std::vector<KVBlock> blocks(pieces.begin(), pieces.end());
+  std::vector<KVKey> keys(p.batch);
+  double seconds = 0;
+  for (unsigned w = 0; w < p.o.writers; ++w) {
+    const std::vector<std::byte> expected = pattern_of(p, w);
+    for (std::uint64_t i = 0; i < p.count; i += p.batch) {
+      for (std::uint64_t k = 0; k < p.batch; ++k) keys[k] = key_of(pass, w, i + k);
+      const auto start = Clock::now();
+      for (const KVResult& r : reader.get(keys, blocks))
+        FERRY_EXPECT(r.ok(), std::runtime_error, "kv bench --writers: the reader's get of writer ",
+                     w, "'s block: ", to_string(r.status), ": ", r.message);
+      seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      FERRY_EXPECT(target.read() == expected, std::runtime_error,
+                   "kv bench --writers: writer ", w, "'s blocks read back differ from those put");
+    }
+  }
+  return seconds;
+}
+
+}  // namespace
+
+KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
+  FERRY_EXPECT(o.writers >= 1 && o.writers <= 64, std::invalid_argument,
+               "kv bench --writers: 1 to 64 writers, not ", o.writers);
+  Plan p;
+  p.o = o;
+  p.layout = kv_bench::piece_layout(o);
+  p.block = o.layout.empty() ? o.block_sizes.at(0) : kv_layout_block_bytes(o);
+  FERRY_EXPECT(p.block >= p.layout.pieces, std::invalid_argument, "kv bench: ", p.block,
+               "-byte blocks cannot hold ", p.layout.pieces, " pieces");
+  p.batch = kv_bench_batch(o, p.block);
+  p.count = std::max<std::uint64_t>(1, o.bytes / p.block / p.batch) * p.batch;
+  p.ns = {"kv-bench-fleet", "bytes",
+          "block=" + std::to_string(p.block) + ",layout=" + o.layout, 0, 1};
+  // Each writer's share holds one pass: a pass evicts the writer's pass before.
+  const std::uint64_t slot = (p.block + 4095) / 4096 * 4096;
+  p.capacity = p.count * o.writers * slot;
+  fs::create_directories(o.root);
+  p.root = o.root / "fleet";
+  fs::remove_all(p.root);
+  // Removed however the bench ends (after the writers are reaped: declared before them).
+  struct Scratch {
+    fs::path path;
+    ~Scratch() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } scratch{p.root};
+  const fs::path dir = p.root / KVStore::directory_name(p.ns);
+
+  KVFleetBenchRow row;
+  row.writers = o.writers;
+  row.block_bytes = p.block;
+  row.blocks_per_writer = p.count;
+  row.batch = p.batch;
+  row.rounds = std::max(1u, o.rounds);
+  {
+    Writers writers(p, o.writers);
+    for (unsigned w = 0; w < o.writers; ++w) {  // one at a time: the first creates the store
+      writers.tell(w, 'o');
+      writers.hear(w);
+    }
+    KVStoreOptions reading;
+    reading.read_only = true;
+    KVStore reader = KVStore::open(p.root, p.ns, p.capacity, p.block, reading);
+    const double gb = double(p.count) * double(p.block) / 1e9;
+    std::uint64_t pass = 0;
+    std::vector<double> one, fleet, lookups;
+    std::vector<std::vector<double>> each(o.writers);
+    for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // writer 0 alone
+      writers.start_pass(0, pass);
+      const Message m = writers.hear(0);
+      one.push_back(gb / (m.end - m.start));
+    }
+    for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // all at once, lookups beside them
+      for (unsigned w = 0; w < o.writers; ++w) writers.start_pass(w, pass);
+      std::vector<Message> done(o.writers);
+      std::vector<bool> heard(o.writers);
+      for (unsigned left = o.writers, w = 0; left > 0; w = (w + 1) % o.writers) {
+        lookups.push_back(timed_lookup(reader, p, pass, w));
+        // Paced as a scheduler asks (per request), not a spin that takes a core from the writers.
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+        for (unsigned v = 0; v < o.writers; ++v)
+          if (!heard[v] && writers.ready(v)) {
+            done[v] = writers.hear(v);
+            heard[v] = true;
+            --left;
+          }
+      }
+      double first = done[0].start, last = done[0].end;
+      for (unsigned w = 0; w < o.writers; ++w) {
+        first = std::min(first, done[w].start);
+        last = std::max(last, done[w].end);
+        each[w].push_back(gb / (done[w].end - done[w].start));
+      }
+      fleet.push_back(gb * o.writers / (last - first));
+    }
+    std::vector<double> idle;
+    for (unsigned i = 0; i < 200; ++i)
+      idle.push_back(timed_lookup(reader, p, pass - 1, i % o.writers));
+    for (const fs::path& slab : kv_bench::slabs_of(dir)) kv_bench::drop_cache(slab);
+    const double get_seconds = read_back(reader, p, pass - 1);
+    row.blocks_read = p.count * o.writers;
+    row.reader_get_gbps = double(row.blocks_read) * double(p.block) / 1e9 / get_seconds;
+    row.store_blocks = reader.stats().blocks;
+    row.one_writer_put_gbps = kv_bench::median(one);
+    row.fleet_put_gbps = kv_bench::median(fleet);
+    for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));
+    row.lookups = lookups.size();
+    row.lookup_p50_us = percentile(lookups, 0.5) * 1e6;
+    row.lookup_p99_us = percentile(lookups, 0.99) * 1e6;
+    row.idle_lookup_p50_us = percentile(idle, 0.5) * 1e6;
+    row.idle_lookup_p99_us = percentile(idle, 0.99) * 1e6;
+  }
+  return row;
+}
+
+#endif
+
+}  // namespace ferry

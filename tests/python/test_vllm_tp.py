@@ -1,0 +1,107 @@
+"""Load format "ferry" under tensor parallelism in the real vllm (skipped without it): two
+processes in vLLM's TP group over gloo on the CPU (vllm_tp_worker.py), vLLM's Llama and Qwen2
+built with TP=2; in every tp_mode each rank's parameters equal those "safetensors" gives, bit for
+bit, and the bytes each rank reads are as the mode says: process_group reads each byte once
+between the ranks, slices only this rank's slices, each_rank_reads_all everything. Where vLLM
+shards otherwise than ferry's rule (one KV head for two ranks: vLLM copies it to both), "slices"
+stops with an error, never wrong weights."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+if os.environ.get("FERRY_SKIP_PACKAGE_TESTS"):
+    pytest.skip("the package's tests are skipped in the sanitizer run", allow_module_level=True)
+pytest.importorskip("vllm")
+
+import vllm_helpers  # noqa: E402,F401  (VLLM_TARGET_DEVICE=cpu)
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import ferry  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_ranks(folders, ranks=2):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_tp_worker.py"), str(r),
+                               str(ranks), str(port)] + [str(f) for f in folders],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(ranks)]
+    results, logs = [], []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
+        assert p.returncode == 0 and line, text[-4000:]
+        results.append(json.loads(line[7:]))
+        logs.append(text)
+    return results, logs
+
+
+def tensor_bytes(folder) -> int:
+    return sum(t[3] for t in ferry.Checkpoint.open(ferry_path(folder)).tensors())
+
+
+def ferry_path(folder):
+    index = folder / "model.safetensors.index.json"
+    return str(index if index.exists() else folder / "model.safetensors")
+
+
+def test_tensor_parallel_modes(tmp_path):
+    torch.manual_seed(3)
+    llama = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=128)
+    qwen = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=128,
+                                    tie_word_embeddings=True)
+    # One KV head for two ranks: vLLM copies it to both, ferry's rule would split it.
+    one_kv = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=1, max_position_embeddings=128)
+    folders = [tmp_path / "llama", tmp_path / "qwen2", tmp_path / "one_kv"]
+    transformers.LlamaForCausalLM(llama).to(torch.bfloat16).save_pretrained(folders[0])
+    transformers.Qwen2ForCausalLM(qwen).to(torch.bfloat16).save_pretrained(
+        folders[1], max_shard_size="40KB")
+    transformers.LlamaForCausalLM(one_kv).to(torch.bfloat16).save_pretrained(folders[2])
+
+    results, logs = run_ranks(folders)
+    # vLLM's log says what each rank did (ferry's lines go where vLLM's go).
+    for rank, text in enumerate(logs):
+        assert f"ferry: tp_mode process_group, rank {rank} of 2 read " in text, text[-3000:]
+        assert "Loading weights took" in text
+    for folder in folders:
+        total = tensor_bytes(folder)
+        rows = [r[str(folder)] for r in results]
+        # TP=2 indeed: rank 0's qkv_proj holds half of the query heads.
+        assert rows[0]["shapes"]["model.layers.0.self_attn.qkv_proj.weight"][0] == 64
+        for mode in ("process_group", "each_rank_reads_all"):
+            for rank, row in enumerate(rows):
+                assert row[mode].get("equal") is True, (folder.name, mode, rank, row[mode])
+                assert row[mode]["tp_mode"] == mode
+        # Each byte once between the ranks (a rank reads at most an aligned block more).
+        read = [row["process_group"]["bytes_read"] for row in rows]
+        assert sum(read) >= total and all(r < total for r in read), (read, total)
+        assert all(row["each_rank_reads_all"]["bytes_read"] == total for row in rows)
+        if folder.name == "one_kv":
+            for row in rows:
+                assert "error" in row["slices"], row["slices"]
+                assert "k_proj" in row["slices"]["error"] or "qkv_proj" in row["slices"]["error"]
+                assert "tp_mode \"process_group\"" in row["slices"]["error"]
+        else:
+            for rank, row in enumerate(rows):
+                assert row["slices"].get("equal") is True, (folder.name, rank, row["slices"])
+                assert row["slices"]["bytes_read"] < total

@@ -1,0 +1,73 @@
+"""One rank of test_vllm_tp: vLLM's tensor-parallel group of `ranks` processes over gloo on the
+CPU, each model built with TP through load_format "safetensors" and through "ferry" in every
+tp_mode; prints one line "RESULT {json}" with, per model and mode, whether every parameter is
+equal bit for bit, the bytes this rank read, or the error raised.
+
+    python vllm_tp_worker.py RANK RANKS PORT FOLDER [FOLDER...]
+"""
+import json
+import sys
+
+import vllm_helpers  # noqa: F401  (VLLM_TARGET_DEVICE=cpu)
+import torch
+
+MODES = ("process_group", "slices", "each_rank_reads_all")
+
+
+def build(folder, load_format, extra=None):
+    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    config = VllmConfig(model_config=ModelConfig(model=folder, dtype="bfloat16",
+                                                 skip_tokenizer_init=True),
+                        load_config=LoadConfig(load_format=load_format,
+                                               model_loader_extra_config=extra or {}),
+                        device_config=DeviceConfig("cpu"))
+    with set_current_vllm_config(config):
+        loader = get_model_loader(config.load_config)
+        with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
+            model = loader.create_model(vllm_config=config, model_config=config.model_config)
+        loader.load_weights(model, config.model_config)
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return params, getattr(loader, "last_load", {})
+
+
+def same(a, b) -> bool:
+    return a.keys() == b.keys() and all(
+        a[n].dtype == b[n].dtype and a[n].shape == b[n].shape and
+        torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8)) for n in a)
+
+
+def main() -> None:
+    rank, ranks, port = (int(x) for x in sys.argv[1:4])
+    import logging
+    vllm_log = logging.getLogger("vllm")  # as vLLM's engine configures it
+    vllm_log.addHandler(logging.StreamHandler(sys.stdout))
+    vllm_log.setLevel(logging.INFO)
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+    with set_current_vllm_config(VllmConfig()):
+        parallel_state.init_distributed_environment(ranks, rank, f"tcp://127.0.0.1:{port}", rank,
+                                                    "gloo")
+        parallel_state.initialize_model_parallel(ranks, 1)
+    import ferry.vllm
+    ferry.vllm.register()
+    out = {}
+    for folder in sys.argv[4:]:
+        reference, _ = build(folder, "safetensors")
+        shards = {n: list(p.shape) for n, p in reference.items()}
+        rows = {"shapes": shards}
+        for mode in MODES:
+            try:
+                params, last = build(folder, "ferry", {"tp_mode": mode, "group_bytes": 32 << 10})
+                rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
+                              "tp_mode": last["tp_mode"]}
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                rows[mode] = {"error": f"{type(e).__name__}: {e}"}
+        out[folder] = rows
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
