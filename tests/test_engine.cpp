@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "ferry/error.hpp"
 #include "ferry/loaded_checkpoint.hpp"
@@ -107,6 +108,36 @@ void expect_ordered_timeline(const LoadStats& stats) {
   EXPECT_LE(p.copies_done, p.done);
   EXPECT_GT(stats.submit_seconds, 0.0);
   EXPECT_LE(stats.submit_seconds + p.done, stats.seconds);
+  EXPECT_GT(p.first_job, 0.0);
+  EXPECT_LE(p.first_job, p.last_job);
+  EXPECT_LE(p.first_job, p.first_read);  // a worker runs before it reads
+  EXPECT_GE(p.staging_ready, p.first_job);
+  EXPECT_GE(p.streams_ready, p.staging_ready);
+  EXPECT_LE(p.streams_ready, p.done);  // a worker with no group left may start after the copies
+  // The same phases on the load's clock, in order, from planning to the end.
+  const auto& t = stats.timeline;
+  ASSERT_GE(t.size(), 6u);
+  EXPECT_EQ(t[0].first, "planned");
+  EXPECT_EQ(t[1].first, "allocated");
+  EXPECT_EQ(t[2].first, "submitted");
+  EXPECT_EQ(t.back().first, "done");
+  EXPECT_DOUBLE_EQ(t.back().second, stats.seconds);
+  for (std::size_t i = 1; i < t.size(); ++i) EXPECT_LE(t[i - 1].second, t[i].second) << t[i].first;
+  const auto at = [&](const std::string& name) {
+    for (const auto& [n, seconds] : t)
+      if (n == name) return seconds;
+    ADD_FAILURE() << "no " << name << " in the timeline";
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(at("first_read"), stats.submit_seconds + p.first_read);
+  EXPECT_LE(at("first_worker"), at("first_read"));
+  EXPECT_LE(at("staging_ready"), at("submission_done"));
+  EXPECT_LE(at("streams_ready"), at("submission_done"));
+  EXPECT_EQ(stats.pipeline.page_cache_leased, 0.0);  // page-cache DMA is off
+  // And in the JSON every front end reads.
+  const std::string json = to_json(stats);
+  EXPECT_NE(json.find("\"timeline\":[[\"planned\","), std::string::npos) << json;
+  EXPECT_NE(json.find("\"staging_ready\""), std::string::npos);
 }
 
 TEST(Engine, StatisticsSayWhenEachStageOfTheLoadWasReached) {
@@ -129,6 +160,38 @@ TEST(Engine, StatisticsSayWhenEachStageOfTheLoadWasReached) {
     EXPECT_EQ(loaded.stats().pipeline.copy_groups, 0u);
     EXPECT_EQ(loaded.stats().pipeline.copy_busy, 0.0);
   }
+}
+
+// A started load hands out its final addresses at once; its bytes are there once wait() returns.
+TEST(Engine, StartedLoadGivesItsAddressesFirstAndItsBytesAfterTheWait) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 13);
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
+  LoadOptions options;
+  options.chunk_bytes = 64 << 10;
+  PendingLoad pending = start_load(ckpt, options);
+  std::vector<void*> addresses;
+  for (const auto& t : pending.loaded().tensors()) addresses.push_back(t.data);
+  ASSERT_EQ(addresses.size(), written.size());
+  LoadedCheckpoint loaded = pending.wait();
+  ASSERT_EQ(loaded.tensors().size(), addresses.size());
+  for (std::size_t i = 0; i < addresses.size(); ++i)
+    EXPECT_EQ(loaded.tensors()[i].data, addresses[i]) << loaded.tensors()[i].info->name;
+  expect_equal_to_plain(loaded);
+  EXPECT_THROW(pending.wait(), std::logic_error);
+}
+
+// A started load dropped without a wait is cancelled; its copies stop before its memory goes
+// (ASan and TSan would see a copy into freed memory), and the engine serves the next load.
+TEST(Engine, StartedLoadDroppedWithoutAWaitStopsBeforeItsMemoryGoes) {
+  TempDir dir;
+  auto written = test::write_random_checkpoint(dir / "m.safetensors", odd_specs(), 14);
+  auto ckpt = Checkpoint::open_shared(dir / "m.safetensors");
+  LoadOptions options;
+  options.chunk_bytes = 4096;
+  options.reader_threads = 2;
+  for (int i = 0; i < 5; ++i) (void)start_load(ckpt, options);
+  expect_equal_to_plain(load(ckpt, options));
 }
 
 TEST(Engine, LoadsASubsetOnly) {

@@ -73,6 +73,24 @@ TEST(FanoutLoad, ReplicasOnThreeHostRanks) {
   EXPECT_EQ(s.bytes_read, s.checkpoint_bytes);  // once, not three times
   EXPECT_EQ(s.tensor_bytes, 3 * s.checkpoint_bytes);
   EXPECT_GT(s.rounds, 1u);
+  // When each phase was reached, in order, from planning to the end.
+  ASSERT_GE(s.timeline.size(), 6u);
+  EXPECT_EQ(s.timeline[0].first, "planned");
+  EXPECT_EQ(s.timeline[1].first, "allocated");
+  EXPECT_EQ(s.timeline.back().first, "done");
+  EXPECT_DOUBLE_EQ(s.timeline.back().second, s.seconds);
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < s.timeline.size(); ++i) {
+    names.push_back(s.timeline[i].first);
+    if (i > 0) {
+      EXPECT_LE(s.timeline[i - 1].second, s.timeline[i].second) << names.back();
+    }
+  }
+  for (const std::string want : {"round 0 submitted", "round 0 read", "round 0 exchanges queued",
+                                 "round 1 read", "round 0 first_read", "round 0 staging_ready",
+                                 "reads_done"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  EXPECT_NE(to_json(s).find("\"timeline\":[[\"planned\","), std::string::npos);
   ASSERT_EQ(s.ranks.size(), 3u);
   std::uint64_t links = 0;
   for (const auto& r : s.ranks) links += r.link_bytes;

@@ -98,9 +98,18 @@ ENGINE_STATS = ("seconds", "allocate_seconds", "submit_seconds", "staging_second
 def load_ferry(path, device, group, shard, engine):
     import ferry.torch
     if group is not None:
-        return ferry.torch.load_file(path, device=device, process_group=group, shard=shard)
+        # load_file(..., process_group=group, shard=shard) with its statistics: the same code.
+        from ferry._distributed import load_sharded
+        tensors, stats = load_sharded(path, device, group, shard, return_stats=True)
+        engine["group_timeline"] = stats.get("timeline", [])
+        if stats.get("reads"):
+            engine["round0_timeline"] = stats["reads"][0].get("timeline", [])
+            engine.update({k: stats["reads"][0][k] for k in ENGINE_STATS if k in stats["reads"][0]})
+        return tensors
     tensors, stats = ferry.torch.load_with_stats(path, device=device)
     engine.update({k: stats[k] for k in ENGINE_STATS if k in stats})
+    engine["timeline"] = stats.get("timeline", [])
+    engine["python_timeline"] = stats.get("python_timeline", [])
     return tensors
 
 
@@ -353,6 +362,9 @@ def run_cli(args, path, cold):
             stats = one(1 + args.later)
         runs = [{"seconds": s.get("call_seconds", s["seconds"]), "tensor_bytes": s["tensor_bytes"],
                  "engine_seconds": s["seconds"]} for s in stats]
+        for run, s in zip(runs, stats):
+            if s.get("timeline"):
+                run["engine"] = {"timeline": s["timeline"]}
     except (RuntimeError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
         return None, f"{type(e).__name__}: {e}"
     return runs, None
@@ -384,16 +396,38 @@ def print_table(rows, h2d):
         print(f"{head} {r['first_seconds']:>8.3f} {r['first_gbps']:>6.1f} {later} {ratio}")
 
 
+# The timelines a ferry load reports (milliseconds from its start): the engine's (one GPU; the
+# CLI's too), the Python call's around it, and with --nproc the group load's and its round 0
+# reads'.
+TIMELINES = (("timeline", "engine"), ("python_timeline", "python"),
+             ("group_timeline", "group load"), ("round0_timeline", "round 0 reads"))
+
+
+def format_timeline(marks, limit=24):
+    """'name ms, ...' of a timeline's marks, rounds past the first two elided."""
+    shown = [m for m in marks if not (m[0].startswith("round ") and m[0].split()[1].isdigit()
+                                      and int(m[0].split()[1]) >= 2)]
+    if len(shown) > limit:
+        shown = shown[:limit // 2] + shown[-limit // 2:]
+    return ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in shown)
+
+
 def print_engine(rows):
-    """Where ferry's first and later loads spent their time (its statistics, seconds)."""
+    """Where ferry's first and later loads spent their time (its statistics, seconds), and when
+    each phase of the first and the last load was reached (ms)."""
     for r in rows:
         runs = r.get("runs") or []
         if len(runs) < 2 or "engine" not in runs[0]:
             continue
         first, later = runs[0]["engine"], runs[-1]["engine"]
         keys = [k for k in ENGINE_STATS if k.endswith("seconds") and k in first]
-        print(f"{r['case']} {r['temp']} {r['loader']}: " + ", ".join(
-            f"{k[:-8]} {first[k]:.4f}/{later.get(k, 0):.4f}" for k in keys) + " (first/last load)")
+        if keys:
+            print(f"{r['case']} {r['temp']} {r['loader']}: " + ", ".join(
+                f"{k[:-8]} {first[k]:.4f}/{later.get(k, 0):.4f}" for k in keys) + " (first/last load)")
+        for key, label in TIMELINES:
+            for which, run in (("first", first), ("last", later)):
+                if run.get(key):
+                    print(f"  {label} timeline, {which} load (ms): {format_timeline(run[key])}")
 
 
 def main():

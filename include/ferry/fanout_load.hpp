@@ -109,6 +109,10 @@ struct FanoutStats {
   std::string next_round;   // "eager" or "at-tail" (FanoutOptions::next_round)
   std::string submissions;  // "per-round" or "per-device" (FanoutOptions::submissions)
   FanoutPhases phases;
+  // As LoadStats::timeline: planned, allocated, page_cache_mapped, each round submitted, read
+  // and its exchanges queued, round 0's start-up (its workers, staging, streams), reads_done,
+  // done; seconds from the load's start, in order.
+  std::vector<std::pair<std::string, double>> timeline;
   std::vector<RankLoadStats> ranks;
   std::vector<FileLoadStats> files;
   double gigabytes_per_second() const {  // aggregate: bytes landed on all ranks
@@ -154,6 +158,7 @@ class FanoutRoundRead {
   LoadOptions _options;
   LoadStats _stats;
   std::chrono::steady_clock::time_point _began;
+  double _submitted = 0;  // seconds from _began to the submission
 };
 
 // Starts the reads and returns at once, so that the next round's reads can be queued behind them

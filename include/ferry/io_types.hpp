@@ -57,6 +57,14 @@ struct FileLoadStats {
 // long copies were queued or running (copy_busy) within copy_span: the copy engine starved for
 // the rest.
 struct PipelineTimes {
+  // A first load's start-up, before any read: files registered for page-cache DMA (where on),
+  // the first and the last worker running (thread start, the pool's hand-off), and every worker
+  // holding its first staging slot (pinned for a GPU) and its streams and events.
+  double page_cache_leased = 0;
+  double first_job = 0;
+  double last_job = 0;
+  double staging_ready = 0;
+  double streams_ready = 0;
   double first_read = 0;   // the first read into staging finished
   double first_copy = 0;   // the first copy out of staging was queued
   double last_read = 0;    // the last read finished

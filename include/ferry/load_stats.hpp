@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/io_types.hpp"
@@ -42,6 +43,11 @@ struct LoadStats {
   double page_cache_register_seconds = 0;
   double submit_seconds = 0;  // from the load's start to the submission (plan, allocation, route)
   PipelineTimes pipeline;     // from the submission on
+  // When the load reached each phase, in seconds from its start, in order: what a first load
+  // pays before its first read shows here (planned, allocated, submitted, then the staged path's
+  // workers started, staging ready, streams ready, first read...; pipeline's times moved onto
+  // the load's clock). Phases not reached are left out.
+  std::vector<std::pair<std::string, double>> timeline;
 
   double gigabytes_per_second() const {
     return seconds > 0 ? static_cast<double>(tensor_bytes) / seconds / 1e9 : 0.0;
@@ -51,5 +57,11 @@ struct LoadStats {
 // The statistics as one JSON object, field names as above (gigabytes_per_second included, each
 // file's io_path by name): what `ferry load --json` prints and Python's stats() returns.
 std::string to_json(const LoadStats& stats);
+
+// Appends a staged submission's phases (its PipelineTimes, `submitted` seconds after the load's
+// start) to `timeline`, in the order they were reached, each name after `prefix`.
+void add_pipeline_phases(const PipelineTimes& pipeline, double submitted,
+                         std::vector<std::pair<std::string, double>>& timeline,
+                         std::string_view prefix = {});
 
 }  // namespace ferry

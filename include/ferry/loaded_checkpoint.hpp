@@ -1,6 +1,7 @@
 // Loading a checkpoint, and the result: every tensor's address in destination memory.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -12,6 +13,7 @@
 #include "ferry/checkpoint.hpp"
 #include "ferry/load_options.hpp"
 #include "ferry/load_stats.hpp"
+#include "ferry/transfer.hpp"
 
 namespace ferry {
 
@@ -20,6 +22,8 @@ struct LoadedTensor {
   // Host pointer for cpu, device address for cuda. 256-byte aligned in ferry's allocation.
   void* data = nullptr;
 };
+
+class PendingLoad;
 
 // Owns the checkpoint description and the one destination allocation. The memory stays valid
 // while any copy of memory() is held, so views can outlive this object safely.
@@ -33,7 +37,8 @@ class LoadedCheckpoint {
   const std::shared_ptr<void>& memory() const noexcept { return _memory; }
 
  private:
-  friend LoadedCheckpoint load(std::shared_ptr<const Checkpoint>, const LoadOptions&);
+  friend class PendingLoad;
+  friend PendingLoad start_load(std::shared_ptr<const Checkpoint>, const LoadOptions&);
   std::shared_ptr<const Checkpoint> _checkpoint;
   Device _device;
   std::shared_ptr<void> _memory;
@@ -42,7 +47,37 @@ class LoadedCheckpoint {
   LoadStats _stats;
 };
 
-// Loads into one new allocation on options.device.
+// A load under way (start_load): its allocation is made and every tensor's address is final,
+// so views of them can be built while the bytes land (Python builds its tensors then); they hold
+// the checkpoint's bytes once wait() has returned.
+class PendingLoad {
+ public:
+  PendingLoad(PendingLoad&&) noexcept = default;
+  PendingLoad& operator=(PendingLoad&&) = delete;
+  // A load never waited for is cancelled; its copies stop before the memory can go.
+  ~PendingLoad();
+
+  const LoadedCheckpoint& loaded() const noexcept { return _loaded; }
+  // Until every byte landed (polling options.keep_going); rethrows the first failure, or
+  // ferry::Cancelled. Once: the result moves out (a second call throws std::logic_error).
+  LoadedCheckpoint wait();
+
+ private:
+  friend PendingLoad start_load(std::shared_ptr<const Checkpoint>, const LoadOptions&);
+  PendingLoad() = default;
+  LoadedCheckpoint _loaded;
+  LoadOptions _options;
+  std::string _settings_source;
+  std::chrono::steady_clock::time_point _started, _submitting;
+  bool _waited = false;
+  Ticket _ticket;  // last: destroyed (waited for) before the memory above
+};
+
+// Plans, allocates and submits a load into one new allocation on options.device, and returns
+// while the bytes are read: throws what load() throws before its reads (bad options, no memory).
+PendingLoad start_load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options);
+
+// Loads into one new allocation on options.device: start_load(...).wait().
 LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options);
 
 // Frees the staging memory ferry keeps between loads (pinned for GPU loads; at most the

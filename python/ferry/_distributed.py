@@ -14,6 +14,7 @@ fail when the process group's timeout (init_process_group(timeout=...)) runs out
 On machines with NVLink multicast keep NCCL_NVLS_ENABLE=0 (and TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1) in every process: ferry does not change the environment itself.
 """
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -93,6 +94,74 @@ def _check_agreement(plan, group, device: torch.device, label: str) -> None:
                      f"(different files, sizes or shard specs): {detail}")
 
 
+# The warm-up all-gather's bytes per rank: large enough that NCCL takes the protocol and channels
+# of a round's gather (256 MiB per rank), not those of a few bytes.
+_WARM_GATHER_BYTES = 16 << 20
+
+
+def _connect_ring(group, device: torch.device, gather_bytes: int, works: List[Any]) -> None:
+    """NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it, and
+    CUDA loads a kernel at its first launch; a warm-up all_reduce of a few bytes may have taken
+    another algorithm (tree) and protocol. One all-gather shaped like round 0's (at most 16 MiB
+    per rank), queued while round 0's reads run, pays for both then, not at round 0's gather
+    (broadcasts take the same ring)."""
+    if dist.get_backend(group) != "nccl" or dist.get_world_size(group) < 2:
+        return
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    per_rank = max(1, min(gather_bytes or _WARM_GATHER_BYTES, _WARM_GATHER_BYTES))
+    region = torch.zeros(world * per_rank, dtype=torch.uint8, device=device)
+    works.append(dist.all_gather_into_tensor(region, region[rank * per_rank:(rank + 1) * per_rank],
+                                             group=group, async_op=True))
+    works.append(region)  # alive until waited for
+
+
+class _Timeline:
+    """Where a load's time went: host marks in seconds from its start, and (NCCL) when each
+    round's exchanges finished on the GPU, on the same clock through an event recorded at a
+    known host time. Observation only: a stream of its own waits for the collectives, so the
+    load's own streams are ordered as without it."""
+
+    def __init__(self, device: torch.device, nccl: bool):
+        self.began = time.perf_counter()
+        self.marks: List[List[Any]] = []
+        self._gpu = nccl and device.type == "cuda"
+        self._device = device
+        self._events: List[Tuple[str, Any]] = []
+        self._reference = None
+
+    def mark(self, name: str) -> None:
+        self.marks.append([name, time.perf_counter() - self.began])
+
+    def start_gpu_clock(self) -> None:
+        """After the device's current stream was synchronized: its reference event completes at
+        once."""
+        if not self._gpu:
+            return
+        self._stream = torch.cuda.Stream(self._device)
+        self._reference = torch.cuda.Event(enable_timing=True)
+        self._reference.record(torch.cuda.current_stream(self._device))
+        self._reference_at = time.perf_counter() - self.began
+
+    def exchanged(self, name: str, works: List[Any]) -> None:
+        """Notes when `works` (collectives) finish on the GPU."""
+        if self._reference is None:
+            return
+        with torch.cuda.stream(self._stream):
+            for work in works:
+                if not isinstance(work, torch.Tensor):
+                    work.wait()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self._stream)
+        self._events.append((name, event))
+
+    def result(self) -> List[List[Any]]:
+        """After the device was synchronized: every mark, in time order."""
+        out = list(self.marks)
+        for name, event in self._events:
+            out.append([name + " (gpu)", self._reference_at + self._reference.elapsed_time(event) / 1e3])
+        return sorted(out, key=lambda m: m[1])
+
+
 def _scatter(plan, k, rank, group, memory, scratch, works) -> None:
     """Round k's tensors split along an inner dimension: each is broadcast from the rank that read
     it (its scratch) and every rank copies its columns out. A broadcast runs on the group's ring,
@@ -138,7 +207,8 @@ def _start_round(plan, k, rank, device, memory, scratch, engine):
                                      memory.data_ptr(), scratch.data_ptr(), **engine)
 
 
-def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading):
+def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading,
+                timeline):
     """The rounds, round 0's reads started already (`reading`)."""
     nccl = dist.get_backend(group) == "nccl"
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
@@ -165,6 +235,7 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
                 settle(k - 1)
             following = start(k + 1)
         stats["reads"].append(reading.wait())
+        timeline.mark(f"round {k} read")
         reading = following
         works: List[Any] = []
         _scatter(plan, k, rank, group, memory, scratch, works)
@@ -178,6 +249,8 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
                 works.append(dist.all_gather(list(region.chunk(world)), own.clone(), group=group,
                                              async_op=True))
         pending.append(works)
+        timeline.mark(f"round {k} exchanges queued")
+        timeline.exchanged(f"round {k} exchanged", works)
     for works in pending:
         for work in works:
             if not isinstance(work, torch.Tensor):
@@ -190,22 +263,31 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc."""
     group = process_group if process_group is not None else dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    target = torch.device(normalize_device(device))
+    timeline = _Timeline(target, dist.get_backend(group) == "nccl")
     checkpoint = open_checkpoint(path)
     label = str(path)
     rule, specs = _specs(checkpoint, shard)
     plan = _ferry.plan_fanout(checkpoint, world, rule, specs,
                               list(names) if names is not None else None,
                               engine.get("chunk_bytes") or 0, round_bytes)
-    target = torch.device(normalize_device(device))
+    timeline.mark("planned")
     memory = torch.empty(plan.dest_bytes(rank), dtype=torch.uint8, device=target)
     scratch = torch.empty(plan.scratch_bytes(rank), dtype=torch.uint8, device=target)
     if target.type == "cuda":  # the allocator may hand out memory that queued work still uses
         torch.cuda.current_stream(target).synchronize()
+    timeline.mark("allocated")
+    timeline.start_gpu_clock()
     # Round 0's reads (this rank's own plan, into its own memory) run while the ranks check that
     # their plans agree: a fresh process's first collective and staging overlap the reads.
     reading = _start_round(plan, 0, rank, device, memory, scratch, engine) if plan.rounds else None
+    timeline.mark("round 0 started")
+    warm: List[Any] = []
     try:
         _check_agreement(plan, group, target, label)
+        timeline.mark("plans agreed")
+        _connect_ring(group, target, plan.gather(0)[1] if plan.rounds else 0, warm)
+        timeline.mark("ring connect queued")
     except BaseException:
         if reading is not None:
             try:
@@ -216,12 +298,19 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
              "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
     try:
-        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading)
+        timeline.exchanged("ring connected", warm)
+        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading,
+                    timeline)
+        for work in warm:
+            if not isinstance(work, torch.Tensor):
+                work.wait()
+        timeline.mark("exchanges waited")
     except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
         raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
                            f"(did another rank stop or fail?): {e}") from e
     if target.type == "cuda":
         torch.cuda.synchronize(target)
+    timeline.mark("synchronized")
 
     table = tensor_table(checkpoint)
     out: Dict[str, torch.Tensor] = {}
@@ -229,6 +318,8 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
         dtype = table[name][0]
         raw = memory[dest:dest + nbytes]
         out[name] = raw.view(torch_dtype(dtype, name)).reshape(torch_shape(dtype, list(shape)))
+    timeline.mark("tensors built")
+    stats["timeline"] = timeline.result()
     return (out, stats) if return_stats else out
 
 

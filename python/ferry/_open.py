@@ -334,13 +334,13 @@ class safe_open:
         """Every tensor, in file order, through one engine load (one allocation on the device)."""
         self._check_open()
         table = tensor_table(self._checkpoint)
-        loaded = _ferry.load(self._checkpoint, engine_device(self._device))
         if self._framework == "np":
+            loaded = _ferry.load(self._checkpoint, engine_device(self._device))
             return {name: numpy_view(loaded, name, dtype, shape, size)
                     for name, (dtype, shape, size) in table.items()}
-        from ._views import _tensors
+        from ._views import _load_tensors
 
-        tensors = _tensors(loaded, table)
+        tensors = _load_tensors(self._checkpoint, engine_device(self._device))[0]
         if engine_device(self._device) != self._device:
             tensors = {name: t.to(self._device) for name, t in tensors.items()}
         return {name: tensors[name] for name in table}

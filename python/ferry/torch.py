@@ -3,6 +3,7 @@ plus loaders for inference servers (load_with_stats, iterate_weights, load_into)
 streaming (offload)."""
 import concurrent.futures
 import os
+import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
@@ -13,7 +14,7 @@ from ._ferry import SafetensorError
 from ._open import check_backend, open_checkpoint, safe_open
 from ._save import _storage, shared_tensor_groups as _shared_groups  # as safetensors groups
 from ._save import torch_save as save, torch_save_file as save_file, torch_write_file as write_file  # noqa: F401
-from ._views import _tensors
+from ._views import _load_tensors, _tensors
 from .offload import ExpertOffload, Offload, offload, offload_experts, plan_offload
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -33,14 +34,20 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
     copies straight from there, reused by later loads in the process; cache_device_memory=True
     takes GPU memory from a cache that keeps what loads free for later loads, until
     ferry.release_cached_device_memory())."""
+    began = time.perf_counter()
     checkpoint = open_checkpoint(path)
     target = normalize_device(device)
-    loaded = _ferry.load(checkpoint, engine_device(target), list(names) if names is not None else None,
-                         progress=progress, **engine)
-    tensors = _tensors(loaded, tensor_table(checkpoint))
+    opened = time.perf_counter() - began
+    tensors, loaded, marks = _load_tensors(checkpoint, engine_device(target),
+                                           list(names) if names is not None else None,
+                                           progress=progress, **engine)
     if engine_device(target) != target:
         tensors = {name: t.to(target) for name, t in tensors.items()}
-    return tensors, loaded.stats()
+    stats = loaded.stats()
+    # Python's side of the timeline, in seconds from this call's start.
+    stats["python_timeline"] = ([["opened", opened]] + [[n, opened + t] for n, t in marks] +
+                                [["returned", time.perf_counter() - began]])
+    return tensors, stats
 
 
 def load_file(filename: PathLike, device: Union[str, int] = "cpu", *,

@@ -218,10 +218,9 @@ def from_pretrained(cls_or_auto, path: PathLike, device: Any = "cpu", torch_dtyp
 
     for name, dtype_name in ((n, table[n][0]) for n in mapping):
         _torch_dtype(dtype_name, name)  # refuse dtypes this torch lacks before loading
-    loaded = _ferry.load(checkpoint, dev, list(mapping))
-    from ._views import _tensors
+    from ._views import _load_tensors
 
-    tensors = _tensors(loaded, table)
+    tensors, loaded, _ = _load_tensors(checkpoint, dev, list(mapping))
     with torch.no_grad():
         for name, target in mapping.items():
             _assign(model, target, tensors.pop(name))
@@ -292,10 +291,9 @@ def _through_transformers(model_class, path, checkpoint, dev, dtype, config, str
     them (its conversion mapping: renames, fused MoE experts, casts) and fills the model. No
     model path goes with the state_dict: transformers 5 refuses both, and without one it reads
     no file itself."""
-    from ._views import _tensors
+    from ._views import _load_tensors
 
-    loaded = _ferry.load(checkpoint, dev)
-    state = _tensors(loaded, tensor_table(checkpoint))
+    state, loaded, _ = _load_tensors(checkpoint, dev)
     model, info = model_class.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
                                               **_dtype_kwarg(dtype))
     del state

@@ -129,6 +129,52 @@ void translate_system_error(const std::exception_ptr& p, void*) {
   }
 }
 
+// A uint8 view of one loaded tensor's bytes that keeps the loaded memory alive.
+Bytes tensor_bytes(const LoadedCheckpoint& l, const std::string& name) {
+  const LoadedTensor* t = l.find(name);
+  FERRY_EXPECT(t != nullptr, std::invalid_argument, "tensor \"", name, "\" was not loaded");
+  return byte_view(l.memory(), t->data, t->info->size, l.device());
+}
+
+// (name, DLPack view with the tensor's dtype and shape, or None) for every tensor: one call for
+// all, since per-tensor Python calls cost more than the I/O of a small tensor, and one owner
+// shared by every view. None where the dtype has no DLPack type every framework reads.
+std::vector<std::pair<std::string, nb::object>> tensor_views(const LoadedCheckpoint& l) {
+  std::vector<std::pair<std::string, nb::object>> out;
+  out.reserve(l.tensors().size());
+  const int device_type = l.device().is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
+  const int device_id = l.device().is_cuda() ? l.device().index : 0;
+  nb::capsule owner = keep_alive(l.memory());
+  std::vector<std::size_t> shape;
+  for (const auto& t : l.tensors()) {
+    const auto type = t.info->ggml_type < 0 ? dlpack_dtype(t.info->dtype) : std::nullopt;
+    if (!type || t.info->shape.size() > kMaxViewRank) {
+      out.emplace_back(t.info->name, nb::none());
+      continue;
+    }
+    shape.assign(t.info->shape.begin(), t.info->shape.end());
+    nb::ndarray<> view(t.data, shape.size(), shape.data(), owner, nullptr, *type, device_type,
+                       device_id);
+    out.emplace_back(t.info->name, nb::cast(view));
+  }
+  return out;
+}
+
+// A load under way, held by Python. Dropped without wait(), it is cancelled and its copies
+// stop without the GIL held: a progress callback may need the GIL to let a worker go on.
+struct PyPendingLoad {
+  std::optional<PendingLoad> load;
+  const LoadedCheckpoint& loaded() const {
+    FERRY_EXPECT(load.has_value(), std::logic_error, "load: waited for already");
+    return load->loaded();
+  }
+  ~PyPendingLoad() {
+    if (!load) return;
+    nb::gil_scoped_release release;
+    load.reset();
+  }
+};
+
 }  // namespace
 
 // The library's JSON of the statistics, as a Python dict: one list of fields for every front end.
@@ -306,14 +352,8 @@ NB_MODULE(_ferry, m) {
              for (const auto& t : l.tensors()) out.push_back(t.info->name);
              return out;
            })
-      .def("bytes",
-           [](const LoadedCheckpoint& l, const std::string& name) {
-             const LoadedTensor* t = l.find(name);
-             FERRY_EXPECT(t != nullptr, std::invalid_argument, "tensor \"", name,
-                          "\" was not loaded");
-             return byte_view(l.memory(), t->data, t->info->size, l.device());
-           },
-           "name"_a, "A uint8 view of the tensor's bytes that keeps the loaded memory alive.")
+      .def("bytes", &tensor_bytes, "name"_a,
+           "A uint8 view of the tensor's bytes that keeps the loaded memory alive.")
       .def("address",
            [](const LoadedCheckpoint& l, const std::string& name) {
              const LoadedTensor* t = l.find(name);
@@ -322,28 +362,7 @@ NB_MODULE(_ferry, m) {
              return reinterpret_cast<std::uintptr_t>(t->data);
            },
            "name"_a, "The tensor's address (host or device); valid while this object lives.")
-      .def("views",
-           [](const LoadedCheckpoint& l) {
-             // One call for every tensor: per-tensor Python calls cost more than the I/O of a
-             // small tensor. None where the dtype has no DLPack type every framework reads.
-             std::vector<std::pair<std::string, nb::object>> out;
-             out.reserve(l.tensors().size());
-             const int device_type = l.device().is_cuda() ? nb::device::cuda::value
-                                                           : nb::device::cpu::value;
-             const int device_id = l.device().is_cuda() ? l.device().index : 0;
-             for (const auto& t : l.tensors()) {
-               const auto type = t.info->ggml_type < 0 ? dlpack_dtype(t.info->dtype) : std::nullopt;
-               if (!type || t.info->shape.size() > kMaxViewRank) {
-                 out.emplace_back(t.info->name, nb::none());
-                 continue;
-               }
-               std::vector<std::size_t> shape(t.info->shape.begin(), t.info->shape.end());
-               nb::ndarray<> view(t.data, shape.size(), shape.data(), keep_alive(l.memory()),
-                                  nullptr, *type, device_type, device_id);
-               out.emplace_back(t.info->name, nb::cast(view));
-             }
-             return out;
-           },
+      .def("views", &tensor_views,
            "(name, DLPack view with the tensor's dtype and shape, or None) for every tensor.")
       .def("stats", [](const LoadedCheckpoint& l) { return stats_dict(l.stats()); });
 
@@ -360,6 +379,38 @@ NB_MODULE(_ferry, m) {
       "Loads the named tensors (all when names is None) into one new allocation on device.\n"
       "Keywords set the engine: io, backend, allow_compat, staging_bytes, chunk_bytes, threads,\n"
       "slots.");
+
+  // A load whose reads run while Python builds its tensors (ferry/torch.py): the views exist
+  // before the bytes land, and are handed out only after wait().
+  nb::class_<PyPendingLoad>(m, "PendingLoad")
+      .def("bytes", [](const PyPendingLoad& p, const std::string& name) {
+             return tensor_bytes(p.loaded(), name);
+           }, "name"_a, "As Loaded.bytes; the bytes land by the time wait() returns.")
+      .def("views", [](const PyPendingLoad& p) { return tensor_views(p.loaded()); },
+           "As Loaded.views; the bytes land by the time wait() returns.")
+      .def("wait",
+           [](PyPendingLoad& p) {
+             p.loaded();  // not waited for already
+             LoadedCheckpoint out = without_gil([&] { return p.load->wait(); });
+             p.load.reset();
+             return out;
+           },
+           "Until every byte landed: the Loaded result. Raises the load's error. Once.");
+
+  m.def(
+      "start_load",
+      [](std::shared_ptr<const Checkpoint> checkpoint, const std::string& device,
+         std::optional<std::vector<std::string>> names, std::optional<nb::callable> progress,
+         nb::kwargs engine) {
+        LoadOptions o = make_options(device, std::move(names), std::move(progress), engine);
+        auto out = std::make_unique<PyPendingLoad>();
+        without_gil([&] { out->load.emplace(start_load(std::move(checkpoint), o)); });
+        return out;
+      },
+      "checkpoint"_a, "device"_a = "cpu", "names"_a = nb::none(), "progress"_a = nb::none(),
+      "engine"_a,
+      "As load, but returns once the reads are under way: a PendingLoad whose views can be\n"
+      "built while the bytes land, and whose wait() gives the Loaded result.");
 
   m.def(
       "load_into",

@@ -68,6 +68,47 @@ struct CommSet {
 std::mutex comm_mutex;
 double setup_seconds = 0;
 
+// NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it, not in
+// ncclCommInitAll, and CUDA loads a kernel at its first launch: one all-gather here, in the
+// set-up, large enough (16 MiB per rank) to take the protocol and channels of a load's gathers,
+// so that a load's first gather pays for neither while its reads wait behind it.
+void connect_ring(CommSet& set) {
+  constexpr std::size_t kPerRank = 16 << 20;
+  const std::size_t n = set.ranks.size();
+  struct Buffers {
+    CommSet& set;
+    std::vector<shim::cu::DevicePtr> ptrs;
+    ~Buffers() {
+      for (std::size_t r = 0; r < ptrs.size(); ++r) {
+        if (!ptrs[r]) continue;
+        set.ranks[r].context->make_current();
+        shim::CudaDriver::get().cuMemFree(ptrs[r]);  // a failure here can only leak
+      }
+    }
+  } buffers{set, std::vector<shim::cu::DevicePtr>(n, 0)};
+  for (std::size_t r = 0; r < n; ++r) {
+    set.ranks[r].context->make_current();
+    FERRY_CU(cuMemAlloc, &buffers.ptrs[r], n * kPerRank);
+    FERRY_CU(cuMemsetD8Async, buffers.ptrs[r], 0, n * kPerRank, set.ranks[r].stream->get());
+  }
+  FERRY_NCCL(ncclGroupStart);
+  for (std::size_t r = 0; r < n; ++r) {
+    auto* recv = reinterpret_cast<std::byte*>(buffers.ptrs[r]);
+    const shim::nccl::Result result = shim::NcclLibrary::get().ncclAllGather(
+        recv + r * kPerRank, recv, kPerRank, shim::nccl::kUint8, set.ranks[r].comm,
+        set.ranks[r].stream->get());
+    if (result != shim::nccl::kSuccess) {
+      shim::NcclLibrary::get().ncclGroupEnd();
+      shim::nccl_check(result, "ncclAllGather");
+    }
+  }
+  FERRY_NCCL(ncclGroupEnd);
+  for (const RankComm& rc : set.ranks) {
+    rc.context->make_current();
+    rc.stream->synchronize();
+  }
+}
+
 // Leaked on purpose (see RankComm).
 CommSet& comm_set(std::span<const Device> devices) {
   static auto& sets = *new std::map<std::vector<int>, CommSet*>();
@@ -103,6 +144,7 @@ CommSet& comm_set(std::span<const Device> devices) {
                      " -> cuda:" + std::to_string(to.context->ordinal()) + " (" +
                      shim::cuda_error_text(r) + "): its scatters go through host memory";
     }
+  connect_ring(*set);
   setup_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   sets.emplace(ordinals, set);
   return *set;

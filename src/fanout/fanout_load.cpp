@@ -127,8 +127,11 @@ class FanoutLoader {
     start_devices();
     const ActiveTuning tuning = detail::tuning_for(_options.load);
     const auto started = Clock::now();
+    _started = started;
     plan_load(tuning);
+    mark("planned");
     allocate();
+    mark("allocated");
     split_rounds();
     choose_readers();
     read_rounds();
@@ -211,6 +214,7 @@ class FanoutLoader {
     for (const FanoutRound& round : _plan->rounds)
       for (const FanoutRead& read : round.reads) used[read.file_index] = true;
     _sources = _map(*_checkpoint, used, devices(), _options.load);
+    if (_options.load.page_cache_pin_bytes > 0) mark("page_cache_mapped");
     _direct_file_bytes.assign(used.size(), 0);
     for (const FanoutRound& round : _plan->rounds)
       _split.push_back(
@@ -294,6 +298,8 @@ class FanoutLoader {
       for (unsigned r = 0; r < _n && _direct; ++r)
         if (!_split[k].direct[r].empty()) _copied[k][r] = _direct->queue(r, _split[k].direct[r]);
       Submitted current = submit_round(_split[k].staged);
+      mark("round " + std::to_string(k) + " submitted");
+      if (k == 0) _round0_submitted = since(_started);
       if (k > 0) finish(previous, k - 1);
       previous = std::move(current);
     }
@@ -304,6 +310,7 @@ class FanoutLoader {
       stats.phases.loader_wait_seconds += since(waiting);
     }
     stats.phases.reads_seconds = since(reading);
+    mark("reads_done");
     const auto draining = Clock::now();
     _collective->wait();
     stats.phases.tail_seconds = since(draining);
@@ -323,6 +330,9 @@ class FanoutLoader {
     FanoutStats& stats = _result._stats;
     stats.phases.pool_threads = detail::transfer_workers().threads();
     stats.seconds = since(started);
+    stats.timeline.emplace_back("done", stats.seconds);
+    std::stable_sort(stats.timeline.begin(), stats.timeline.end(),
+                     [](const auto& a, const auto& b) { return a.second < b.second; });
     stats.collective_seconds = _collective->busy_seconds();
     stats.rounds = _plan->rounds.size();
     stats.settings_source = _settings.source;
@@ -354,6 +364,11 @@ class FanoutLoader {
     const FanoutRound& round = _plan->rounds[k];
     detail::Collective& collective = *_collective;
     for (Ticket& ticket : submitted.tickets) add_stats(ticket, _result._stats);
+    mark("round " + std::to_string(k) + " read");
+    // Round 0's start-up (workers, staging, streams): what a first load pays before its reads.
+    if (k == 0 && !submitted.tickets.empty())
+      add_pipeline_phases(submitted.tickets.front().stats().pipeline, _round0_submitted,
+                          _result._stats.timeline, "round 0 ");
     for (unsigned r = 0; r < _plan->ranks; ++r)
       for (void* copied : _copied[k][r]) collective.after(r, copied);
     std::vector<detail::Collective::Slice> slices;
@@ -370,6 +385,7 @@ class FanoutLoader {
       for (unsigned r = 0; r < _plan->ranks; ++r) _scattered[k][r] = collective.mark(r);
     if (round.gather_bytes_per_rank > 0 && _base_pointers.size() > 1)
       collective.all_gather(_base_pointers, round.gather_offset, round.gather_bytes_per_rank);
+    mark("round " + std::to_string(k) + " exchanges queued");
   }
 
   // Until every direct copy landed, round by round: reports progress and stops (once what is
@@ -437,8 +453,15 @@ class FanoutLoader {
     }
   }
 
+  // A phase of the load reached now (FanoutStats::timeline).
+  void mark(std::string name) {
+    _result._stats.timeline.emplace_back(std::move(name), since(_started));
+  }
+
   std::shared_ptr<const Checkpoint> _checkpoint;
   const FanoutOptions& _options;
+  Clock::time_point _started;
+  double _round0_submitted = 0;
   const detail::MapSources& _map;
   unsigned _n = 0;  // ranks
   // Declared first so that they are freed last, after tickets and collectives have drained.
@@ -512,6 +535,7 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
     // One process per rank: the staged backend copies this rank's reads of files it can lease
     // straight from their registered page cache (one-process loads split the reads themselves).
     t.page_cache_pin_bytes = options.page_cache_pin_bytes;
+    out._submitted = since(out._began);
     out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
                          resolve(mine, bases, scratches, devices), t);
     out._started = true;
@@ -529,12 +553,22 @@ LoadStats FanoutRoundRead::wait() {
     _stats.slots_per_thread = ts.slots_per_thread;
     _stats.staging_bytes = ts.staging_bytes;
     _stats.staging_pinned = ts.staging_pinned;
+    _stats.staging_seconds = ts.staging_seconds;
+    _stats.setup_thread_seconds = ts.setup_thread_seconds;
+    _stats.read_thread_seconds = ts.read_thread_seconds;
+    _stats.wait_thread_seconds = ts.wait_thread_seconds;
+    _stats.queue_thread_seconds = ts.queue_thread_seconds;
+    _stats.pipeline = ts.pipeline;
+    _stats.submit_seconds = _submitted + ts.route_seconds;
+    _stats.timeline.emplace_back("submitted", _stats.submit_seconds);
+    add_pipeline_phases(ts.pipeline, _stats.submit_seconds, _stats.timeline);
     _stats.files = ts.files;
     for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
     _stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
     _stats.page_cache_register_seconds = ts.page_cache_register_seconds;
   }
   _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
+  _stats.timeline.emplace_back("done", _stats.seconds);
   return _stats;
 }
 

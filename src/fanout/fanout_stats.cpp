@@ -42,6 +42,7 @@ std::string to_json(const FanoutStats& s) {
       {"next_round", s.next_round},
       {"submissions", s.submissions},
       {"phases", phases},
+      {"timeline", s.timeline},
       {"ranks", ranks},
       {"files", detail::files_json(s.files)}};
   return detail::dump_json(j);

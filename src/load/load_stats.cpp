@@ -1,5 +1,7 @@
 #include "ferry/load_stats.hpp"
 
+#include <algorithm>
+
 #include "load/stats_json.hpp"
 
 namespace ferry {
@@ -22,9 +24,31 @@ std::string dump_json(const nlohmann::json& j) {
 
 }  // namespace detail
 
+void add_pipeline_phases(const PipelineTimes& p, double submitted,
+                         std::vector<std::pair<std::string, double>>& timeline,
+                         std::string_view prefix) {
+  const std::pair<const char*, double> phases[] = {
+      {"page_cache_leased", p.page_cache_leased}, {"first_worker", p.first_job},
+      {"last_worker", p.last_job},                {"staging_ready", p.staging_ready},
+      {"streams_ready", p.streams_ready},         {"first_read", p.first_read},
+      {"first_copy", p.first_copy},               {"last_read", p.last_read},
+      {"last_copy", p.last_copy},                 {"copies_done", p.copies_done},
+      {"submission_done", p.done}};
+  std::vector<std::pair<std::string, double>> reached;
+  for (const auto& [name, t] : phases)
+    if (t > 0) reached.emplace_back(std::string(prefix) + name, submitted + t);
+  std::stable_sort(reached.begin(), reached.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  timeline.insert(timeline.end(), reached.begin(), reached.end());
+}
+
 std::string to_json(const LoadStats& s) {
   const PipelineTimes& p = s.pipeline;
   const nlohmann::json pipeline = {
+      {"page_cache_leased", p.page_cache_leased},
+      {"first_job", p.first_job},   {"last_job", p.last_job},
+      {"staging_ready", p.staging_ready},
+      {"streams_ready", p.streams_ready},
       {"first_read", p.first_read}, {"first_copy", p.first_copy},   {"last_read", p.last_read},
       {"last_copy", p.last_copy},   {"copies_done", p.copies_done}, {"done", p.done},
       {"copy_span", p.copy_span},   {"copy_busy", p.copy_busy},     {"copy_groups", p.copy_groups}};
@@ -52,6 +76,7 @@ std::string to_json(const LoadStats& s) {
                              s.bytes_from_registered_page_cache},
                             {"page_cache_register_seconds", s.page_cache_register_seconds},
                             {"pipeline_seconds", pipeline},
+                            {"timeline", s.timeline},
                             {"files", detail::files_json(s.files)}};
   return detail::dump_json(j);
 }

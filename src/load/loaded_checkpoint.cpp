@@ -50,11 +50,11 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
   return std::make_shared<detail::PrimaryContext>(device.index);
 }
 
-// The submission through the transfer core and its statistics. `own` is ferry's destination
-// allocation, registered with cuFile for the load; empty for caller-owned destinations.
-void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
-             const detail::EngineSettings& settings, const LoadOptions& options, LoadStats& stats,
-             std::uintptr_t own_base, std::uint64_t own_bytes, Clock::time_point started) {
+// Submits a load's extents to the transfer core. `own` is ferry's destination allocation,
+// registered with cuFile for the load; empty for caller-owned destinations.
+Ticket submit_load(const Checkpoint& checkpoint, std::vector<Extent> extents,
+                   const detail::EngineSettings& settings, const LoadOptions& options,
+                   std::uintptr_t own_base, std::uint64_t own_bytes) {
   TransferOptions t;
   t.backend = options.backend;
   t.allow_compat = options.allow_compat;
@@ -70,20 +70,28 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   // ferry's own allocation is registered with cuFile for the load where cuFile serves it.
   t.destination = {options.device, reinterpret_cast<void*>(own_base), own_bytes};
-  const auto submitting = Clock::now();
-  Ticket ticket =
-      submit(checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
-  // Every copy out of staging has finished when the wait returns, even on failure.
+  return submit(checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);
+}
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Waits for a load's submission (every copy out of staging has finished when the wait returns,
+// even on failure) and completes its statistics, the timeline included.
+void finish_load(Ticket& ticket, const std::string& settings_source, const LoadOptions& options,
+                 LoadStats& stats, Clock::time_point started, Clock::time_point submitting) {
   detail::wait_for_load(ticket, options);
   const TransferStats& ts = ticket.stats();
+  const double submitted = seconds_between(started, submitting);
   // From the load's start to the submission: plan, allocation and the route.
-  stats.submit_seconds =
-      std::chrono::duration<double>(submitting - started).count() + ts.route_seconds;
+  stats.submit_seconds = submitted + ts.route_seconds;
+  stats.timeline.emplace_back("submitted", stats.submit_seconds);
   stats.reader_threads = ts.threads;
   stats.chunk_bytes = ts.chunk_bytes;
   if (ts.backend == "staged") {
     stats.slots_per_thread = ts.slots_per_thread;
-    stats.settings_source = settings.source;
+    stats.settings_source = settings_source;
     if (!ts.note.empty() && ts.note != ts.route_note) stats.settings_source += "; " + ts.note;
     stats.staging_bytes = ts.staging_bytes;
     stats.staging_pinned = ts.staging_pinned;
@@ -93,6 +101,7 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
     stats.wait_thread_seconds = ts.wait_thread_seconds;
     stats.queue_thread_seconds = ts.queue_thread_seconds;
     stats.pipeline = ts.pipeline;
+    add_pipeline_phases(ts.pipeline, stats.submit_seconds, stats.timeline);
   }
   stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
   stats.page_cache_register_seconds = ts.page_cache_register_seconds;
@@ -100,6 +109,8 @@ void execute(const Checkpoint& checkpoint, std::vector<Extent> extents,
   for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
   if (!ts.route_note.empty())
     for (auto& f : stats.files) f.reason += "; " + ts.route_note;
+  stats.seconds = seconds_between(started, Clock::now());
+  stats.timeline.emplace_back("done", stats.seconds);
 }
 
 PlanOptions plan_options(const detail::EngineSettings& settings) {
@@ -119,18 +130,23 @@ const LoadedTensor* LoadedCheckpoint::find(std::string_view name) const {
   return it == _by_name.end() ? nullptr : &_tensors[it->second];
 }
 
-LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options) {
+PendingLoad start_load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options) {
   FERRY_EXPECT(checkpoint != nullptr, std::invalid_argument, "load: no checkpoint given");
   auto context = context_for(options.device);  // before the clock: CUDA start-up is not I/O
   const ActiveTuning tuning = detail::tuning_for(options);  // read once, passed down
-  const auto started = Clock::now();
+  PendingLoad pending;
+  pending._started = Clock::now();
+  pending._options = options;
   detail::EngineSettings settings = detail::choose_settings(options, tuning);
+  pending._settings_source = settings.source;
   LoadPlan plan = plan_load(*checkpoint, options.names, plan_options(settings));
 
-  LoadedCheckpoint result;
+  LoadedCheckpoint& result = pending._loaded;
+  LoadStats& stats = result._stats;
   result._checkpoint = checkpoint;
   result._device = options.device;
   const auto allocating = Clock::now();
+  stats.timeline.emplace_back("planned", seconds_between(pending._started, allocating));
   if (!context) {
     result._memory = detail::allocate_host_memory(plan.dest_bytes);
   } else if (options.cache_device_memory) {
@@ -138,7 +154,9 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
   } else {
     result._memory = detail::allocate_device_memory(context, plan.dest_bytes);
   }
-  result._stats.allocate_seconds = std::chrono::duration<double>(Clock::now() - allocating).count();
+  const auto allocated = Clock::now();
+  stats.allocate_seconds = seconds_between(allocating, allocated);
+  stats.timeline.emplace_back("allocated", seconds_between(pending._started, allocated));
   const auto base = reinterpret_cast<std::uintptr_t>(result._memory.get());
   std::vector<std::uintptr_t> addresses;
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -146,15 +164,28 @@ LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOp
     result._tensors.push_back({plan.tensors[i], reinterpret_cast<void*>(addresses.back())});
     result._by_name.emplace(plan.tensors[i]->name, i);
   }
-
-  LoadStats& stats = result._stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
   stats.allocated_bytes = plan.dest_bytes;
-  execute(*checkpoint, resolve(plan, addresses, options.device), settings, options, stats, base,
-          plan.dest_bytes, started);
-  stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  return result;
+  pending._submitting = Clock::now();
+  pending._ticket = submit_load(*checkpoint, resolve(plan, addresses, options.device), settings,
+                                options, base, plan.dest_bytes);
+  return pending;
+}
+
+PendingLoad::~PendingLoad() {
+  if (!_waited) _ticket.cancel();  // then ~Ticket waits for the copies to stop
+}
+
+LoadedCheckpoint PendingLoad::wait() {
+  FERRY_EXPECT(!_waited, std::logic_error, "load: waited for already");
+  _waited = true;
+  finish_load(_ticket, _settings_source, _options, _loaded._stats, _started, _submitting);
+  return std::move(_loaded);
+}
+
+LoadedCheckpoint load(std::shared_ptr<const Checkpoint> checkpoint, const LoadOptions& options) {
+  return start_load(std::move(checkpoint), options).wait();
 }
 
 LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestination> destinations,
@@ -183,9 +214,11 @@ LoadStats load_into(const Checkpoint& checkpoint, std::span<const TensorDestinat
   LoadStats stats;
   stats.device = options.device.to_string();
   stats.tensor_bytes = plan.tensor_bytes;
-  execute(checkpoint, resolve(plan, addresses, options.device), settings, options, stats, 0, 0,
-          started);
-  stats.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const auto submitting = Clock::now();
+  stats.timeline.emplace_back("planned", seconds_between(started, submitting));
+  Ticket ticket = submit_load(checkpoint, resolve(plan, addresses, options.device), settings,
+                              options, 0, 0);
+  finish_load(ticket, settings.source, options, stats, started, submitting);
   return stats;
 }
 

@@ -43,6 +43,15 @@ def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_
     assert ferry_runs[0]["tensor_bytes"] == safetensors_runs[0]["tensor_bytes"]
     assert rows[("moe", "warm", "ferry-cli")]["runs"][0]["tensor_bytes"] == ferry_runs[0]["tensor_bytes"]
     assert rows[("moe", "warm", "instanttensor")]["error"] == "needs CUDA"
+    # Each ferry load says when it reached each phase: the engine's and Python's timelines.
+    for run in ferry_runs:
+        names = [name for name, _ in run["engine"]["timeline"]]
+        assert names[:3] == ["planned", "allocated", "submitted"] and names[-1] == "done"
+        assert {"first_worker", "staging_ready", "first_read", "copies_done"} <= set(names)
+        times = [t for _, t in run["engine"]["timeline"]]
+        assert times == sorted(times)
+        python = dict(run["engine"]["python_timeline"])
+        assert python["load_started"] <= python["tensors_built"] <= python["load_waited"]
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -61,3 +70,10 @@ def test_a_process_per_rank_loads_replicas_and_slices(tmp_path, ferry_bin):
     assert replicas["runs"][0]["all_ranks_tensor_bytes"] == 2 * whole
     assert whole <= slices["runs"][0]["all_ranks_tensor_bytes"] < 2 * whole
     assert slices["runs"][0]["tensor_bytes"] < whole
+    # The group load's timeline, and its round 0 reads' own.
+    for row in (replicas, slices):
+        for run in row["runs"]:
+            names = [name for name, _ in run["engine"]["group_timeline"]]
+            assert names[:4] == ["planned", "allocated", "round 0 started", "plans agreed"]
+            assert {"round 0 read", "exchanges waited", "tensors built"} <= set(names)
+            assert "first_read" in [name for name, _ in run["engine"]["round0_timeline"]]

@@ -26,7 +26,7 @@ first_load() {
         >"$OUT/ctest-firstload.log" 2>&1) || { status=1; grep -B5 -A30 "FAILED\|Failure" "$OUT/ctest-firstload.log" | head -80; }
       tail -3 "$OUT/ctest-firstload.log" | tee -a "$OUT/summary.txt"
       FERRY_BIN=$ferry python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py \
-        tests/python/test_first_load_bench.py tests/python/test_vs_safetensors.py >"$OUT/pytest-firstload.log" 2>&1 || status=1
+        tests/python/test_first_load_bench.py tests/python/test_overlapped_views.py tests/python/test_vs_safetensors.py >"$OUT/pytest-firstload.log" 2>&1 || status=1
       tail -5 "$OUT/pytest-firstload.log" | tee -a "$OUT/summary.txt" ;;
     group)
       local gpus

@@ -38,6 +38,7 @@ class StagedBackend final : public TransferBackend {
     TicketState& t = *ticket;
     StagedSettings wanted = wanted_settings(t.options);
     run->page_cache = lease_page_cache(t);
+    if (run->page_cache) run->stats.pipeline.page_cache_leased = since(run->started);
     // Every extent copies from a page-cache mapping: no reads, no staging. Large groups of
     // coalesced copies on a few streams (one 1.2 GB copy from a registered mapping runs at pinned
     // H2D, 4 MiB ones well below it).

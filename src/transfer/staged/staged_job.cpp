@@ -26,6 +26,7 @@ void Job::operator()() {
   std::optional<RelaxedCaptureMode> relaxed;
   if (!_run->gpus.empty()) relaxed.emplace();
   Stopwatch clock;
+  _timeline.started = since(_run->started);
   JobTimes times;
   Staging staging;
   {
@@ -35,6 +36,7 @@ void Job::operator()() {
         lease_staging(lease, clock, staging);
       for (const Device& d : _run->gpus) copier(d);
       times.setup += clock.lap();
+      _timeline.streams_ready = since(_run->started);
       if (_t.direction == Direction::FileToMemory)
         read_loop(times, clock);
       else
@@ -56,6 +58,7 @@ void Job::lease_staging(PinnedPool::Lease& lease, Stopwatch& clock, Staging& sta
   // others as they are first used, while this job's copies run.
   lease.ready(0);
   staging.seconds = clock.lap();
+  _timeline.staging_ready = since(_run->started);
   staging.bytes = std::uint64_t{lease.slots()} * lease.slot_bytes();
   staging.pinned = lease.pinned();
   _slots = lease.slots();
@@ -102,6 +105,10 @@ void Job::report(const JobTimes& times, const Staging& staging) {
   std::lock_guard lock(_run->mutex);
   TransferStats& s = _run->stats;
   PipelineTimes& p = s.pipeline;
+  p.first_job = earliest(p.first_job, _timeline.started);
+  p.last_job = std::max(p.last_job, _timeline.started);
+  p.staging_ready = std::max(p.staging_ready, _timeline.staging_ready);
+  p.streams_ready = std::max(p.streams_ready, _timeline.streams_ready);
   p.first_read = earliest(p.first_read, _timeline.first_read);
   p.first_copy = earliest(p.first_copy, _timeline.first_copy);
   p.last_read = std::max(p.last_read, _timeline.last_read);

@@ -39,6 +39,7 @@ class Stopwatch {
 
 // A job's part of the timeline (PipelineTimes), merged into the run's when it ends.
 struct Timeline {
+  double started = 0, staging_ready = 0, streams_ready = 0;
   double first_read = 0, first_copy = 0, last_read = 0, last_copy = 0, copies_done = 0;
   void read_done(double t) {
     if (first_read == 0) first_read = t;
