@@ -20,9 +20,9 @@ from ._ferry import (Checkpoint, KVFormatError, Loaded, SafetensorError, __versi
                      release_cached_device_memory, release_page_cache_registrations,
                      release_staging_memory)
 from ._open import _safe_open_handle, safe_open
-from .kv import KVResult, KVStore, KVTicket, kv_key
+from .kv import KVPages, KVResult, KVStore, KVTicket, kv_key
 
-__all__ = ["Checkpoint", "KVFormatError", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
+__all__ = ["Checkpoint", "KVFormatError", "KVPages", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
            "cuda_available", "kv_key", "release_cached_device_memory",
            "release_page_cache_registrations",
            "release_staging_memory", "safe_open"]

@@ -9,7 +9,9 @@
 
 A key is an int (vLLM's block hashes; taken modulo 2**64) or bytes (hashed with XXH3-64). A block
 is one contiguous tensor or a list of them (vLLM's per-layer K and V pages), gathered into one
-write and scattered from one read, on the CPU or any GPU. A put of GPU tensors is ordered after
+write and scattered from one read, on the CPU or any GPU. A paged KV cache is given whole
+instead: `store.get(keys, KVPages(layers, block_ids))` moves row block_ids[i] of every layer
+tensor as the block of keys[i] (one entry per layer crosses into C++, not one per piece). A put of GPU tensors is ordered after
 `after_event` (a torch.cuda.Event), by default an event recorded on the current stream of the
 tensors' device: KV still being computed is never stored. Each result names the path its block
 took ("host", "staged", "cufile-gds", "cufile-compat", "page-cache-dma") and, with page-cache DMA
@@ -51,14 +53,52 @@ def _pieces(block) -> list:
     return pieces
 
 
-def _batch(keys: Sequence[Key], blocks: Sequence[Any]):
+class KVPages:
+    """The blocks of a paged KV cache: block i of a batch is row rows[i] (dimension 0) of every
+    tensor in `layers`, in that order (vLLM's per-layer (num_blocks, page_bytes) pages, or K and
+    V buffers of shape (num_blocks, ...)). Each row must be contiguous; layers may live on
+    different devices and have different row sizes."""
+
+    def __init__(self, layers: Sequence[Any], rows: Sequence[int]):
+        self.layers = list(layers)
+        self.rows = [int(r) for r in rows]
+        if any(r < 0 for r in self.rows):
+            raise ValueError(f"KVPages rows are block indices, not {min(self.rows)}")
+        self._spec = [self._layer(i, t) for i, t in enumerate(self.layers)]
+        if not self._spec:
+            raise ValueError("KVPages needs at least one layer tensor")
+
+    @staticmethod
+    def _layer(index: int, t) -> tuple:
+        if not hasattr(t, "data_ptr"):
+            raise TypeError(f"KVPages layer {index} is a torch.Tensor, not {type(t).__name__}")
+        if t.dim() < 1 or t.shape[0] == 0:
+            raise ValueError(f"KVPages layer {index} has no rows (shape {tuple(t.shape)})")
+        if not t[0].is_contiguous():
+            raise ValueError(f"KVPages layer {index}: a row is not contiguous (shape "
+                             f"{tuple(t.shape)}, strides {t.stride()})")
+        size = t.element_size()
+        return (t.data_ptr(), t[0].numel() * size, t.stride(0) * size, t.shape[0], str(t.device))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def devices(self) -> List[str]:
+        return sorted({d for (*_, d) in self._spec})
+
+
+def _batch(keys: Sequence[Key], blocks: Union[Sequence[Any], KVPages]):
     keys = [_key(k) for k in keys]
     if len(keys) != len(blocks):
         raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
+    if isinstance(blocks, KVPages):
+        return keys, (blocks._spec, blocks.rows)
     return keys, [_pieces(b) for b in blocks]
 
 
 def _gpu_devices(pieces) -> List[str]:
+    if isinstance(pieces, tuple):  # a KVPages batch: (layers, rows)
+        return sorted({layer[4] for layer in pieces[0] if layer[4].startswith("cuda")})
     return sorted({d for block in pieces for (_, _, d) in block if d.startswith("cuda")})
 
 

@@ -7,6 +7,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -15,9 +16,11 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/kv_pages.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/load_options.hpp"
 #include "interpreter_exit.hpp"
@@ -31,6 +34,12 @@ namespace {
 // (address, bytes, device)
 using PyPiece = std::tuple<std::uintptr_t, std::uint64_t, std::string>;
 using PyBlock = std::vector<PyPiece>;
+// A paged batch (ferry.KVPages): per layer (address of row 0, row bytes, row stride, rows,
+// device), and each block's row.
+using PyLayer =
+    std::tuple<std::uintptr_t, std::uint64_t, std::uint64_t, std::uint64_t, std::string>;
+using PyPages = std::tuple<std::vector<PyLayer>, std::vector<std::uint64_t>>;
+using PyBlocks = std::variant<PyPages, std::vector<PyBlock>>;
 // (status, route, message, route_reason)
 using PyResult = std::tuple<std::string, std::string, std::string, std::string>;
 
@@ -70,6 +79,20 @@ KVBlockList blocks_of(const std::vector<PyBlock>& blocks) {
     for (const auto& [address, size, device] : blocks[i])
       out[i].push_back({reinterpret_cast<void*>(address), size, Device::parse(device)});
   return out;
+}
+
+KVBlockList blocks_of(const PyPages& pages) {
+  const auto& [py_layers, rows] = pages;
+  std::vector<KVPagedLayer> layers;
+  layers.reserve(py_layers.size());
+  for (const auto& [address, row_bytes, row_stride, count, device] : py_layers)
+    layers.push_back({reinterpret_cast<const void*>(address), row_bytes, row_stride, count,
+                      Device::parse(device)});
+  return paged_blocks(layers, rows);
+}
+
+KVBlockList blocks_of(const PyBlocks& blocks) {
+  return std::visit([](const auto& b) { return blocks_of(b); }, blocks);
 }
 
 // A Python callable held by C++ threads: called with the GIL, and released with it (a worker
@@ -184,7 +207,7 @@ void bind_kv(nb::module_& m) {
           "slab_count"_a, "checkpoint_every"_a, "page_cache_pin"_a)
       .def("close", &PyKVStore::close)
       .def("put",
-           [](PyKVStore& s, const std::vector<KVKey>& keys, const std::vector<PyBlock>& blocks,
+           [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks,
               std::uintptr_t after_event) {
              const KVBlockList list = blocks_of(blocks);
              const std::vector<KVBlock> spans(list.begin(), list.end());
@@ -194,14 +217,14 @@ void bind_kv(nb::module_& m) {
              return py_results(without_gil([&] { return store.put(keys, spans, o); }));
            })
       .def("get",
-           [](PyKVStore& s, const std::vector<KVKey>& keys, const std::vector<PyBlock>& blocks) {
+           [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks) {
              const KVBlockList list = blocks_of(blocks);
              const std::vector<KVBlock> spans(list.begin(), list.end());
              KVStore& store = s.get();
              return py_results(without_gil([&] { return store.get(keys, spans); }));
            })
       .def("put_async",
-           [](PyKVStore& s, std::vector<KVKey> keys, const std::vector<PyBlock>& blocks,
+           [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks,
               std::uintptr_t after_event, nb::object callback) {
              KVPutOptions o;
              o.after_event = reinterpret_cast<void*>(after_event);
@@ -209,8 +232,7 @@ void bind_kv(nb::module_& m) {
                                       py_callback(std::move(callback)));
            })
       .def("get_async",
-           [](PyKVStore& s, std::vector<KVKey> keys, const std::vector<PyBlock>& blocks,
-              nb::object callback) {
+           [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks, nb::object callback) {
              return s.get().get_async(std::move(keys), blocks_of(blocks),
                                       py_callback(std::move(callback)));
            })

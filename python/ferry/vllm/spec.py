@@ -22,7 +22,7 @@ from typing import Dict, List, Set
 
 import torch
 
-from ferry.kv import KVStore, kv_key
+from ferry.kv import KVPages, KVStore, kv_key
 
 from . import _compat
 from ._compat import (GPULoadStoreSpec, LoadStoreSpec, LookupResult, OffloadingManager,
@@ -170,25 +170,30 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         self.counters = {"stored_blocks": 0, "loaded_blocks": 0, "failed_loads": 0,
                          "routes": collections.Counter()}
 
-    def _pieces(self, spec: GPULoadStoreSpec) -> list:
-        groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(spec.block_ids)]
-        out, at = [], 0
+    def _blocks(self, spec: GPULoadStoreSpec):
+        """The job's GPU block ids and its blocks: one KVPages over the group's layers and the
+        trailers where the job is of one KV group (one entry per layer crosses into ferry), else
+        each block's pieces."""
+        ids = [int(b) for b in spec.block_ids]
+        groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(ids)]
+        if len(groups) == 1:
+            layers = [self._tensors[i] for i in self._groups[0]] + [self._trailers]
+            return ids, KVPages(layers, ids)
+        blocks, at = [], 0
         for g, count in enumerate(groups):
-            for b in spec.block_ids[at:at + count]:
-                out.append((int(b), [self._tensors[i][int(b)] for i in self._groups[g]] +
-                            [self._trailers[int(b)]]))
+            for b in ids[at:at + count]:
+                blocks.append([self._tensors[i][b] for i in self._groups[g]] + [self._trailers[b]])
             at += count
-        return out
+        return ids, blocks
 
     def _submit(self, job_id: int, gpu: GPULoadStoreSpec, keys, storing: bool) -> bool:
-        blocks = self._pieces(gpu)
-        if len(blocks) != len(keys):
+        ids, blocks = self._blocks(gpu)
+        if len(ids) != len(keys):
             _compat.logger.error("ferry KV job %d: %d GPU blocks for %d keys", job_id,
-                                 len(blocks), len(keys))
+                                 len(ids), len(keys))
             return False
         started = time.monotonic()
         good = ("ok", "already_present") if storing else ("ok",)
-        ids = [b for b, _ in blocks]
 
         if storing:  # the keys' trailers, ordered before the put by its event
             expected = torch.frombuffer(bytearray(b"".join(record(k) for k in keys)),
@@ -229,12 +234,11 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         with self._lock:
             self._pending.add(job_id)
         ferry_keys = [kv_key(k) for k in keys]
-        pieces = [p for _, p in blocks]
         try:
             if storing:
-                self._store.put_async(ferry_keys, pieces, callback=done)
+                self._store.put_async(ferry_keys, blocks, callback=done)
             else:
-                self._store.get_async(ferry_keys, pieces, callback=done)
+                self._store.get_async(ferry_keys, blocks, callback=done)
         except Exception:
             with self._lock:
                 self._pending.discard(job_id)
