@@ -1,6 +1,8 @@
-"""vLLM's load formats on a GPU, ferry's among them: time from LLM(...) to ready and the weight
-loading vLLM logs ("Loading weights took ..."), each format in a fresh process, warm (files in
-the page cache) and cold (their pages dropped with posix_fadvise); ferry's greedy tokens must equal
+"""vLLM's load formats on a GPU, ferry's among them: time from LLM(...) to ready, the weight
+loading vLLM logs ("Loading weights took ...", where the format logs it) and the whole model
+loading ("Model loading took ...", every format), each format in a fresh process after one
+untimed start that fills the kernel caches (--no-warmup: none), warm (files in the page cache)
+and cold (their pages dropped with posix_fadvise); ferry's greedy tokens must equal
 safetensors'. The checkpoint: Llama-3-8B's shape with random weights (names and shapes from
 transformers' LlamaForCausalLM built on the meta device), written once as safetensors shards.
 
@@ -12,10 +14,10 @@ A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_m
 (process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is process_group).
 --budget-s: a format is skipped (and said so) when the slowest start so far would end past it.
 
---kv-spec (instead of the load formats): time to first token of a --kv-tokens prompt (random token
-ids) served again from ferry's KV offloading spec (FerryOffloadingConnector, store under
---kv-root) after its blocks left GPU memory (reset_prefix_cache), against recomputing it: see
-kv_spec_child.
+--kv-spec (instead of the load formats): time to first token of a --kv-tokens (+1) prompt (random
+token ids) served again from ferry's KV offloading spec (FerryOffloadingConnector, store under
+--kv-root) after its blocks left GPU memory (reset_prefix_cache), against recomputing it and
+against vLLM's own GPU prefix cache, whose greedy tokens ferry's must equal: see kv_spec_child.
 """
 import argparse
 import json
@@ -137,22 +139,29 @@ def _slabs(root: str) -> list:
 
 def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) -> None:
     """One LLM(...) (engine in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0, so that ferry's
-    worker and its counters are reachable). arm "recompute": no connector, prefix caching off;
-    time to first token (max_tokens=1) of a fresh prompt, twice. arm "ferry": ferry's spec;
-    the prompt generated once (its blocks stored), the engine stepped until ferry stored them,
-    reset_prefix_cache() (the GPU's copies gone), then time to first token with the store's files
-    in the page cache (warm) and dropped from it (cold), the prefix hit (num_cached_tokens) and
-    the blocks ferry loaded each time. Both arms first run another prompt of the same length
-    (the kernels compile then) and print greedy tokens of the prompt."""
+    worker and its counters are reachable). The prompt is `tokens` + 1 long: served from a cache,
+    its `tokens` // block_size full blocks come from the cache and one token is computed, the
+    same work whichever cache serves it, so the greedy tokens must be equal.
+    arm "gpu": vLLM's own prefix cache, no connector: time to first token (max_tokens=1) of two
+    fresh prompts (recomputing), then the prompt served from the GPU's prefix cache.
+    arm "ferry": ferry's spec; the prompt generated once (its blocks stored), the engine stepped
+    until ferry stored them, reset_prefix_cache() (the GPU's copies gone), then time to first
+    token with the store's files in the page cache (warm) and dropped from it (cold), the prefix
+    hit (num_cached_tokens) and the blocks ferry loaded each time. Both arms first run another
+    prompt of the same length (the kernels compile then)."""
     from vllm import LLM
     kwargs = dict(model=folder, load_format="safetensors", skip_tokenizer_init=True,
-                  enforce_eager=True, gpu_memory_utilization=0.85, max_model_len=tokens + 256)
-    prompt, other = _prompt(1, tokens), _prompt(2, tokens)
-    result = {"arm": arm, "tokens_in": tokens}
-    if arm == "recompute":
-        llm = LLM(enable_prefix_caching=False, **kwargs)
+                  enforce_eager=True, gpu_memory_utilization=0.85, max_model_len=tokens + 256,
+                  enable_prefix_caching=True)
+    prompt, other = _prompt(1, tokens + 1), _prompt(2, tokens + 1)
+    result = {"arm": arm, "tokens_in": tokens + 1}
+    if arm == "gpu":
+        llm = LLM(**kwargs)
         _timed(llm, other, 1)
-        result["ttft_s"] = [_timed(llm, prompt, 1)[0] for _ in range(2)]
+        result["ttft_s"] = [_timed(llm, _prompt(seed, tokens + 1), 1)[0] for seed in (3, 4)]
+        result["tokens_first"] = list(_timed(llm, prompt, 8)[1].outputs[0].token_ids)
+        seconds, out = _timed(llm, prompt, 1)
+        result["ttft_hit_s"], result["hit_tokens"] = seconds, out.num_cached_tokens
         result["tokens"] = list(_timed(llm, prompt, 8)[1].outputs[0].token_ids)
         print("RESULT " + json.dumps(result), flush=True)
         return
@@ -167,7 +176,7 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
         kv_connector="FerryOffloadingConnector", kv_role="kv_both",
         kv_load_failure_policy="recompute",
         kv_connector_extra_config={"spec_name": "FerryOffloadingSpec", "root": root, **store})
-    llm = LLM(enable_prefix_caching=True, kv_transfer_config=config, **kwargs)
+    llm = LLM(kv_transfer_config=config, **kwargs)
     worker = get_kv_transfer_group().connector_worker.worker
     block = llm.llm_engine.vllm_config.cache_config.block_size
     _timed(llm, other, 1)
@@ -201,39 +210,54 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def _kv_arm(args, arm: str, store: str) -> dict:
+    # The checkpoint's config says 8192 positions; RoPE runs past them on random weights.
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+    done = _run_child([sys.executable, __file__, "--dir", args.dir, "--kv-root", args.kv_root,
+                       "--kv-tokens", str(args.kv_tokens), "--kv-store", store,
+                       "--child", "kv-" + arm], env, args.budget_s)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
+        print(f"kv spec, {arm}: failed, exit {done.returncode}:\n  " + "\n  ".join(tail))
+        sys.exit(1)
+    print(f"kv spec, {arm} {store if arm == 'ferry' else ''}: {line[7:]}", flush=True)
+    return json.loads(line[7:])
+
+
 def kv_spec(args) -> None:
-    rows = {}
-    for arm in ("recompute", "ferry"):
-        # The checkpoint's config says 8192 positions; RoPE runs past them on random weights.
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                   VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
-        done = _run_child([sys.executable, __file__, "--dir", args.dir, "--kv-root",
-                           args.kv_root, "--kv-tokens", str(args.kv_tokens), "--kv-store",
-                           args.kv_store, "--child", "kv-" + arm], env, args.budget_s)
-        line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if line is None:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
-            print(f"kv spec, {arm}: failed, exit {done.returncode}:\n  " + "\n  ".join(tail))
-            sys.exit(1)
-        rows[arm] = json.loads(line[7:])
-        print(f"kv spec, {arm}: {line[7:]}", flush=True)
-    base, ferry = rows["recompute"], rows["ferry"]
-    recompute = min(base["ttft_s"])
-    print(f"KV spec, {args.kv_tokens}-token prompt, store {args.kv_store}: time to first token")
+    """vLLM's GPU prefix cache once, then ferry's spec with each --kv-store configuration."""
+    stores = args.kv_store or ['{"capacity_bytes": 8589934592}']
+    gpu = _kv_arm(args, "gpu", stores[0])
+    recompute = min(gpu["ttft_s"])
+    print(f"KV spec, {gpu['tokens_in']}-token prompt: time to first token")
     print(f"  recompute                 {recompute:7.3f} s")
-    for state in ("warm", "cold"):
-        t = ferry[f"ttft_{state}_s"]
-        print(f"  ferry, store {state:4s}        {t:7.3f} s  ({t / recompute:.2f} x recompute; "
-              f"prefix hit {ferry[f'hit_{state}_tokens']} tokens, "
-              f"{ferry[f'loaded_{state}_blocks']} blocks loaded by ferry)")
-    print(f"  ferry stored {ferry['stored_blocks']} blocks, "
-          f"{ferry['store_files_bytes'] / 2**30:.2f} GiB of slab files; counters "
-          f"{ferry['counters']}")
-    same = base["tokens"] == ferry["tokens_first"] == ferry["tokens"]
-    print(f"greedy tokens recompute == ferry's first pass == served from ferry: {same}")
-    if not same:
-        print(f"  recompute {base['tokens']}\n  first     {ferry['tokens_first']}\n"
-              f"  ferry     {ferry['tokens']}")
+    print(f"  vLLM's GPU prefix cache   {gpu['ttft_hit_s']:7.3f} s  "
+          f"({gpu['ttft_hit_s'] / recompute:.2f} x recompute; prefix hit {gpu['hit_tokens']} tokens)",
+          flush=True)
+    failed = False
+    for store in stores:
+        ferry = _kv_arm(args, "ferry", store)
+        print(f"  ferry's spec, store {store}:")
+        for state in ("warm", "cold"):
+            t = ferry[f"ttft_{state}_s"]
+            print(f"    store {state:4s}  {t:7.3f} s  ({t / recompute:.2f} x recompute; prefix hit "
+                  f"{ferry[f'hit_{state}_tokens']} tokens, {ferry[f'loaded_{state}_blocks']} "
+                  f"blocks loaded by ferry)")
+        print(f"    stored {ferry['stored_blocks']} blocks, "
+              f"{ferry['store_files_bytes'] / 2**30:.2f} GiB of slab files; counters "
+              f"{ferry['counters']}")
+        first = gpu["tokens_first"] == ferry["tokens_first"]
+        served = gpu["tokens"] == ferry["tokens"]
+        print(f"    greedy tokens, computed: vLLM arm == ferry arm: {first}")
+        print(f"    greedy tokens, served from a cache: vLLM's GPU prefix cache == ferry: {served}",
+              flush=True)
+        if not (first and served):
+            print(f"    computed: vLLM {gpu['tokens_first']}  ferry {ferry['tokens_first']}\n"
+                  f"    served:   vLLM {gpu['tokens']}  ferry {ferry['tokens']}")
+            failed = True
+    if failed:
+        sys.exit(1)
 
 
 def main() -> None:
@@ -243,18 +267,21 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--states", default="warm,cold")
     parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the untimed first start that fills the kernel caches")
     parser.add_argument("--kv-spec", action="store_true")
     parser.add_argument("--kv-root", default="/tmp/ferry-kv-bench")
     parser.add_argument("--kv-tokens", type=int, default=16384)
-    parser.add_argument("--kv-store", default='{"capacity_bytes": 8589934592}',
-                        help="the spec's store options (JSON): capacity_bytes, page_cache_pin, ...")
+    parser.add_argument("--kv-store", action="append",
+                        help="the spec's store options (JSON): capacity_bytes, page_cache_pin, "
+                        "...; repeat it to compare (default: 8 GiB, nothing else)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "write":
         return write_checkpoint(args.dir)
     if args.child and args.child.startswith("kv-"):
         return kv_spec_child(args.dir, args.kv_tokens, args.kv_root, args.child[3:],
-                             json.loads(args.kv_store))
+                             json.loads(args.kv_store[-1]))
     if args.child:
         return child(args.dir, args.child, args.tp)
     os.environ.setdefault("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
@@ -272,6 +299,15 @@ def main() -> None:
     if args.tp == 1:
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     rows = []
+    if args.warmup:
+        # The first vLLM start on a machine compiles and caches kernels (Triton's, vLLM's): one
+        # untimed start first, so that every timed format finds the same caches.
+        began = time.monotonic()
+        done = _run_child([sys.executable, __file__, "--dir", args.dir, "--tp", str(args.tp),
+                           "--child", "safetensors"], env, args.budget_s)
+        slowest = time.monotonic() - began
+        print(f"warm-up start (safetensors, not timed): {slowest:.0f} s, exit "
+              f"{done.returncode}", flush=True)
     for state in args.states.split(","):
         for fmt in args.formats.split(","):
             if time.monotonic() - started + slowest > args.budget_s:
@@ -293,20 +329,27 @@ def main() -> None:
                 tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
                 print(f"{fmt} ({state}): failed, exit {done.returncode}:\n  " + "\n  ".join(tail))
                 continue
-            # vLLM logs it in the process that loads (the engine core, each rank's worker).
-            loading = [float(x) for x in re.findall(r"Loading weights took ([0-9.]+) s",
-                                                     done.stdout + done.stderr)]
+            # vLLM logs it in the process that loads (the engine core, each rank's worker): the
+            # weights (formats built on DefaultModelLoader, and ferry's), and for every format the
+            # whole model load (the model built, its weights loaded and processed).
+            log = done.stdout + done.stderr
+            loading = [float(x) for x in re.findall(r"Loading weights took ([0-9.]+) s", log)]
+            model = [float(x) for x in re.findall(r"Model loading took [0-9.]+ GiB memory and "
+                                                  r"([0-9.]+) seconds", log)]
             result["load_s"] = max(loading) if loading else result.get("own_s")
+            result["model_load_s"] = max(model) if model else result.get("own_s")
             result["state"] = state
             rows.append(result)
             load = f"{result['load_s']:.2f}" if result["load_s"] is not None else "?"
+            whole = (f"{result['model_load_s']:.2f}" if result["model_load_s"] is not None
+                     else "?")
             # Load format ferry under TP logs each rank's mode and file bytes read.
             reads = sorted(re.findall(r"ferry: tp_mode (\w+), rank (\d+) of \d+ read (\d+) bytes",
                                       done.stdout + done.stderr), key=lambda r: int(r[1]))
             per_rank = (f"  {reads[0][0]}: GB read per rank "
                         + " ".join(f"{int(r[2]) / 1e9:.2f}" for r in reads)) if reads else ""
             print(f"{fmt:16s} {state:5s} tp={args.tp}  LLM() to ready {result['ready_s']:7.2f} s  "
-                  f"weights {load} s{per_rank}", flush=True)
+                  f"weights {load} s  model loading {whole} s{per_rank}", flush=True)
     by = {(r["format"], r["state"]): r for r in rows}
     failed = False
     for state in args.states.split(","):
