@@ -334,7 +334,7 @@ def main() -> None:
             # whole model load (the model built, its weights loaded and processed).
             log = done.stdout + done.stderr
             loading = [float(x) for x in re.findall(r"Loading weights took ([0-9.]+) s", log)]
-            model = [float(x) for x in re.findall(r"Model loading took [0-9.]+ GiB memory and "
+            model = [float(x) for x in re.findall(r"Model loading took [0-9.]+ GiB (?:memory )?and "
                                                   r"([0-9.]+) seconds", log)]
             result["load_s"] = max(loading) if loading else result.get("own_s")
             result["model_load_s"] = max(model) if model else result.get("own_s")
