@@ -14,6 +14,7 @@
 #include "ferry/error.hpp"
 #include "kv/slab_files.hpp"
 #include "kv/transfer_block_io.hpp"
+#include "kv_host_memory.hpp"
 #include "kv_test_support.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
@@ -55,23 +56,6 @@ TEST(KvStore, RoundTripsBlockSizesBitExact) {
     round_trip(store, iota_keys(3), size);
     EXPECT_EQ(store.stats().blocks, 3u);
   }
-}
-
-// Drops a store's slab pages from the page cache (synced first), so gets read the device.
-void drop_slab_cache(const std::filesystem::path& root) {
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
-    if (entry.path().filename().string().rfind("slab-", 0) != 0) continue;
-    const detail::FileDescriptor fd = detail::open_existing(entry.path(), true);
-    ASSERT_TRUE(fd) << entry.path();
-    ASSERT_TRUE(detail::sync_all(fd.get()));
-    detail::drop_cached_pages(fd.get());  // none to drop on Windows
-  }
-}
-
-std::shared_ptr<std::byte> page_aligned(std::uint64_t bytes) {
-  const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
-  return {static_cast<std::byte*>(detail::aligned_malloc(4096, rounded)),
-          [](std::byte* p) { detail::aligned_free(p); }};
 }
 
 // Host memory by each route the host path takes: one 4 KiB-aligned piece (O_DIRECT straight
