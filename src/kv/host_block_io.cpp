@@ -39,29 +39,57 @@ std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAl
 
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kAlign == 0; }
 
-// The block's one piece, where it can go straight between the caller's memory and O_DIRECT.
-const BlockSpan* direct_piece(const BlockRequest& r) {
-  return r.pieces.size() == 1 && r.pieces[0].size > 0 && aligned(r.pieces[0].data) ? &r.pieces[0]
-                                                                                   : nullptr;
-}
+// A block O_DIRECT can move straight between the caller's memory and its slot: `body` the spans
+// that are 4 KiB-aligned in address and length (every piece but the last, and the last's whole
+// pages where it starts on a page), `tail` what is left of the last piece, at most one page,
+// which moves through a page of its own. That covers one aligned piece of any length, vLLM's
+// per-layer pages of a page-aligned tensor, and a chunk with its key trailer (vLLM's KV tier).
+struct DirectSplit {
+  std::vector<BlockSpan> body;
+  std::uint64_t body_bytes = 0;
+  BlockSpan tail;
+};
 
-// Several pieces that O_DIRECT can take as they are (vLLM's per-layer pages of a page-aligned
-// tensor): every one 4 KiB-aligned in address and length.
-bool direct_pieces(const BlockRequest& r) {
-  if (r.pieces.size() < 2) return false;
+bool split_direct(const BlockRequest& r, DirectSplit& out) {
+  std::vector<const BlockSpan*> pieces;
   for (const BlockSpan& p : r.pieces)
-    if (!aligned(p.data) || p.size % kAlign) return false;
+    if (p.size > 0) pieces.push_back(&p);
+  if (pieces.empty()) return false;
+  out = {};
+  for (std::size_t i = 0; i + 1 < pieces.size(); ++i) {
+    if (!aligned(pieces[i]->data) || pieces[i]->size % kAlign) return false;
+    out.body.push_back(*pieces[i]);
+    out.body_bytes += pieces[i]->size;
+  }
+  BlockSpan last = *pieces.back();
+  if (aligned(last.data) && last.size >= kAlign) {
+    const std::uint64_t whole = last.size / kAlign * kAlign;
+    out.body.push_back({last.data, whole, last.device});
+    out.body_bytes += whole;
+    last = {static_cast<std::byte*>(last.data) + whole, last.size - whole, last.device};
+  }
+  if (last.size > kAlign) return false;
+  out.tail = last;
   return true;
 }
 
 // Whether the block moves without the bounce buffer.
-bool straight(const BlockRequest& r) { return direct_piece(r) || direct_pieces(r); }
+bool straight(const BlockRequest& r) {
+  DirectSplit split;
+  return split_direct(r, split);
+}
 
 std::uint64_t block_checksum(std::span<const BlockSpan> pieces) {
   if (pieces.size() == 1) return checksum(pieces[0].data, pieces[0].size);
   StreamingHash hash;
   for (const BlockSpan& p : pieces) hash.update(p.data, p.size);
   return hash.digest();
+}
+
+std::string direct_reason(const DirectSplit& split, const char* how) {
+  return concat("host memory: O_DIRECT ", how, " its pieces (", split.body.size(),
+                " 4 KiB-aligned span(s)",
+                split.tail.size > 0 ? ", the last partial page through a page of its own)" : ")");
 }
 
 // One positioned transfer of exactly `size` bytes, retrying short transfers and EINTR; an
@@ -239,21 +267,15 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
                      "host memory: one buffered write from its pieces (the slab refuses O_DIRECT)");
     request.checksum = block_checksum(request.pieces);
     error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset);
-  } else if (direct_pieces(request)) {
-    add_route_reason(
-        request, "host memory: one O_DIRECT write straight from its pieces (each 4 KiB-aligned)");
+  } else if (DirectSplit split; split_direct(request, split)) {
+    add_route_reason(request, direct_reason(split, "write straight from"));
     request.checksum = block_checksum(request.pieces);
-    error = transfer_pieces<true>(_slabs, request.slab, request.pieces, request.offset, true);
-  } else if (const BlockSpan* piece = direct_piece(request)) {
-    add_route_reason(request, "host memory: O_DIRECT straight from its one 4 KiB-aligned piece");
-    request.checksum = checksum(piece->data, length);
-    auto* data = static_cast<std::byte*>(piece->data);
-    const std::uint64_t body = length / kAlign * kAlign;
-    if (body) error = transfer<true>(_slabs, request.slab, data, body, request.offset);
-    if (!error && body < length) {  // the last partial page, zero-padded
+    if (!split.body.empty())
+      error = transfer_pieces<true>(_slabs, request.slab, split.body, request.offset, true);
+    if (!error && split.tail.size > 0) {  // the last partial page, zero-padded
       alignas(kAlign) std::byte page[kAlign] = {};
-      std::memcpy(page, data + body, length - body);
-      error = transfer<true>(_slabs, request.slab, page, kAlign, request.offset + body);
+      std::memcpy(page, split.tail.data, split.tail.size);
+      error = transfer<true>(_slabs, request.slab, page, kAlign, request.offset + split.body_bytes);
     }
   } else {
     add_route_reason(request,
@@ -283,7 +305,6 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
   FERRY_ASSERT(length <= _slot_bytes);
   for (const BlockSpan& piece : request.pieces) FERRY_ASSERT(!piece.device.is_cuda());
   request.route = KVRoute::host;
-  const BlockSpan* piece = direct_piece(request);
   if (!_slabs.direct(request.slab) || cached) {
     // From the page cache (or a slab that refuses O_DIRECT): straight into the pieces.
     add_route_reason(request,
@@ -293,25 +314,22 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
             transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset))
       return fail_request(request, _slabs, error, "read of a block");
     if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
-  } else if (direct_pieces(request)) {
-    add_route_reason(
-        request, "host memory: one O_DIRECT read straight into its pieces (each 4 KiB-aligned)");
-    if (const int error =
-            transfer_pieces<false>(_slabs, request.slab, request.pieces, request.offset, true))
-      return fail_request(request, _slabs, error, "read of a block");
-    if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
-  } else if (piece) {
-    add_route_reason(request, "host memory: O_DIRECT straight into its one 4 KiB-aligned piece");
-    auto* data = static_cast<std::byte*>(piece->data);
-    const std::uint64_t body = length / kAlign * kAlign;
-    int error = body ? transfer<false>(_slabs, request.slab, data, body, request.offset) : 0;
-    if (!error && body < length) {  // the last partial page
-      alignas(kAlign) std::byte page[kAlign];
-      error = transfer<false>(_slabs, request.slab, page, kAlign, request.offset + body);
-      if (!error) std::memcpy(data + body, page, length - body);
-    }
+  } else if (DirectSplit split; split_direct(request, split)) {
+    add_route_reason(request, direct_reason(split, "read straight into"));
+    int error = split.body.empty() ? 0
+                                   : transfer_pieces<false>(_slabs, request.slab, split.body,
+                                                            request.offset, true);
+    alignas(kAlign) std::byte page[kAlign];
+    if (!error && split.tail.size > 0)  // the last partial page
+      error =
+          transfer<false>(_slabs, request.slab, page, kAlign, request.offset + split.body_bytes);
     if (error != 0) return fail_request(request, _slabs, error, "read of a block");
-    if (checksum(data, length) != request.checksum) return mismatch(request, _slabs);
+    // Checked before the tail is copied out: a block that is all tail never reaches the caller.
+    StreamingHash hash;
+    for (const BlockSpan& p : split.body) hash.update(p.data, p.size);
+    hash.update(page, split.tail.size);
+    if (hash.digest() != request.checksum) return mismatch(request, _slabs);
+    if (split.tail.size > 0) std::memcpy(split.tail.data, page, split.tail.size);
   } else {
     add_route_reason(request,
                      "host memory: one O_DIRECT read into a 4 KiB-aligned bounce buffer (its "
