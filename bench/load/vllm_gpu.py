@@ -232,9 +232,9 @@ def kv_spec(args) -> None:
     recompute = min(gpu["ttft_s"])
     print(f"KV spec, {gpu['tokens_in']}-token prompt: time to first token")
     print(f"  recompute                 {recompute:7.3f} s")
-    print(f"  vLLM's GPU prefix cache   {gpu['ttft_hit_s']:7.3f} s  "
-          f"({gpu['ttft_hit_s'] / recompute:.2f} x recompute; prefix hit {gpu['hit_tokens']} tokens)",
-          flush=True)
+    hit = gpu["ttft_hit_s"]
+    print(f"  vLLM's GPU prefix cache   {hit:7.3f} s  ({hit / recompute:.2f} x recompute; "
+          f"prefix hit {gpu['hit_tokens']} tokens)", flush=True)
     failed = False
     for store in stores:
         ferry = _kv_arm(args, "ferry", store)

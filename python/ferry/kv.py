@@ -11,11 +11,11 @@ A key is an int (vLLM's block hashes; taken modulo 2**64) or bytes (hashed with 
 is one contiguous tensor or a list of them (vLLM's per-layer K and V pages), gathered into one
 write and scattered from one read, on the CPU or any GPU. A paged KV cache is given whole
 instead: `store.get(keys, KVPages(layers, block_ids))` moves row block_ids[i] of every layer
-tensor as the block of keys[i] (one entry per layer crosses into C++, not one per piece). A put of GPU tensors is ordered after
-`after_event` (a torch.cuda.Event), by default an event recorded on the current stream of the
-tensors' device: KV still being computed is never stored. Each result names the path its block
-took ("host", "staged", "cufile-gds", "cufile-compat", "page-cache-dma") and, with page-cache DMA
-on (page_cache_pin=), why.
+tensor as the block of keys[i] (one entry per layer crosses into C++, not one per piece). A put
+of GPU tensors is ordered after `after_event` (a torch.cuda.Event), by default an event recorded
+on the current stream of the tensors' device: KV still being computed is never stored. Each
+result names the path its block took ("host", "staged", "cufile-gds", "cufile-compat",
+"page-cache-dma") and, with page-cache DMA on (page_cache_pin=), why.
 """
 from collections import namedtuple
 from typing import Any, Callable, List, Optional, Sequence, Union
@@ -82,9 +82,6 @@ class KVPages:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    def devices(self) -> List[str]:
-        return sorted({d for (*_, d) in self._spec})
 
 
 def _batch(keys: Sequence[Key], blocks: Union[Sequence[Any], KVPages]):
