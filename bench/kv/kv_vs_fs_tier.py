@@ -4,7 +4,8 @@
 The "fs tier" here is written from its description, not imported: a file per block, O_DIRECT,
 16 reader / 16 writer threads, os.pwritev / os.preadv straight between the block's host memory
 (page-aligned) and its file. ferry: one KVStore over the same directory's disk, 128 blocks per
-call (ferry.KVStore where `import ferry` and torch work, else the C ABI in libferry.so through
+call (ferry.KVStore where `import ferry` and torch work, its many-piece blocks given as one
+ferry.KVPages per call as an engine's paged cache is; else the C ABI in libferry.so through
 ctypes: the same KVStore). Rounds alternate which goes first; medians reported. Both sides' piece
 lists (ctypes arrays, tensor views, memoryviews) are made once before anything is timed: built
 per call, 128 blocks of 64 pieces cost the C ABI side about 50-100 ms of Python per 256 MiB
@@ -255,16 +256,25 @@ class FerryPy:
         self.prepared = {}
 
     def _blocks(self, memory, first, n, pieces):
-        """The batch's tensors (a block's pieces: views of it), made once per batch."""
+        """The batch's blocks, made once per batch: where the pieces split a block evenly, one
+        ferry.KVPages (piece k of every block is row j of "layer" k, as an engine's paged cache
+        is given), else each block's tensor views."""
         at = (id(memory), first, n, pieces)
         if at not in self.prepared:
+            import ferry
             whole = self.torch.frombuffer(memory.map, dtype=self.torch.uint8)
-            out = []
-            for j in range(first, first + n):
-                start = j * memory.stride + memory.misalign
-                t = whole[start:start + memory.size]
-                out.append(list(t.chunk(pieces)) if pieces > 1 else t)
-            self.prepared[at] = out
+            if pieces > 1 and memory.size % pieces == 0:
+                piece = memory.size // pieces
+                grid = whole.as_strided((n, pieces, piece), (memory.stride, piece, 1),
+                                        first * memory.stride + memory.misalign)
+                self.prepared[at] = ferry.KVPages([grid[:, k] for k in range(pieces)], range(n))
+            else:
+                out = []
+                for j in range(first, first + n):
+                    start = j * memory.stride + memory.misalign
+                    t = whole[start:start + memory.size]
+                    out.append(list(t.chunk(pieces)) if pieces > 1 else t)
+                self.prepared[at] = out
         return self.prepared[at]
 
     def prepare(self, memory, first, n, pieces):
