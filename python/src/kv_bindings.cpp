@@ -181,11 +181,11 @@ void bind_kv(nb::module_& m) {
   nb::class_<PyKVStore>(m, "KVStoreCore")
       .def(
           "__init__",
-          [](PyKVStore* self, nb::bytes root, const std::string& model,
-             const std::string& dtype, const std::string& block_layout, int tp_rank, int world_size,
+          [](PyKVStore* self, nb::bytes root, const std::string& model, const std::string& dtype,
+             const std::string& block_layout, int tp_rank, int world_size,
              std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
-             bool allow_compat, bool read_only, unsigned slab_count,
-             std::uint64_t checkpoint_every, const std::string& page_cache_pin) {
+             bool allow_compat, bool read_only, unsigned slab_count, std::uint64_t checkpoint_every,
+             const std::string& page_cache_pin) {
             KVStoreOptions o;
             o.gpu_path = parse_kv_path(gpu_path);
             o.allow_compat = allow_compat;
@@ -206,53 +206,69 @@ void bind_kv(nb::module_& m) {
           "capacity_bytes"_a, "block_bytes"_a, "gpu_path"_a, "allow_compat"_a, "read_only"_a,
           "slab_count"_a, "checkpoint_every"_a, "page_cache_pin"_a)
       .def("close", &PyKVStore::close)
-      .def("put",
-           [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks,
-              std::uintptr_t after_event) {
-             const KVBlockList list = blocks_of(blocks);
-             const std::vector<KVBlock> spans(list.begin(), list.end());
-             KVPutOptions o;
-             o.after_event = reinterpret_cast<void*>(after_event);
-             KVStore& store = s.get();
-             return py_results(without_gil([&] { return store.put(keys, spans, o); }));
-           })
-      .def("get",
-           [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks) {
-             const KVBlockList list = blocks_of(blocks);
-             const std::vector<KVBlock> spans(list.begin(), list.end());
-             KVStore& store = s.get();
-             return py_results(without_gil([&] { return store.get(keys, spans); }));
-           })
-      .def("put_async",
-           [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks,
-              std::uintptr_t after_event, nb::object callback) {
-             KVPutOptions o;
-             o.after_event = reinterpret_cast<void*>(after_event);
-             return s.get().put_async(std::move(keys), blocks_of(blocks), o,
-                                      py_callback(std::move(callback)));
-           })
-      .def("get_async",
-           [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks, nb::object callback) {
-             return s.get().get_async(std::move(keys), blocks_of(blocks),
-                                      py_callback(std::move(callback)));
-           })
-      .def("lookup",
-           [](PyKVStore& s, const std::vector<KVKey>& keys) {
-             KVStore& store = s.get();
-             return without_gil([&] { return store.lookup(keys); });
-           })
-      .def("contains",
-           [](PyKVStore& s, const std::vector<KVKey>& keys) {
-             KVStore& store = s.get();
-             const std::vector<bool> found = without_gil([&] { return store.contains(keys); });
-             return std::vector<bool>(found.begin(), found.end());
-           })
-      .def("remove",
-           [](PyKVStore& s, const std::vector<KVKey>& keys) {
-             KVStore& store = s.get();
-             return py_results(without_gil([&] { return store.remove(keys); }));
-           })
-      .def("stored_length", [](PyKVStore& s, KVKey key) { return s.get().stored_length(key); })
+      .def(
+          "put",
+          [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks,
+             std::uintptr_t after_event) {
+            const KVBlockList list = blocks_of(blocks);
+            const std::vector<KVBlock> spans(list.begin(), list.end());
+            KVPutOptions o;
+            o.after_event = reinterpret_cast<void*>(after_event);
+            KVStore& store = s.get();
+            return py_results(without_gil([&] { return store.put(keys, spans, o); }));
+          },
+          "keys"_a, "blocks"_a, "after_event"_a)
+      .def(
+          "get",
+          [](PyKVStore& s, const std::vector<KVKey>& keys, const PyBlocks& blocks) {
+            const KVBlockList list = blocks_of(blocks);
+            const std::vector<KVBlock> spans(list.begin(), list.end());
+            KVStore& store = s.get();
+            return py_results(without_gil([&] { return store.get(keys, spans); }));
+          },
+          "keys"_a, "blocks"_a)
+      .def(
+          "put_async",
+          [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks,
+             std::uintptr_t after_event, nb::object callback) {
+            KVPutOptions o;
+            o.after_event = reinterpret_cast<void*>(after_event);
+            return s.get().put_async(std::move(keys), blocks_of(blocks), o,
+                                     py_callback(std::move(callback)));
+          },
+          "keys"_a, "blocks"_a, "after_event"_a, "callback"_a)
+      .def(
+          "get_async",
+          [](PyKVStore& s, std::vector<KVKey> keys, const PyBlocks& blocks, nb::object callback) {
+            return s.get().get_async(std::move(keys), blocks_of(blocks),
+                                     py_callback(std::move(callback)));
+          },
+          "keys"_a, "blocks"_a, "callback"_a)
+      .def(
+          "lookup",
+          [](PyKVStore& s, const std::vector<KVKey>& keys) {
+            KVStore& store = s.get();
+            return without_gil([&] { return store.lookup(keys); });
+          },
+          "keys"_a)
+      .def(
+          "contains",
+          [](PyKVStore& s, const std::vector<KVKey>& keys) {
+            KVStore& store = s.get();
+            const std::vector<bool> found = without_gil([&] { return store.contains(keys); });
+            return std::vector<bool>(found.begin(), found.end());
+          },
+          "keys"_a)
+      .def(
+          "remove",
+          [](PyKVStore& s, const std::vector<KVKey>& keys) {
+            KVStore& store = s.get();
+            return py_results(without_gil([&] { return store.remove(keys); }));
+          },
+          "keys"_a)
+      .def(
+          "stored_length", [](PyKVStore& s, KVKey key) { return s.get().stored_length(key); },
+          "key"_a)
       .def("checkpoint",
            [](PyKVStore& s) {
              KVStore& store = s.get();
