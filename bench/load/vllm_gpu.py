@@ -198,11 +198,12 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
             read_through(_slabs(root))
         else:
             drop_tree_cache(root)
-        loaded = worker.counters["loaded_blocks"]
+        loaded, busy = worker.counters["loaded_blocks"], worker.counters["load_seconds"]
         seconds, out = _timed(llm, prompt, 1)
         result[f"ttft_{state}_s"] = seconds
         result[f"hit_{state}_tokens"] = out.num_cached_tokens
         result[f"loaded_{state}_blocks"] = worker.counters["loaded_blocks"] - loaded
+        result[f"load_job_{state}_s"] = worker.counters["load_seconds"] - busy
     result["reset_again"] = llm.reset_prefix_cache()
     result["tokens"] = list(_timed(llm, prompt, 8)[1].outputs[0].token_ids)
     result["counters"] = {k: (dict(v) if isinstance(v, dict) else v)
@@ -243,7 +244,7 @@ def kv_spec(args) -> None:
             t = ferry[f"ttft_{state}_s"]
             print(f"    store {state:4s}  {t:7.3f} s  ({t / recompute:.2f} x recompute; prefix hit "
                   f"{ferry[f'hit_{state}_tokens']} tokens, {ferry[f'loaded_{state}_blocks']} "
-                  f"blocks loaded by ferry)")
+                  f"blocks loaded by ferry in {ferry[f'load_job_{state}_s']:.3f} s of its jobs)")
         print(f"    stored {ferry['stored_blocks']} blocks, "
               f"{ferry['store_files_bytes'] / 2**30:.2f} GiB of slab files; counters "
               f"{ferry['counters']}")

@@ -77,6 +77,10 @@ def test_spec_store_lookup_load_exact(tmp_path):
     for t, reference in zip(source, kv_caches(1)[0]):
         for dst, src in zip([0, 2, 4], [3, 7, 1]):
             assert torch.equal(t[dst], reference[src])
+    counters = worker.counters
+    assert counters["stored_blocks"] == 3 and counters["loaded_blocks"] == 3
+    assert counters["store_seconds"] > 0 and counters["load_seconds"] > 0
+    assert counters["routes"] == {"host": 6}
 
     # A load of a block never stored: under vLLM's own OffloadingConnector the job fails
     # (vLLM stops rather than use wrong bytes) ...

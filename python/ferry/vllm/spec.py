@@ -165,10 +165,11 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         self._finished: List[TransferResult] = []
         self._pending: Set[int] = set()
         self._load_errors: Set[int] = set()
-        # Blocks stored and loaded, loads failed, and the routes blocks took (for benchmarks
-        # and logs: vLLM's own stats count tokens, not ferry's paths).
+        # Blocks stored and loaded, loads failed, the routes blocks took and the seconds the
+        # jobs ran (for benchmarks and logs: vLLM's own stats count tokens, not ferry's paths).
         self.counters = {"stored_blocks": 0, "loaded_blocks": 0, "failed_loads": 0,
-                         "routes": collections.Counter()}
+                         "routes": collections.Counter(), "store_seconds": 0.0,
+                         "load_seconds": 0.0}
 
     def _blocks(self, spec: GPULoadStoreSpec):
         """The job's GPU block ids and its blocks: one KVPages over the group's layers and the
@@ -226,8 +227,10 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
                 self.counters["stored_blocks" if storing else "loaded_blocks"] += done_blocks
                 self.counters["failed_loads"] += 0 if storing else len(failed)
                 self.counters["routes"].update(r.route for r in results if r.route)
-                self._finished.append(TransferResult(job_id, success, size,
-                                                     time.monotonic() - started))
+                # From submission to completion: ferry's share of a job, beside vLLM's.
+                seconds = time.monotonic() - started
+                self.counters["store_seconds" if storing else "load_seconds"] += seconds
+                self._finished.append(TransferResult(job_id, success, size, seconds))
                 self._pending.discard(job_id)
                 self._lock.notify_all()
 
