@@ -57,16 +57,31 @@ class KVPages:
     """The blocks of a paged KV cache: block i of a batch is row rows[i] (dimension 0) of every
     tensor in `layers`, in that order (vLLM's per-layer (num_blocks, page_bytes) pages, or K and
     V buffers of shape (num_blocks, ...)). Each row must be contiguous; layers may live on
-    different devices and have different row sizes."""
+    different devices and have different row sizes. KVPages.joined([...]) makes one batch of
+    several (a hybrid model's KV groups, each with layers of its own), in order."""
 
     def __init__(self, layers: Sequence[Any], rows: Sequence[int]):
         self.layers = list(layers)
-        self.rows = [int(r) for r in rows]
-        if any(r < 0 for r in self.rows):
-            raise ValueError(f"KVPages rows are block indices, not {min(self.rows)}")
-        self._spec = [self._layer(i, t) for i, t in enumerate(self.layers)]
-        if not self._spec:
+        rows = [int(r) for r in rows]
+        if any(r < 0 for r in rows):
+            raise ValueError(f"KVPages rows are block indices, not {min(rows)}")
+        spec = [self._layer(i, t) for i, t in enumerate(self.layers)]
+        if not spec:
             raise ValueError("KVPages needs at least one layer tensor")
+        self._segments = [(spec, rows)]
+
+    @classmethod
+    def joined(cls, parts: Sequence["KVPages"]) -> "KVPages":
+        if not parts:
+            raise ValueError("KVPages.joined needs at least one KVPages")
+        out = cls.__new__(cls)
+        out.layers = [t for p in parts for t in p.layers]
+        out._segments = [segment for p in parts for segment in p._segments]
+        return out
+
+    @property
+    def rows(self) -> List[int]:
+        return [r for _, rows in self._segments for r in rows]
 
     @staticmethod
     def _layer(index: int, t) -> tuple:
@@ -81,7 +96,7 @@ class KVPages:
         return (t.data_ptr(), t[0].numel() * size, t.stride(0) * size, t.shape[0], str(t.device))
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(len(rows) for _, rows in self._segments)
 
 
 def _batch(keys: Sequence[Key], blocks: Union[Sequence[Any], KVPages]):
@@ -89,13 +104,14 @@ def _batch(keys: Sequence[Key], blocks: Union[Sequence[Any], KVPages]):
     if len(keys) != len(blocks):
         raise ValueError(f"{len(keys)} keys but {len(blocks)} blocks")
     if isinstance(blocks, KVPages):
-        return keys, (blocks._spec, blocks.rows)
+        return keys, blocks._segments
     return keys, [_pieces(b) for b in blocks]
 
 
 def _gpu_devices(pieces) -> List[str]:
-    if isinstance(pieces, tuple):  # a KVPages batch: (layers, rows)
-        return sorted({layer[4] for layer in pieces[0] if layer[4].startswith("cuda")})
+    if pieces and isinstance(pieces[0], tuple):  # a KVPages batch: [(layers, rows), ...]
+        return sorted({layer[4] for spec, _ in pieces for layer in spec
+                       if layer[4].startswith("cuda")})
     return sorted({d for block in pieces for (_, _, d) in block if d.startswith("cuda")})
 
 

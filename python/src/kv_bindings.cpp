@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,12 +35,12 @@ namespace {
 // (address, bytes, device)
 using PyPiece = std::tuple<std::uintptr_t, std::uint64_t, std::string>;
 using PyBlock = std::vector<PyPiece>;
-// A paged batch (ferry.KVPages): per layer (address of row 0, row bytes, row stride, rows,
-// device), and each block's row.
+// A paged batch (ferry.KVPages): segments of per layer (address of row 0, row bytes, row
+// stride, rows, device) and each block's row, their blocks in order.
 using PyLayer =
     std::tuple<std::uintptr_t, std::uint64_t, std::uint64_t, std::uint64_t, std::string>;
 using PyPages = std::tuple<std::vector<PyLayer>, std::vector<std::uint64_t>>;
-using PyBlocks = std::variant<PyPages, std::vector<PyBlock>>;
+using PyBlocks = std::variant<std::vector<PyPages>, std::vector<PyBlock>>;
 // (status, route, message, route_reason)
 using PyResult = std::tuple<std::string, std::string, std::string, std::string>;
 
@@ -81,14 +82,19 @@ KVBlockList blocks_of(const std::vector<PyBlock>& blocks) {
   return out;
 }
 
-KVBlockList blocks_of(const PyPages& pages) {
-  const auto& [py_layers, rows] = pages;
-  std::vector<KVPagedLayer> layers;
-  layers.reserve(py_layers.size());
-  for (const auto& [address, row_bytes, row_stride, count, device] : py_layers)
-    layers.push_back({reinterpret_cast<const void*>(address), row_bytes, row_stride, count,
-                      Device::parse(device)});
-  return paged_blocks(layers, rows);
+KVBlockList blocks_of(const std::vector<PyPages>& segments) {
+  KVBlockList out;
+  for (const auto& [py_layers, rows] : segments) {
+    std::vector<KVPagedLayer> layers;
+    layers.reserve(py_layers.size());
+    for (const auto& [address, row_bytes, row_stride, count, device] : py_layers)
+      layers.push_back({reinterpret_cast<const void*>(address), row_bytes, row_stride, count,
+                        Device::parse(device)});
+    KVBlockList blocks = paged_blocks(layers, rows);
+    out.insert(out.end(), std::make_move_iterator(blocks.begin()),
+               std::make_move_iterator(blocks.end()));
+  }
+  return out;
 }
 
 KVBlockList blocks_of(const PyBlocks& blocks) {

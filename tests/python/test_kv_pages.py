@@ -82,6 +82,28 @@ def test_async_forms_with_callbacks(tmp_path, device):
         assert torch.equal(t.cpu(), s.cpu())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_joined_batches_keep_each_part_on_its_own_layers(tmp_path, device):
+    """Two parts of one batch (a hybrid model's KV groups), each block of each part the rows of
+    that part's layers: one call moves both, in order."""
+    a, b = cache(device, 4), cache(device, 5)
+    # Both parts' blocks must have the store's block size: part b gives its three layers too.
+    pages = ferry.KVPages.joined([ferry.KVPages(pages_of(a), [1, 6]),
+                                  ferry.KVPages(pages_of(b), [0])])
+    assert len(pages) == 3 and pages.rows == [1, 6, 0]
+    with open_store(tmp_path) as store:
+        assert all(r.ok for r in store.put([1, 2, 3], pages))
+        got = [torch.zeros_like(t) for t in a]
+        back = store.get([1, 2, 3], [[p[r] for p in pages_of(got)] for r in (0, 1, 2)])
+        assert all(r.ok for r in back)
+        for t_got, t_a, t_b in zip(pages_of(got), pages_of(a), pages_of(b)):
+            assert torch.equal(t_got[0].cpu(), t_a[1].cpu())
+            assert torch.equal(t_got[1].cpu(), t_a[6].cpu())
+            assert torch.equal(t_got[2].cpu(), t_b[0].cpu())
+    with pytest.raises(ValueError, match="at least one KVPages"):
+        ferry.KVPages.joined([])
+
+
 def test_bad_geometry_is_refused_by_name(tmp_path):
     layers = pages_of(cache("cpu", 3))
     with open_store(tmp_path) as store:

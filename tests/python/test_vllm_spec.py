@@ -124,3 +124,28 @@ def test_connector_is_registered():
     cls = KVConnectorFactory._registry["FerryOffloadingConnector"]()
     assert issubclass(cls, OffloadingConnector)
     assert "get_block_ids_with_load_errors" in cls.__dict__
+
+
+def test_spec_job_of_two_kv_groups_round_trips(tmp_path):
+    """A hybrid model's job (two KV groups, each with its own layers: a sliding-window group
+    beside a full-attention one) stores and loads each group's blocks from its own tensors."""
+    spec = make_spec(tmp_path)
+    source = kv_caches(5)[0]
+    caches = CanonicalKVCaches(
+        tensors=[CanonicalKVCacheTensor(t, PAGE) for t in source],
+        group_data_refs=[[CanonicalKVCacheRef(0, PAGE)], [CanonicalKVCacheRef(1, PAGE)]])
+    worker = spec.get_worker(caches)
+    keys = [offload_key(i, 0) for i in range(2)] + [offload_key(i, 1) for i in range(2)]
+    ids, into = [3, 7, 1, 5], [0, 2, 4, 6]
+    two = lambda blocks: GPULoadStoreSpec(blocks, group_sizes=[2, 2], block_indices=[0, 0])
+    stored = spec.get_manager().prepare_store(keys, ReqContext("r")).store_spec
+    assert run(worker, 1, lambda: worker.submit_store(1, two(ids), stored)).success
+    spec.get_manager().complete_store(keys, ReqContext("r"))
+    load = spec.get_manager().prepare_load(keys, ReqContext("r"))
+    assert run(worker, 2, lambda: worker.submit_load(2, load, two(into))).success
+    reference = kv_caches(5)[0]
+    for group, (dst, src) in enumerate([(into[:2], ids[:2]), (into[2:], ids[2:])]):
+        for d, s in zip(dst, src):
+            assert torch.equal(source[group][d], reference[group][s]), (group, d)
+    worker.shutdown()
+    spec.get_manager().shutdown()

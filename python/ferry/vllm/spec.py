@@ -172,20 +172,18 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
                          "load_seconds": 0.0}
 
     def _blocks(self, spec: GPULoadStoreSpec):
-        """The job's GPU block ids and its blocks: one KVPages over the group's layers and the
-        trailers where the job is of one KV group (one entry per layer crosses into ferry), else
-        each block's pieces."""
+        """The job's GPU block ids and its blocks: per KV group, its blocks as rows of the
+        group's layers and the trailers (one entry per layer crosses into ferry, not one per
+        piece), the groups' blocks in the job's order."""
         ids = [int(b) for b in spec.block_ids]
         groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(ids)]
-        if len(groups) == 1:
-            layers = [self._tensors[i] for i in self._groups[0]] + [self._trailers]
-            return ids, KVPages(layers, ids)
-        blocks, at = [], 0
+        parts, at = [], 0
         for g, count in enumerate(groups):
-            for b in ids[at:at + count]:
-                blocks.append([self._tensors[i][b] for i in self._groups[g]] + [self._trailers[b]])
+            layers = [self._tensors[i] for i in self._groups[g]] + [self._trailers]
+            parts.append(KVPages(layers, ids[at:at + count]))
             at += count
-        return ids, blocks
+        pages = parts[0] if len(parts) == 1 else KVPages.joined(parts)
+        return pages.rows, pages  # fewer rows than ids where the group sizes fall short
 
     def _submit(self, job_id: int, gpu: GPULoadStoreSpec, keys, storing: bool) -> bool:
         ids, blocks = self._blocks(gpu)
