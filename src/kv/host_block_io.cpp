@@ -51,25 +51,27 @@ struct DirectSplit {
 };
 
 bool split_direct(const BlockRequest& r, DirectSplit& out) {
-  std::vector<const BlockSpan*> pieces;
+  const BlockSpan* last = nullptr;  // the last piece with bytes; the ones before go whole
   for (const BlockSpan& p : r.pieces)
-    if (p.size > 0) pieces.push_back(&p);
-  if (pieces.empty()) return false;
+    if (p.size > 0) last = &p;
+  if (last == nullptr) return false;
   out = {};
-  for (std::size_t i = 0; i + 1 < pieces.size(); ++i) {
-    if (!aligned(pieces[i]->data) || pieces[i]->size % kAlign) return false;
-    out.body.push_back(*pieces[i]);
-    out.body_bytes += pieces[i]->size;
+  out.body.reserve(r.pieces.size());
+  for (const BlockSpan* p = r.pieces.data(); p != last; ++p) {
+    if (p->size == 0) continue;
+    if (!aligned(p->data) || p->size % kAlign) return false;
+    out.body.push_back(*p);
+    out.body_bytes += p->size;
   }
-  BlockSpan last = *pieces.back();
-  if (aligned(last.data) && last.size >= kAlign) {
-    const std::uint64_t whole = last.size / kAlign * kAlign;
-    out.body.push_back({last.data, whole, last.device});
+  BlockSpan tail = *last;
+  if (aligned(tail.data) && tail.size >= kAlign) {
+    const std::uint64_t whole = tail.size / kAlign * kAlign;
+    out.body.push_back({tail.data, whole, tail.device});
     out.body_bytes += whole;
-    last = {static_cast<std::byte*>(last.data) + whole, last.size - whole, last.device};
+    tail = {static_cast<std::byte*>(tail.data) + whole, tail.size - whole, tail.device};
   }
-  if (last.size > kAlign) return false;
-  out.tail = last;
+  if (tail.size > kAlign) return false;
+  out.tail = tail;
   return true;
 }
 
