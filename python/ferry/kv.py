@@ -86,7 +86,7 @@ class KVPages:
     @staticmethod
     def _layer(index: int, t) -> tuple:
         if not hasattr(t, "data_ptr"):
-            raise TypeError(f"KVPages layer {index} is a torch.Tensor, not {type(t).__name__}")
+            raise TypeError(f"KVPages layer {index} must be a torch.Tensor, not {type(t).__name__}")
         if t.dim() < 1 or t.shape[0] == 0:
             raise ValueError(f"KVPages layer {index} has no rows (shape {tuple(t.shape)})")
         if not t[0].is_contiguous():

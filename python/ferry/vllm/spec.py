@@ -160,6 +160,9 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         blocks = max(t.shape[0] for t in self._tensors)
         self._trailers = torch.zeros((blocks, TRAILER), dtype=torch.uint8,
                                      device=self._tensors[0].device)
+        # Per KV group, the tensors whose rows make up one of its blocks (the trailer last).
+        self._group_layers = [[self._tensors[i] for i in idx] + [self._trailers]
+                              for idx in self._groups]
         self._store = spec.open_store(spec.config.parallel.rank, False)
         self._lock = threading.Condition()
         self._finished: List[TransferResult] = []
@@ -179,8 +182,7 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         groups = list(spec.group_sizes) if spec.group_sizes is not None else [len(ids)]
         parts, at = [], 0
         for g, count in enumerate(groups):
-            layers = [self._tensors[i] for i in self._groups[g]] + [self._trailers]
-            parts.append(KVPages(layers, ids[at:at + count]))
+            parts.append(KVPages(self._group_layers[g], ids[at:at + count]))
             at += count
         pages = parts[0] if len(parts) == 1 else KVPages.joined(parts)
         return pages.rows, pages  # fewer rows than ids where the group sizes fall short
