@@ -33,8 +33,7 @@ StagedSettings wanted_settings(const TransferOptions& o) {
   return s;
 }
 
-StagedSettings configure(const TransferOptions& o, Direction direction, StagedSettings s,
-                         const StagedPlan& plan) {
+StagedSettings fit_staging(const TransferOptions& o, Direction direction, StagedSettings s) {
   const auto fits = [&] {
     return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
   };
@@ -43,6 +42,12 @@ StagedSettings configure(const TransferOptions& o, Direction direction, StagedSe
   FERRY_EXPECT(fits(), std::invalid_argument, "staging of ", o.staging_bytes,
                " bytes cannot hold one slot of ", s.chunk, "-byte ",
                direction == Direction::FileToMemory ? "reads" : "writes");
+  return s;
+}
+
+StagedSettings configure(const TransferOptions& o, Direction direction, StagedSettings s,
+                         const StagedPlan& plan) {
+  s = fit_staging(o, direction, s);
   const std::uint64_t groups = plan.groups.size();
   if (groups == 0) return s;
   s.threads = static_cast<unsigned>(std::clamp<std::uint64_t>(groups, 1, s.threads));

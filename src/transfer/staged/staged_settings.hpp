@@ -28,8 +28,10 @@ std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction);
 
 StagedSettings wanted_settings(const TransferOptions& o);
 
-// Fits the wanted settings into the submission's staging (fewer threads first, then fewer
-// slots), then shrinks them to the work: no thread or slot without a group to move, no slot
+// Fits the wanted settings into the submission's staging: fewer threads first, then fewer slots.
+StagedSettings fit_staging(const TransferOptions& o, Direction direction, StagedSettings s);
+
+// fit_staging, then shrinks them to the work: no thread or slot without a group to move, no slot
 // larger than the largest group.
 StagedSettings configure(const TransferOptions& o, Direction direction, StagedSettings s,
                          const StagedPlan& plan);
