@@ -6,10 +6,13 @@
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_memory_cache.hpp"
 #include "ferry/error.hpp"
+#include "ferry/load_preparation.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "ferry/transfer.hpp"
+#include "services/pinned_pool.hpp"
 #include "shim/cuda_driver.hpp"
+#include "staging_limit.hpp"
 #include "test_support.hpp"
 
 namespace ferry {
@@ -63,6 +66,32 @@ TEST_F(Gpu, EveryConfigurationMatchesThePlainHostPath) {
         ASSERT_EQ(reinterpret_cast<std::uintptr_t>(t.data) % 256, 0u);
       }
     }
+}
+
+// A load prepared ahead finds its staging pinned and its streams made: it pins nothing more and
+// lands the same bytes as the plain host path.
+TEST_F(Gpu, APreparedLoadUsesTheStagingPinnedAhead) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, mixed_specs(), 43);
+  auto ckpt = Checkpoint::open_shared(file);
+  test::StagingLimit limit(1ull << 30);  // idle staging freed: this test's slabs alone
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  options.reader_threads = 4;
+  options.chunk_bytes = 1 << 20;
+  const WarmUpReport report = LoadPreparation(options).wait();
+  EXPECT_EQ(report.slabs, 4u);
+  EXPECT_TRUE(report.pinned);
+  EXPECT_EQ(report.streams, 4u);
+  const auto held = detail::staging_pool().stats().held_bytes;
+  EXPECT_EQ(held, report.staging_bytes);
+  const LoadedCheckpoint loaded = load(ckpt, options);
+  EXPECT_TRUE(loaded.stats().staging_pinned);
+  EXPECT_EQ(detail::staging_pool().stats().high_water, held);  // no slab made
+  for (const auto& t : loaded.tensors())
+    ASSERT_EQ(test::read_device(t.data, t.info->size), test::read_plain(*ckpt, *t.info))
+        << t.info->name;
 }
 
 // Profiled loads time each slot's copies on the GPU, and workers may share copy streams: the

@@ -47,9 +47,12 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 os.environ.update(SAFE_ENV)
 
 CASES = {"one-file": "one-file-8gb", "moe": "moe-3k", "shm": "moe-3k", "llama": "llama3-8b"}
-SINGLE_LOADERS = ["ferry", "ferry-cli", "instanttensor", "instanttensor-buffered",
-                  "fastsafetensors", "safetensors"]
-GROUP_LOADERS = ["ferry", "ferry-tp", "ferry-cli", "instanttensor", "instanttensor-buffered"]
+# "-prepared": ferry.torch.prepare(device) run to its end before the clock, as a server has it
+# done while it builds its model (vLLM's ferry loader starts it then).
+SINGLE_LOADERS = ["ferry", "ferry-prepared", "ferry-cli", "instanttensor",
+                  "instanttensor-buffered", "fastsafetensors", "safetensors"]
+GROUP_LOADERS = ["ferry", "ferry-prepared", "ferry-tp", "ferry-tp-prepared", "ferry-cli",
+                 "instanttensor", "instanttensor-buffered"]
 CUDA_ONLY = {"instanttensor", "instanttensor-buffered", "fastsafetensors"}
 
 
@@ -139,6 +142,7 @@ def load_safetensors(path, device):
 
 
 def loader_call(name, path, device, group, engine):
+    name = name.removesuffix("-prepared")
     if name in ("ferry", "ferry-tp"):
         shard = "tensor_parallel" if name == "ferry-tp" else None
         return lambda: load_ferry(path, device, group, shard, engine)
@@ -155,8 +159,17 @@ def import_loader(name):
     """The loader's package, imported before the clock (a server imports before it loads)."""
     module = {"ferry": "ferry.torch", "ferry-tp": "ferry.torch", "instanttensor": "instanttensor",
               "instanttensor-buffered": "instanttensor", "fastsafetensors": "fastsafetensors",
-              "safetensors": "safetensors.torch"}[name]
+              "safetensors": "safetensors.torch"}[name.removesuffix("-prepared")]
     __import__(module)
+
+
+def prepare_ahead(name, device):
+    """For a "-prepared" loader: ferry's first-load set-up made and waited for before the clock;
+    what it made (its seconds included), else None."""
+    if not name.endswith("-prepared"):
+        return None
+    import ferry.torch
+    return ferry.torch.prepare(device).wait()
 
 
 def timed_loads(name, path, device, later, cold, group=None, before=None):
@@ -197,7 +210,11 @@ def start_cuda(device):
 def child_single(args):
     start_cuda(args.device)
     import_loader(args.loader)
-    return timed_loads(args.loader, args.path, args.device, args.later, args.cold)
+    prepared = prepare_ahead(args.loader, args.device)
+    runs = timed_loads(args.loader, args.path, args.device, args.later, args.cold)
+    if prepared:
+        runs[0]["prepared"] = prepared
+    return runs
 
 
 def _rank_main(rank, args, port, results):
@@ -217,6 +234,7 @@ def _rank_main(rank, args, port, results):
     except TypeError:  # torch < 2.3 has no device_id
         dist.init_process_group(backend, rank=rank, world_size=args.nproc, timeout=timeout)
     import_loader(args.loader)
+    prepared = prepare_ahead(args.loader, device)
     # A serving engine's group has run a collective by the time it loads.
     warm = torch.ones(1, device=device)
     dist.all_reduce(warm)
@@ -227,6 +245,8 @@ def _rank_main(rank, args, port, results):
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     for r, seconds in zip(runs, took.tolist()):
         r["rank_seconds"], r["seconds"] = r["seconds"], seconds
+    if prepared:
+        runs[0]["prepared"] = prepared
     results[rank] = runs
     dist.barrier()
     dist.destroy_process_group()
@@ -490,7 +510,7 @@ def main():
                 if loader in CUDA_ONLY and not cuda:
                     rows.append({**row, "error": "needs CUDA"})
                     continue
-                if loader == "ferry-tp" and args.nproc < 2:
+                if loader.startswith("ferry-tp") and args.nproc < 2:
                     rows.append({**row, "error": "needs --nproc 2 or more"})
                     continue
                 if loader == "ferry-cli":
@@ -500,7 +520,7 @@ def main():
                 if got:
                     # GB/s of the checkpoint's tensor bytes: what a replica holds, what tensor
                     # parallel's ranks hold together.
-                    row.update(summarize(got, tensors if loader == "ferry-tp" else got[0]["tensor_bytes"]))
+                    row.update(summarize(got, tensors if loader.startswith("ferry-tp") else got[0]["tensor_bytes"]))
                 rows.append({**row, "runs": got, "error": error})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "runs"}), flush=True)
     shutil.rmtree(os.path.join("/dev/shm", "ferry-first-load"), ignore_errors=True)

@@ -165,6 +165,26 @@ class Ticket {
 Ticket submit(std::shared_ptr<const FileSet> files, Direction direction,
               std::vector<Extent> extents, const TransferOptions& options);
 
+// What warm_up readied, and how long it took.
+struct WarmUpReport {
+  std::uint64_t staging_bytes = 0;  // staging made ahead (pinned where `pinned`)
+  unsigned slabs = 0;               // one per worker, as many as the staging bound let in
+  bool pinned = false;
+  unsigned threads = 0;  // worker threads the process's pool holds
+  unsigned streams = 0;  // copy streams made (and kept) for the device
+  double seconds = 0;
+};
+
+// Makes ahead, on the calling thread, what the staged path's first file -> memory submission
+// with these options onto `device` would set up while it runs: each worker's staging slots
+// (pinned for a GPU: the driver's registration, tens of milliseconds per 128 MiB, serialised),
+// the worker threads, the copy streams and their fences. They are kept by the process (as every
+// submission's are), so the next submission of that shape starts at full speed; one that runs
+// meanwhile uses what is ready and makes the rest. For a server: call it while it builds its
+// model. Throws CudaError where the GPU cannot be used, std::invalid_argument where the staging
+// cannot hold one slot.
+WarmUpReport warm_up(const Device& device, const TransferOptions& options);
+
 // Bounds the staging memory of all transfers of the process together (1 GiB by default).
 void set_staging_limit(std::uint64_t bytes);
 std::uint64_t staging_limit();

@@ -16,13 +16,14 @@ Wherever a filename is taken, a shard directory or an index works too. Tensors f
 are views of the memory ferry loaded into (no copies); that memory is freed when the last tensor
 that refers to it is gone.
 """
-from ._ferry import (Checkpoint, KVFormatError, Loaded, SafetensorError, __version__, cuda_available,
-                     release_cached_device_memory, release_page_cache_registrations,
-                     release_staging_memory)
+from ._ferry import (Checkpoint, KVFormatError, Loaded, LoadPreparation, SafetensorError,
+                     __version__, cuda_available, prepare_load, release_cached_device_memory,
+                     release_page_cache_registrations, release_staging_memory)
 from ._open import _safe_open_handle, safe_open
 from .kv import KVPages, KVResult, KVStore, KVTicket, kv_key
 
-__all__ = ["Checkpoint", "KVFormatError", "KVPages", "KVResult", "KVStore", "KVTicket", "Loaded", "SafetensorError",
-           "cuda_available", "kv_key", "release_cached_device_memory",
+__all__ = ["Checkpoint", "KVFormatError", "KVPages", "KVResult", "KVStore", "KVTicket", "Loaded",
+           "LoadPreparation", "SafetensorError", "cuda_available", "kv_key", "prepare_load",
+           "release_cached_device_memory",
            "release_page_cache_registrations",
            "release_staging_memory", "safe_open"]

@@ -20,7 +20,8 @@ from .offload import ExpertOffload, Offload, offload, offload_experts, plan_offl
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 __all__ = ["ExpertOffload", "iterate_weights", "load", "load_file", "load_into", "load_model",
-           "load_with_stats", "Offload", "offload", "offload_experts", "plan_offload", "safe_open",
+           "load_with_stats", "Offload", "offload", "offload_experts", "plan_offload", "prepare",
+           "safe_open",
            "SafetensorError", "save", "save_file", "slice_plan"]
 
 
@@ -48,6 +49,15 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
     stats["python_timeline"] = ([["opened", opened]] + [[n, opened + t] for n, t in marks] +
                                 [["returned", time.perf_counter() - began]])
     return tensors, stats
+
+
+def prepare(device: Union[str, int] = "cuda", **engine) -> "_ferry.LoadPreparation":
+    """Starts readying, on a thread of its own, the process's first load onto `device` (pinned
+    staging, reader threads, copy streams), so that a server that calls it while it builds its
+    model loads its weights at the speed of a later load. `engine` takes the settings the load
+    will use (threads, chunk_bytes, slots, staging_bytes, copy_streams). The load need not wait
+    for it; `.wait()` returns what was made, or raises what failed."""
+    return _ferry.prepare_load(engine_device(normalize_device(device)), **engine)
 
 
 def load_file(filename: PathLike, device: Union[str, int] = "cpu", *,

@@ -40,6 +40,7 @@ using namespace nb::literals;
 
 namespace ferry {
 void bind_save(nb::module_& m);  // save_bindings.cpp
+void bind_prepare(nb::module_& m);  // prepare_bindings.cpp
 void bind_kv(nb::module_& m);    // kv_bindings.cpp
 void bind_stream(nb::module_& m);  // stream_bindings.cpp
 void bind_fanout(nb::module_& m);  // fanout_bindings.cpp
@@ -578,6 +579,7 @@ NB_MODULE(_ferry, m) {
   // it still holds.
   m.def("release_cached_device_memory", &release_cached_device_memory);
   bind_save(m);
+  bind_prepare(m);
   bind_kv(m);
   bind_stream(m);
   bind_fanout(m);

@@ -139,6 +139,16 @@ void HostBuffer::pin_range(std::size_t offset, std::size_t bytes, const PrimaryC
   _pinned_bytes += bytes;
 }
 
+void HostBuffer::fault_in(std::size_t offset, std::size_t bytes) noexcept {
+  const std::size_t end = std::min(offset + bytes, mapped_size());
+  // A write per page (volatile: not elided); the pages hold nothing yet that a write could spoil
+  // where they are not yet faulted, and a faulted page keeps its byte.
+  for (std::size_t at = offset; at < end; at += kPageBytes) {
+    auto* p = reinterpret_cast<volatile std::byte*>(_data + at);
+    *p = *p;
+  }
+}
+
 void HostBuffer::unpin() noexcept {
   for (std::byte* r : _registrations) shim::CudaDriver::get().cuMemHostUnregister(r);
   _registrations.clear();

@@ -110,6 +110,9 @@ class HostBuffer {
   // Registers [offset, offset + bytes) (page multiples inside the buffer, overlapping no
   // registration made before).
   void pin_range(std::size_t offset, std::size_t bytes, const PrimaryContext& context);
+  // Touches every page of [offset, offset + bytes) (clamped to the buffer), so that the kernel
+  // zeroes them on this thread rather than inside a later registration.
+  void fault_in(std::size_t offset, std::size_t bytes) noexcept;
   // Unregisters every range (no copy may be using the buffer).
   void unpin() noexcept;
 

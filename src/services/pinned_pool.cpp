@@ -35,6 +35,9 @@ PinnedPool::Lease::~Lease() {
 }
 
 void PinnedPool::Lease::pin_slot(unsigned i) {
+  // Faulted in here, on this worker, not inside the driver's registration, which other workers'
+  // first slots queue behind.
+  _slab->buffer.fault_in(i * _slot_bytes, _slot_bytes);
   _slab->buffer.pin_range(i * _slot_bytes, _slot_bytes, *_pin_in);
   _slab->pinned_slots[i] = true;
 }
@@ -95,6 +98,44 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
     _returned.wait(lock);
   }
   return lease;
+}
+
+unsigned PinnedPool::prefill(std::uint64_t slot_bytes, unsigned slots, unsigned count,
+                             const PrimaryContext* pin_in) {
+  slot_bytes = round_to_pages(slot_bytes);
+  slots = std::max(1u, slots);
+  const std::uint64_t bytes = slot_bytes * slots;
+  unsigned made = 0;
+  for (; made < count; ++made) {
+    {
+      std::lock_guard lock(_mutex);
+      if (_held + bytes > _bound) break;
+      _held += bytes;  // reserved while it is made, outside the lock
+      _high_water = std::max(_high_water, _held);
+    }
+    Slab slab{HostBuffer(bytes, nullptr), pin_in != nullptr, false, 0, {}};
+    try {
+      slab.buffer.fault_in(0, bytes);
+      if (pin_in) {
+        slab.pinned_slot_bytes = slot_bytes;
+        slab.pinned_slots.assign(slots, false);
+        for (unsigned i = 0; i < slots; ++i) {
+          slab.buffer.pin_range(i * slot_bytes, slot_bytes, *pin_in);
+          slab.pinned_slots[i] = true;
+        }
+      }
+    } catch (...) {
+      std::lock_guard lock(_mutex);
+      _held -= bytes;
+      throw;
+    }
+    {
+      std::lock_guard lock(_mutex);
+      _slabs.push_back(std::move(slab));
+    }
+    _returned.notify_all();
+  }
+  return made;
 }
 
 void PinnedPool::free_idle_locked(std::uint64_t need, const Slab* keep) {

@@ -84,6 +84,14 @@ class PinnedPool {
   Lease lease(std::uint64_t slot_bytes, unsigned wanted, unsigned min_slots,
               const PrimaryContext* pin_in);
 
+  // Makes `count` idle slabs of `slots` slots of at least `slot_bytes` ahead of the leases that
+  // will ask for that shape (a process's first transfer), each slot pinned for `pin_in` where
+  // given, each slab joining the pool once ready: a lease taken meanwhile finds the ready ones
+  // and makes what it lacks itself. Stops at the bound; returns the slabs made. Throws CudaError
+  // where pinning fails (the slabs made before it stay).
+  unsigned prefill(std::uint64_t slot_bytes, unsigned slots, unsigned count,
+                   const PrimaryContext* pin_in);
+
   Stats stats() const;
   std::uint64_t bound() const;
   // Changes the bound; idle slabs over it are freed. Leases already taken keep their memory.

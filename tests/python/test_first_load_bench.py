@@ -31,8 +31,8 @@ def run_bench(tmp_path, ferry_bin, *args):
 
 def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_bin):
     rows = run_bench(tmp_path, ferry_bin, "--cases", "moe", "--scale", "0.0002", "--temps", "warm",
-                     "--loaders", "ferry,ferry-cli,safetensors,instanttensor")
-    for loader in ("ferry", "ferry-cli", "safetensors"):
+                     "--loaders", "ferry,ferry-prepared,ferry-cli,safetensors,instanttensor")
+    for loader in ("ferry", "ferry-prepared", "ferry-cli", "safetensors"):
         row = rows[("moe", "warm", loader)]
         assert row["error"] is None, row["error"]
         assert len(row["runs"]) == 2  # the first load and one later
@@ -43,6 +43,10 @@ def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_
     assert ferry_runs[0]["tensor_bytes"] == safetensors_runs[0]["tensor_bytes"]
     assert rows[("moe", "warm", "ferry-cli")]["runs"][0]["tensor_bytes"] == ferry_runs[0]["tensor_bytes"]
     assert rows[("moe", "warm", "instanttensor")]["error"] == "needs CUDA"
+    # The prepared loader's set-up was made before its first load, and only then.
+    prepared = rows[("moe", "warm", "ferry-prepared")]["runs"]
+    assert prepared[0]["prepared"]["slabs"] > 0 and "prepared" not in prepared[1]
+    assert prepared[0]["tensor_bytes"] == ferry_runs[0]["tensor_bytes"]
     # Each ferry load says when it reached each phase: the engine's and Python's timelines.
     for run in ferry_runs:
         names = [name for name, _ in run["engine"]["timeline"]]
@@ -58,8 +62,12 @@ def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_
                     reason="torch.distributed with gloo is not available")
 def test_a_process_per_rank_loads_replicas_and_slices(tmp_path, ferry_bin):
     rows = run_bench(tmp_path, ferry_bin, "--cases", "llama", "--scale", "0.0005", "--temps", "warm",
-                     "--nproc", "2", "--loaders", "ferry,ferry-tp")
+                     "--nproc", "2", "--loaders", "ferry,ferry-tp,ferry-tp-prepared")
     replicas, slices = rows[("llama", "warm", "ferry")], rows[("llama", "warm", "ferry-tp")]
+    prepared = rows[("llama", "warm", "ferry-tp-prepared")]
+    assert prepared["error"] is None, prepared["error"]
+    assert prepared["runs"][0]["prepared"]["slabs"] > 0
+    assert prepared["runs"][0]["tensor_bytes"] == slices["runs"][0]["tensor_bytes"]
     for row in (replicas, slices):
         assert row["error"] is None, row["error"]
         assert len(row["runs"]) == 2 and row["nproc"] == 2

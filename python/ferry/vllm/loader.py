@@ -26,6 +26,8 @@ logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 _INDEX = "model.safetensors.index.json"
 _BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
 _DEFAULT_GROUP_BYTES = 1 << 30
+# The loader's options that shape a load's staging (LOADER_OPTIONS has them all).
+_PREPARE_OPTIONS = ("threads", "chunk_bytes", "slots", "staging_bytes", "copy_streams")
 
 
 def checkpoint_path(folder: str) -> str:
@@ -68,6 +70,30 @@ class FerryModelLoader(BaseModelLoader):
                              f"{sorted(self.options)}")
         # What the last load did on this rank: its tp_mode and the file bytes it read.
         self.last_load = {}
+
+    def load_model(self, vllm_config, model_config, prefix: str = ""):
+        """vLLM's load_model, with ferry's first-load set-up (pinned staging, reader threads,
+        copy streams) made on a thread of its own while vLLM builds the model."""
+        preparation = self._prepare(vllm_config)
+        try:
+            return super().load_model(vllm_config, model_config, prefix)
+        finally:
+            if preparation is not None:
+                try:
+                    report = preparation.wait()
+                    logger.debug("ferry: load set-up made ahead: %s", report)
+                except Exception as e:  # the load itself met and reported the same cause
+                    logger.warning("ferry: the load's set-up made ahead failed: %s", e)
+
+    def _prepare(self, vllm_config):
+        device = self.load_config.device or vllm_config.device_config.device
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
+        import ferry.torch
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        options = {k: v for k, v in self.options.items() if k in _PREPARE_OPTIONS}
+        return ferry.torch.prepare(f"cuda:{index}", **options)
 
     def _folder(self, model_config) -> str:
         model = model_config.model

@@ -1,0 +1,38 @@
+#include "ferry/load_preparation.hpp"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "load/settings.hpp"
+
+namespace ferry {
+
+LoadPreparation::LoadPreparation(const LoadOptions& options) {
+  const detail::EngineSettings settings =
+      detail::choose_settings(options, detail::tuning_for(options));
+  TransferOptions t;
+  t.threads = settings.threads;
+  t.chunk_bytes = settings.chunk_bytes;
+  t.slots_per_thread = settings.slots_per_thread;
+  t.staging_bytes = options.staging_bytes;
+  t.copy_streams = options.copy_streams;
+  _report = std::async(std::launch::async, [device = options.device, t] {
+              return warm_up(device, t);
+            }).share();
+}
+
+LoadPreparation::~LoadPreparation() {
+  if (_report.valid()) _report.wait();
+}
+
+bool LoadPreparation::done() const {
+  return _report.valid() &&
+         _report.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+WarmUpReport LoadPreparation::wait() const {
+  if (!_report.valid()) throw std::logic_error("load preparation: none was started");
+  return _report.get();
+}
+
+}  // namespace ferry

@@ -1,0 +1,49 @@
+// warm_up (transfer.hpp): a first submission's set-up, made before it is needed.
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "cuda/cuda_resources.hpp"
+#include "ferry/error.hpp"
+#include "ferry/transfer.hpp"
+#include "services/copier.hpp"
+#include "services/pinned_pool.hpp"
+#include "services/worker_pool.hpp"
+#include "shim/cuda_driver.hpp"
+#include "transfer/staged/staged_settings.hpp"
+
+namespace ferry {
+
+WarmUpReport warm_up(const Device& device, const TransferOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  const detail::StagedSettings s =
+      detail::fit_staging(options, Direction::FileToMemory, detail::wanted_settings(options));
+  const detail::PrimaryContext* context = nullptr;
+  if (device.is_cuda()) {
+    FERRY_EXPECT(cuda_available(), CudaError, "warm-up for ", device.to_string(),
+                 ": no CUDA driver is usable here: ",
+                 shim::CudaDriver::get().why_unusable);
+    context = &detail::device_context(device.index);
+  }
+  WarmUpReport report;
+  const std::uint64_t slot = detail::slot_bytes(s.chunk, Direction::FileToMemory);
+  report.slabs = detail::staging_pool().prefill(slot, s.slots, s.threads, context);
+  report.staging_bytes = std::uint64_t{report.slabs} * s.slots * ((slot + 4095) / 4096 * 4096);
+  report.pinned = context != nullptr && report.slabs > 0;
+  report.threads = detail::transfer_workers().reserve(s.threads);
+  if (context) {
+    // One copier per worker, made and dropped: their streams and fences go back to the
+    // process's pools, where the submission's copiers take them.
+    context->make_current();
+    std::vector<std::unique_ptr<detail::Copier>> copiers;
+    const unsigned streams = options.copy_streams ? options.copy_streams : s.threads;
+    for (unsigned i = 0; i < streams; ++i)
+      copiers.push_back(detail::make_copier(device, s.slots));
+    report.streams = streams;
+  }
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return report;
+}
+
+}  // namespace ferry
