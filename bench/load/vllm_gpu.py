@@ -199,7 +199,14 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
         else:
             drop_tree_cache(root)
         loaded, busy = worker.counters["loaded_blocks"], worker.counters["load_seconds"]
+        before = worker._store.stats()
         seconds, out = _timed(llm, prompt, 1)
+        after = worker._store.stats()
+        # Where the store's time went during this get (its statistics' seconds and bytes).
+        result[f"store_{state}"] = {k: round(after[k] - before[k], 4) for k in after
+                                    if k.endswith(("_seconds", "_bytes", "_copies"))
+                                    and isinstance(after[k], (int, float))
+                                    and after[k] != before[k]}
         result[f"ttft_{state}_s"] = seconds
         result[f"hit_{state}_tokens"] = out.num_cached_tokens
         result[f"loaded_{state}_blocks"] = worker.counters["loaded_blocks"] - loaded
@@ -245,6 +252,10 @@ def kv_spec(args) -> None:
             print(f"    store {state:4s}  {t:7.3f} s  ({t / recompute:.2f} x recompute; prefix hit "
                   f"{ferry[f'hit_{state}_tokens']} tokens, {ferry[f'loaded_{state}_blocks']} "
                   f"blocks loaded by ferry in {ferry[f'load_job_{state}_s']:.3f} s of its jobs)")
+            print(f"      the store during it: {ferry[f'store_{state}']}")
+            if state == "cold" and ferry[f"store_{state}"].get("page_cache_dma_bytes"):
+                print("      (not cold: the page-cache windows the warm get registered pin their "
+                      "pages, which dropping the cache leaves; this is a later get's time)")
         print(f"    stored {ferry['stored_blocks']} blocks, "
               f"{ferry['store_files_bytes'] / 2**30:.2f} GiB of slab files; counters "
               f"{ferry['counters']}")

@@ -308,6 +308,22 @@ void bind_kv(nb::module_& m) {
         d["page_cache_windows_registered"] = st.page_cache_windows_registered;
         d["page_cache_register_seconds"] = st.page_cache_register_seconds;
         d["page_cache_stale_rereads"] = st.page_cache_stale_rereads;
+        // Where the calls' time went (seconds summed over calls; see KVStats).
+        d["put_move_seconds"] = st.put_move_seconds;
+        d["put_sync_seconds"] = st.put_sync_seconds;
+        d["put_journal_seconds"] = st.put_journal_seconds;
+        d["get_move_seconds"] = st.get_move_seconds;
+        d["staged_io_seconds"] = st.staged_io_seconds;
+        d["staged_copy_wait_seconds"] = st.staged_copy_wait_seconds;
+        d["staged_queue_seconds"] = st.staged_queue_seconds;
+        d["staged_hash_seconds"] = st.staged_hash_seconds;
+        d["staged_hash_wait_seconds"] = st.staged_hash_wait_seconds;
+        d["staged_setup_seconds"] = st.staged_setup_seconds;
+        d["staged_transfer_seconds"] = st.staged_transfer_seconds;
+        d["staged_copies"] = st.staged_copies;
+        d["page_cache_dma_seconds"] = st.page_cache_dma_seconds;
+        d["page_cache_checksum_seconds"] = st.page_cache_checksum_seconds;
+        d["page_cache_scatter_seconds"] = st.page_cache_scatter_seconds;
         d["gpu_path"] = st.gpu_path == KVPath::Auto     ? "auto"
                         : st.gpu_path == KVPath::Staged ? "staged"
                                                         : "direct";
