@@ -8,14 +8,8 @@
 namespace ferry {
 
 LoadPreparation::LoadPreparation(const LoadOptions& options) {
-  const detail::EngineSettings settings =
-      detail::choose_settings(options, detail::tuning_for(options));
-  TransferOptions t;
-  t.threads = settings.threads;
-  t.chunk_bytes = settings.chunk_bytes;
-  t.slots_per_thread = settings.slots_per_thread;
-  t.staging_bytes = options.staging_bytes;
-  t.copy_streams = options.copy_streams;
+  const TransferOptions t = detail::staging_options(
+      detail::choose_settings(options, detail::tuning_for(options)), options);
   _report = std::async(std::launch::async, [device = options.device, t] {
               return warm_up(device, t);
             }).share();

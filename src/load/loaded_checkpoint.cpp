@@ -55,18 +55,13 @@ std::shared_ptr<detail::PrimaryContext> context_for(const Device& device) {
 Ticket submit_load(const Checkpoint& checkpoint, std::vector<Extent> extents,
                    const detail::EngineSettings& settings, const LoadOptions& options,
                    std::uintptr_t own_base, std::uint64_t own_bytes) {
-  TransferOptions t;
+  TransferOptions t = detail::staging_options(settings, options);
   t.backend = options.backend;
   t.allow_compat = options.allow_compat;
   t.io = options.io;
-  t.threads = settings.threads;
-  t.chunk_bytes = settings.chunk_bytes;
-  t.slots_per_thread = settings.slots_per_thread;
-  t.staging_bytes = options.staging_bytes;
   t.stop_at_first_error = true;  // a load fails whole: no need to read the rest
   t.progress = options.progress;
   t.profile_copies = options.profile;
-  t.copy_streams = options.copy_streams;
   t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   // ferry's own allocation is registered with cuFile for the load where cuFile serves it.
   t.destination = {options.device, reinterpret_cast<void*>(own_base), own_bytes};

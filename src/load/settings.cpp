@@ -79,4 +79,14 @@ EngineSettings choose_settings(const LoadOptions& options, const ActiveTuning& a
   return s;
 }
 
+TransferOptions staging_options(const EngineSettings& settings, const LoadOptions& options) {
+  TransferOptions t;
+  t.threads = settings.threads;
+  t.chunk_bytes = settings.chunk_bytes;
+  t.slots_per_thread = settings.slots_per_thread;
+  t.staging_bytes = options.staging_bytes;
+  t.copy_streams = options.copy_streams;
+  return t;
+}
+
 }  // namespace ferry::detail

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ferry/load_options.hpp"
+#include "ferry/transfer.hpp"
 #include "ferry/tuning.hpp"
 
 namespace ferry::detail {
@@ -25,5 +26,9 @@ ActiveTuning tuning_for(const LoadOptions& options);
 EngineSettings choose_settings(const LoadOptions& options, const ActiveTuning& tuning);
 // Reads the tuning itself (for `ferry doctor`, which shows what a load would use).
 EngineSettings choose_settings(const LoadOptions& options);
+
+// The transfer core's options that shape a load's staging: the settings' threads, read size and
+// slots, the caller's staging bound and copy streams (a load's submission and its preparation).
+TransferOptions staging_options(const EngineSettings& settings, const LoadOptions& options);
 
 }  // namespace ferry::detail
