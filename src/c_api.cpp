@@ -16,6 +16,7 @@
 #include "ferry/ferry.h"
 #include "ferry/ggml_type.hpp"
 #include "ferry/load_options.hpp"
+#include "ferry/load_preparation.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/tensor_digest.hpp"
 #include "ferry/transfer.hpp"
@@ -186,6 +187,31 @@ ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
 }
 
 void ferry_loaded_free(ferry_loaded* loaded) { delete loaded; }
+
+struct ferry_load_preparation {
+  ferry::LoadPreparation preparation;
+};
+
+ferry_status ferry_load_prepare(const ferry_load_options* options, ferry_load_preparation** out) {
+  return guarded([&] {
+    require(out, "out");
+    ferry_load_options defaults;
+    ferry_load_options_init(&defaults);
+    const ferry::LoadOptions cpp = ferry::capi::load_options(options ? *options : defaults);
+    *out = new ferry_load_preparation{ferry::LoadPreparation(cpp)};
+  });
+}
+
+ferry_status ferry_load_preparation_wait(ferry_load_preparation* preparation,
+                                         uint64_t* staging_bytes) {
+  return guarded([&] {
+    require(preparation, "preparation");
+    const ferry::WarmUpReport report = preparation->preparation.wait();
+    if (staging_bytes) *staging_bytes = report.staging_bytes;
+  });
+}
+
+void ferry_load_preparation_free(ferry_load_preparation* preparation) { delete preparation; }
 
 ferry_status ferry_release_cached_device_memory(uint64_t* still_held) {
   return guarded([&] {

@@ -241,6 +241,47 @@ TEST_F(CApi, CudaWithoutGpuIsACudaError) {
   EXPECT_NE(std::string(ferry_last_error()).find("CUDA"), std::string::npos);
 }
 
+TEST_F(CApi, APreparedLoadLandsTheSameBytes) {
+  ferry_load_options options;
+  ferry_load_options_init(&options);
+  options.reader_threads = 2;
+  options.chunk_bytes = 1 << 20;
+  ferry_load_preparation* preparation = nullptr;
+  ASSERT_EQ(ferry_load_prepare(&options, &preparation), FERRY_STATUS_OK) << ferry_last_error();
+  std::uint64_t staging = 0;
+  ASSERT_EQ(ferry_load_preparation_wait(preparation, &staging), FERRY_STATUS_OK)
+      << ferry_last_error();
+  EXPECT_GT(staging, 2u * (1u << 20));  // two readers' slots of a 1 MiB read at least
+  EXPECT_EQ(ferry_load_preparation_wait(preparation, nullptr), FERRY_STATUS_OK);  // again: same
+  ferry_load_preparation_free(preparation);
+  ferry_load_preparation_free(nullptr);
+  ferry_loaded* loaded = nullptr;
+  ASSERT_EQ(ferry_checkpoint_load(checkpoint, &options, &loaded), FERRY_STATUS_OK);
+  for (const auto& [name, bytes] : written) {
+    void* data = nullptr;
+    std::uint64_t size = 0;
+    ASSERT_EQ(ferry_loaded_tensor_data(loaded, name.c_str(), &data, &size), FERRY_STATUS_OK);
+    ASSERT_EQ(size, bytes.size());
+    EXPECT_EQ(std::memcmp(data, bytes.data(), size), 0) << name;
+  }
+  ferry_loaded_free(loaded);
+
+  EXPECT_EQ(ferry_load_prepare(&options, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_load_preparation_wait(nullptr, nullptr), FERRY_STATUS_INVALID_ARGUMENT);
+  options.staging_bytes = 4096;  // not one slot of a 1 MiB read
+  EXPECT_EQ(ferry_load_prepare(&options, &preparation), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ferry_last_error()).find("cannot hold"), std::string::npos)
+      << ferry_last_error();
+  if (!ferry::cuda_available()) {  // the failure comes from the preparing thread, on wait
+    ferry_load_options_init(&options);
+    options.device = "cuda:0";
+    ASSERT_EQ(ferry_load_prepare(&options, &preparation), FERRY_STATUS_OK);
+    EXPECT_EQ(ferry_load_preparation_wait(preparation, nullptr), FERRY_STATUS_CUDA_ERROR);
+    EXPECT_NE(std::string(ferry_last_error()).find("warm-up for cuda:0"), std::string::npos);
+    ferry_load_preparation_free(preparation);
+  }
+}
+
 TEST_F(CApi, EngineSettingsGoThroughTheOneMapping) {
   ferry_load_options options;
   ferry_load_options_init(&options);

@@ -144,6 +144,21 @@ FERRY_API ferry_status ferry_checkpoint_load(const ferry_checkpoint* checkpoint,
                                              ferry_loaded** out);
 /* Releases the loaded memory; NULL is ignored. */
 FERRY_API void ferry_loaded_free(ferry_loaded* loaded);
+/* A first load's set-up made ahead (node FERRY_0.7): each reader's staging (pinned for a GPU),
+ * the reader threads and the copy streams that the process's first load with `options` (NULL:
+ * defaults) would make while it reads, made on a thread of its own, so that a server that starts
+ * it while it builds its model loads at the speed of a later load. Returns at once: OK, or
+ * INVALID_ARGUMENT for options no load could run with. A load need not wait for it (it takes
+ * what is ready). */
+typedef struct ferry_load_preparation ferry_load_preparation;
+FERRY_API ferry_status ferry_load_prepare(const ferry_load_options* options,
+                                          ferry_load_preparation** out);
+/* Waits for it: OK, or what it failed with (CUDA_ERROR where the GPU cannot be used);
+ * `staging_bytes` (may be NULL) gets the staging it made. */
+FERRY_API ferry_status ferry_load_preparation_wait(ferry_load_preparation* preparation,
+                                                   uint64_t* staging_bytes);
+/* Waits for its thread and releases it (what it made stays with the process); NULL is ignored. */
+FERRY_API void ferry_load_preparation_free(ferry_load_preparation* preparation);
 /* Hands back to the driver the device memory the cache of options->cache_device_memory keeps for
  * later loads (that of loads still alive stays); `still_held` (may be NULL) gets the bytes the
  * cache still holds. Returns OK or CUDA_ERROR. */
