@@ -7,7 +7,7 @@ safetensors'. The checkpoint: Llama-3-8B's shape with random weights (names and 
 transformers' LlamaForCausalLM built on the meta device), written once as safetensors shards.
 
     VLLM_ATTENTION_BACKEND=TRITON_ATTN VLLM_USE_FLASHINFER_SAMPLER=0 \
-        python bench/load/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold]
+        python bench/load/vllm_gpu.py --dir /tmp/llama8b [--tp 2] [--formats ferry-own,ferry,safetensors,...] [--states warm|cold] [--log-dir DIR]
         [--budget-s 480]
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
@@ -279,6 +279,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--states", default="warm,cold")
     parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--log-dir", help="keep each start's whole log here (FORMAT-STATE-tpN.log)")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the untimed first start that fills the kernel caches")
     parser.add_argument("--kv-spec", action="store_true")
@@ -335,6 +336,10 @@ def main() -> None:
                                str(args.tp), "--child", fmt], env,
                               args.budget_s + 60 - (time.monotonic() - started))
             slowest = max(slowest, time.monotonic() - began)
+            if args.log_dir:  # vLLM's whole log of the start, for where its time went
+                os.makedirs(args.log_dir, exist_ok=True)
+                with open(os.path.join(args.log_dir, f"{fmt}-{state}-tp{args.tp}.log"), "w") as f:
+                    f.write(done.stdout + done.stderr)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()
                            if l.startswith("RESULT ")), None)
             if result is None:
