@@ -51,6 +51,41 @@ def run(worker, job_id, submit):
     return result
 
 
+def test_jobs_finish_through_get_finished_alone(tmp_path):
+    """vLLM's worker polls get_finished each step (no wait()): every job shows up there once,
+    with its result, the load's bytes in place; shutdown settles what is still in flight."""
+    from ferry.vllm.spec import FerryLoadStoreSpec
+    spec = make_spec(tmp_path)
+    source, caches = kv_caches(3)
+    reference = [t.clone() for t in source]
+    worker = spec.get_worker(caches)
+    keys = [offload_key(i) for i in range(4)]
+    assert worker.submit_store(1, gpu([0, 1, 2, 3]), FerryLoadStoreSpec(keys))
+
+    def finished(job_id):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = worker.get_finished()
+            if got:
+                assert [r.job_id for r in got] == [job_id]
+                return got[0]
+            time.sleep(0.01)
+        raise AssertionError(f"job {job_id} never finished")
+
+    assert finished(1).success
+    for t in source:
+        t[[8, 9, 10, 11]] = 0
+    assert worker.submit_load(2, FerryLoadStoreSpec(keys), gpu([8, 9, 10, 11]))
+    assert finished(2).success
+    assert worker.get_finished() == []
+    for t, ref in zip(source, reference):
+        assert torch.equal(t[8:12], ref[0:4])
+    assert worker.submit_load(3, FerryLoadStoreSpec(keys[:2]), gpu([4, 5]))
+    worker.shutdown()  # waits for job 3
+    assert [r.job_id for r in worker.get_finished()] == [3]
+    spec.get_manager().shutdown()
+
+
 def test_spec_store_lookup_load_exact(tmp_path):
     from ferry.vllm.spec import FerryLoadStoreSpec
     spec = make_spec(tmp_path)

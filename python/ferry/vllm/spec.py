@@ -33,6 +33,15 @@ from .tier import namespace
 
 _SPEC_KEYS = {"root", "capacity_bytes"} | set(STORE_OPTIONS)
 
+# A job in flight: its ticket, GPU block ids, offload keys, direction and start.
+_Job = collections.namedtuple("_Job", ["ticket", "ids", "keys", "storing", "started"])
+
+
+def _records(keys) -> torch.Tensor:
+    """The keys' trailers (keys.py), one row each."""
+    data = bytearray(b"".join(record(k) for k in keys))
+    return torch.frombuffer(data, dtype=torch.uint8).view(len(keys), TRAILER)
+
 
 class FerryLoadStoreSpec(LoadStoreSpec):
     """The offload keys of a job, in the order of the GPU blocks they pair with."""
@@ -164,9 +173,9 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         self._group_layers = [[self._tensors[i] for i in idx] + [self._trailers]
                               for idx in self._groups]
         self._store = spec.open_store(spec.config.parallel.rank, False)
-        self._lock = threading.Condition()
+        self._lock = threading.RLock()
+        self._jobs: Dict[int, _Job] = {}  # submitted, not yet settled
         self._finished: List[TransferResult] = []
-        self._pending: Set[int] = set()
         self._load_errors: Set[int] = set()
         # Blocks stored and loaded, loads failed, the routes blocks took and the seconds the
         # jobs ran (for benchmarks and logs: vLLM's own stats count tokens, not ferry's paths).
@@ -194,71 +203,73 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
                                  len(ids), len(keys))
             return False
         started = time.monotonic()
-        good = ("ok", "already_present") if storing else ("ok",)
-
-        if storing:  # the keys' trailers, ordered before the put by its event
-            expected = torch.frombuffer(bytearray(b"".join(record(k) for k in keys)),
-                                        dtype=torch.uint8).view(len(keys), TRAILER)
-            self._trailers[ids] = expected.to(self._trailers.device)
-
-        def done(results) -> None:
-            results = list(results)
-            if not storing:  # a block of another key under the same 64-bit hash: failed
-                self._check_keys(ids, keys, results)
-            failed = [(b, k, r) for b, k, r in zip(ids, keys, results) if r.status not in good]
-            size = self._spec.block_bytes * (len(keys) - len(failed))
-            success = not failed
-            if failed and not storing:
-                # Unreadable blocks go (a later lookup misses); another key's block stays.
-                self._store.remove([kv_key(k) for _, k, r in failed
-                                    if r.status != "key_mismatch"])
-                _compat.logger.warning("ferry KV load %d: %d of %d blocks failed (%s: %s)",
-                                       job_id, len(failed), len(keys), failed[0][2].status,
-                                       failed[0][2].message)
-                if self._spec.reports_load_errors:
-                    success = True  # the blocks are reported as load errors instead
-                else:
-                    _compat.logger.error("ferry KV load %d failed; use FerryOffloadingConnector "
-                                         "to have vLLM recompute such blocks", job_id)
-            with self._lock:
-                if failed and not storing:
-                    self._load_errors.update(b for b, _, _ in failed)
-                done_blocks = len(keys) - len(failed)
-                self.counters["stored_blocks" if storing else "loaded_blocks"] += done_blocks
-                self.counters["failed_loads"] += 0 if storing else len(failed)
-                self.counters["routes"].update(r.route for r in results if r.route)
-                # From submission to completion: ferry's share of a job, beside vLLM's.
-                seconds = time.monotonic() - started
-                self.counters["store_seconds" if storing else "load_seconds"] += seconds
-                self._finished.append(TransferResult(job_id, success, size, seconds))
-                self._pending.discard(job_id)
-                self._lock.notify_all()
-
-        with self._lock:
-            self._pending.add(job_id)
+        if storing and keys:  # the keys' trailers, ordered before the put by its event
+            self._trailers[ids] = _records(keys).to(self._trailers.device)
         ferry_keys = [kv_key(k) for k in keys]
         try:
-            if storing:
-                self._store.put_async(ferry_keys, blocks, callback=done)
-            else:
-                self._store.get_async(ferry_keys, blocks, callback=done)
+            move = self._store.put_async if storing else self._store.get_async
+            ticket = move(ferry_keys, blocks)
         except Exception:
-            with self._lock:
-                self._pending.discard(job_id)
             _compat.logger.exception("ferry KV job %d could not start", job_id)
             return False
+        with self._lock:
+            self._jobs[job_id] = _Job(ticket, ids, list(keys), storing, started)
         return True
+
+    def _collect(self, wait_for=()) -> None:
+        """Settles the jobs whose batches are done, and first waits for those in `wait_for`, on
+        vLLM's thread: the store's threads only mark a batch done (a completion callback there
+        would take the GIL from vLLM's busy loop several times per job)."""
+        with self._lock:
+            for job_id in wait_for:
+                if job_id in self._jobs:
+                    self._jobs[job_id].ticket.wait()
+            done = [(j, job) for j, job in self._jobs.items() if job.ticket.ready()]
+            for job_id, job in done:
+                del self._jobs[job_id]
+                self._settle(job_id, job)
+
+    def _settle(self, job_id: int, job: "_Job") -> None:
+        results = job.ticket.results()
+        if not job.storing:  # a block of another key under the same 64-bit hash: failed
+            self._check_keys(job.ids, job.keys, results)
+        good = ("ok", "already_present") if job.storing else ("ok",)
+        failed = [(b, k, r) for b, k, r in zip(job.ids, job.keys, results)
+                  if r.status not in good]
+        success = not failed
+        if failed and not job.storing:
+            # Unreadable blocks go (a later lookup misses); another key's block stays.
+            self._store.remove([kv_key(k) for _, k, r in failed if r.status != "key_mismatch"])
+            _compat.logger.warning("ferry KV load %d: %d of %d blocks failed (%s: %s)", job_id,
+                                   len(failed), len(job.keys), failed[0][2].status,
+                                   failed[0][2].message)
+            self._load_errors.update(b for b, _, _ in failed)
+            if self._spec.reports_load_errors:
+                success = True  # the blocks are reported as load errors instead
+            else:
+                _compat.logger.error("ferry KV load %d failed; use FerryOffloadingConnector "
+                                     "to have vLLM recompute such blocks", job_id)
+        moved = len(job.keys) - len(failed)
+        self.counters["stored_blocks" if job.storing else "loaded_blocks"] += moved
+        self.counters["failed_loads"] += 0 if job.storing else len(failed)
+        self.counters["routes"].update(r.route for r in results if r.route)
+        # From submission to vLLM's learning of it: ferry's share of a job, beside vLLM's.
+        seconds = time.monotonic() - job.started
+        self.counters["store_seconds" if job.storing else "load_seconds"] += seconds
+        size = self._spec.block_bytes * moved
+        self._finished.append(TransferResult(job_id, success, size, seconds))
 
     def _check_keys(self, ids, keys, results) -> None:
         loaded = [i for i, r in enumerate(results) if r.status == "ok"]
         if not loaded:
             return
         got = self._trailers[[ids[i] for i in loaded]].cpu()
-        for row, i in enumerate(loaded):
-            if bytes(got[row].numpy()) != record(keys[i]):
-                results[i] = results[i]._replace(
-                    status="key_mismatch", message="the block stored under this key's 64-bit "
-                    "hash belongs to another key")
+        wrong = (got != _records([keys[i] for i in loaded])).any(dim=1)
+        for row in wrong.nonzero().flatten().tolist():
+            i = loaded[row]
+            results[i] = results[i]._replace(
+                status="key_mismatch", message="the block stored under this key's 64-bit "
+                "hash belongs to another key")
 
     def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
         return self._submit(job_id, src_spec, dst_spec.keys, storing=True)
@@ -268,21 +279,23 @@ class FerryOffloadingWorker(_compat.OffloadingWorker or object):
         return self._submit(job_id, dst_spec, src_spec.keys, storing=False)
 
     def get_finished(self) -> List[TransferResult]:
+        self._collect()
         with self._lock:
             out, self._finished = self._finished, []
         return out
 
     def wait(self, job_ids) -> None:
-        with self._lock:
-            self._lock.wait_for(lambda: not (set(job_ids) & self._pending))
+        self._collect(wait_for=list(job_ids))
 
     def take_load_errors(self) -> Set[int]:
         """GPU block ids whose load failed since the last call (vLLM recomputes them)."""
+        self._collect()
         with self._lock:
             out, self._load_errors = self._load_errors, set()
         return out
 
     def shutdown(self) -> None:
         with self._lock:
-            self._lock.wait_for(lambda: not self._pending)
+            pending = list(self._jobs)
+        self._collect(wait_for=pending)
         self._store.close()
