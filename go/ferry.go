@@ -133,6 +133,58 @@ func (l *Loaded) Close() error {
 	return nil
 }
 
+// Preparation is a first load's set-up being made on a thread of ferry's own; see Prepare.
+type Preparation struct {
+	ref preparationRef
+}
+
+// Prepare starts making what the process's first load onto device ("cpu", "cuda" or "cuda:N")
+// would set up while it reads: each reader's staging (pinned for a GPU), the reader threads and
+// the copy streams. A server that calls it while it builds its model then loads at the speed of
+// a later load; the load need not wait for it. Close releases it.
+func Prepare(device string) (*Preparation, error) {
+	if err := available(); err != nil {
+		return nil, err
+	}
+	if err := noNUL("device", device); err != nil {
+		return nil, err
+	}
+	var ref preparationRef
+	if err := call("prepare a load to "+device, func() Status {
+		var s Status
+		ref, s = prepareLoad(device)
+		return s
+	}); err != nil {
+		return nil, err
+	}
+	return &Preparation{ref: ref}, nil
+}
+
+// Wait waits for the preparation and returns the bytes of staging it made, or what it failed
+// with (StatusCUDAError where the GPU cannot be used).
+func (p *Preparation) Wait() (uint64, error) {
+	if p.ref == nilPreparation {
+		return 0, fmt.Errorf("ferry: wait: the preparation is released")
+	}
+	var staging uint64
+	err := call("prepare a load", func() Status {
+		var s Status
+		staging, s = waitPreparation(p.ref)
+		return s
+	})
+	return staging, err
+}
+
+// Close waits for the preparation's thread and releases it; what it made stays with the process.
+// Closing twice does nothing.
+func (p *Preparation) Close() error {
+	if p.ref != nilPreparation {
+		freePreparation(p.ref)
+		p.ref = nilPreparation
+	}
+	return nil
+}
+
 // call runs one C ABI call and, on failure, reads ferry's message in the same OS thread: ferry
 // keeps the last error per thread, and a goroutine may otherwise move between the two calls.
 func call(op string, f func() Status) error {

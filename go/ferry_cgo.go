@@ -17,11 +17,13 @@ import "unsafe"
 
 type checkpointRef = *C.ferry_checkpoint
 type loadedRef = *C.ferry_loaded
+type preparationRef = *C.ferry_load_preparation
 
 // The zero handles: no checkpoint, no loaded result.
 var (
-	nilCheckpoint checkpointRef
-	nilLoaded     loadedRef
+	nilCheckpoint  checkpointRef
+	nilLoaded      loadedRef
+	nilPreparation preparationRef
 )
 
 // available: the loader resolved libferry before main.
@@ -92,4 +94,25 @@ func tensorDigest(ref loadedRef, name string) (uint64, Status) {
 	var digest C.uint64_t
 	s := C.ferry_loaded_tensor_digest(ref, cname, &digest)
 	return uint64(digest), Status(s)
+}
+
+func prepareLoad(device string) (preparationRef, Status) {
+	cdevice := C.CString(device)
+	defer C.free(unsafe.Pointer(cdevice))
+	var options C.ferry_load_options
+	C.ferry_load_options_init(&options)
+	options.device = cdevice
+	var out *C.ferry_load_preparation
+	s := C.ferry_load_prepare(&options, &out)
+	return out, Status(s)
+}
+
+func waitPreparation(ref preparationRef) (uint64, Status) {
+	var staging C.uint64_t
+	s := C.ferry_load_preparation_wait(ref, &staging)
+	return uint64(staging), Status(s)
+}
+
+func freePreparation(ref preparationRef) {
+	C.ferry_load_preparation_free(ref)
 }

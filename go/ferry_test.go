@@ -168,3 +168,46 @@ func TestCUDADigestsEqualHost(t *testing.T) {
 		}
 	}
 }
+
+func TestPreparedLoadMatchesCLI(t *testing.T) {
+	path, checkpoint := openTiny(t)
+	preparation, err := Prepare("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging, err := preparation.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if staging == 0 {
+		t.Fatal("the preparation made no staging")
+	}
+	preparation.Close()
+	preparation.Close() // twice: nothing
+	if _, err := preparation.Wait(); err == nil {
+		t.Fatal("a released preparation waited")
+	}
+	loaded, err := checkpoint.Load("cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loaded.Close()
+	for name, want := range cliDigests(t, path) {
+		got, err := loaded.Digest(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprintf("%016x", got) != want {
+			t.Errorf("%s: digest %016x, the CLI's %s", name, got, want)
+		}
+	}
+}
+
+func TestPrepareRefusesABadDevice(t *testing.T) {
+	if _, err := Prepare("tpu:0"); err == nil {
+		t.Fatal("tpu:0 was taken")
+	}
+	if _, err := Prepare("cu\x00da"); err == nil {
+		t.Fatal("a device with a NUL byte was taken")
+	}
+}

@@ -15,11 +15,13 @@ import (
 
 type checkpointRef = uintptr
 type loadedRef = uintptr
+type preparationRef = uintptr
 
 // The zero handles: no checkpoint, no loaded result.
 const (
-	nilCheckpoint checkpointRef = 0
-	nilLoaded     loadedRef     = 0
+	nilCheckpoint  checkpointRef  = 0
+	nilLoaded      loadedRef      = 0
+	nilPreparation preparationRef = 0
 )
 
 var (
@@ -176,4 +178,23 @@ func tensorDigest(ref loadedRef, name string) (uint64, Status) {
 	s := invoke("ferry_loaded_tensor_digest", ref, uintptr(unsafe.Pointer(cString(name))),
 		uintptr(unsafe.Pointer(&digest)))
 	return digest, Status(int32(s))
+}
+
+func prepareLoad(device string) (preparationRef, Status) {
+	options := defaultLoadOptions()
+	options.device = cString(device)
+	var out uintptr
+	s := invoke("ferry_load_prepare", uintptr(unsafe.Pointer(&options)),
+		uintptr(unsafe.Pointer(&out)))
+	return out, Status(int32(s))
+}
+
+func waitPreparation(ref preparationRef) (uint64, Status) {
+	var staging uint64
+	s := invoke("ferry_load_preparation_wait", ref, uintptr(unsafe.Pointer(&staging)))
+	return staging, Status(int32(s))
+}
+
+func freePreparation(ref preparationRef) {
+	invoke("ferry_load_preparation_free", ref)
 }
