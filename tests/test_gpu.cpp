@@ -94,6 +94,29 @@ TEST_F(Gpu, APreparedLoadUsesTheStagingPinnedAhead) {
         << t.info->name;
 }
 
+// With page_cache_pin and its checkpoint, a preparation registers the files for page-cache DMA:
+// the load registers nothing and copies every byte from the page cache, as the host path reads.
+TEST_F(Gpu, APreparedLoadFindsItsFilesRegisteredForPageCacheDma) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  test::write_random_checkpoint(file, mixed_specs(), 44);  // just written: in the page cache
+  auto ckpt = Checkpoint::open_shared(file);
+  LoadOptions options;
+  options.device = Device::cuda(0);
+  options.page_cache_pin_bytes = 1ull << 30;
+  const WarmUpReport report = LoadPreparation(options, ckpt).wait();
+  ASSERT_EQ(report.page_cache_bytes, ckpt->files()[0].size) << report.page_cache_why_not;
+  const LoadedCheckpoint loaded = load(ckpt, options);
+  ASSERT_EQ(loaded.stats().files.size(), 1u);
+  const auto& f = loaded.stats().files[0];
+  EXPECT_EQ(f.io_path, IoPath::PageCacheDma) << f.reason;
+  EXPECT_EQ(f.reason.find("registered by this transfer"), std::string::npos) << f.reason;
+  for (const auto& t : loaded.tensors())
+    ASSERT_EQ(test::read_device(t.data, t.info->size), test::read_plain(*ckpt, *t.info))
+        << t.info->name;
+  release_page_cache_registrations();
+}
+
 // Profiled loads time each slot's copies on the GPU, and workers may share copy streams: the
 // same bytes either way, and a busy time within the copies' span.
 TEST_F(Gpu, ProfiledLoadsAndSharedCopyStreamsLandTheSameBytes) {

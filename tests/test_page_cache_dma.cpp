@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 
+#include "ferry/load_preparation.hpp"
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/transfer.hpp"
 #include "platform/file_mapping.hpp"
@@ -116,6 +117,40 @@ TEST_F(PageCacheDma, LoadsAreBitExactAndTheSecondReusesTheRegistration) {
   const std::string json = to_json(load(ckpt, pinned_options(1ull << 30)).stats());
   EXPECT_TRUE(contains(json, "\"bytes_from_registered_page_cache\"")) << json;
   EXPECT_TRUE(contains(json, "\"page-cache-dma\"")) << json;
+}
+
+// A load prepared with its checkpoint finds each file registered ahead: it registers nothing,
+// and copies every byte from the registrations, bit-exact.
+TEST_F(PageCacheDma, APreparedLoadFindsItsFilesRegisteredAhead) {
+  TempDir dir;
+  test::write_random_checkpoint(dir / "model-00001-of-00002.safetensors", odd_specs(), 41);
+  test::write_random_checkpoint(dir / "model-00002-of-00002.safetensors",
+                                {{"z", DType::F32, {300000}}}, 42);
+  StandIn driver;
+  detail::ScopedPageCacheRegistry scoped(driver.registrar());
+  auto ckpt = Checkpoint::open_shared(dir.path());
+  const WarmUpReport report = LoadPreparation(pinned_options(1ull << 30), ckpt).wait();
+  EXPECT_EQ(driver.registered, 2) << report.page_cache_why_not;
+  std::uint64_t file_bytes = 0;
+  for (const auto& f : ckpt->files()) file_bytes += f.size;  // just written: in the page cache
+  EXPECT_EQ(report.page_cache_bytes, file_bytes);
+  EXPECT_EQ(report.page_cache_why_not, "");
+  LoadedCheckpoint loaded = load(ckpt, pinned_options(1ull << 30));
+  expect_plain_bytes(*ckpt, loaded);
+  EXPECT_EQ(driver.registered, 2);  // nothing registered by the load
+  for (const auto& f : loaded.stats().files) {
+    EXPECT_EQ(f.io_path, IoPath::PageCacheDma) << f.reason;
+    EXPECT_FALSE(contains(f.reason, "registered by this transfer")) << f.reason;
+  }
+  EXPECT_EQ(loaded.stats().page_cache_register_seconds, 0.0);
+
+  // Without page_cache_pin, or for a device the registrations do not serve: nothing registered,
+  // and the report says why for the latter.
+  StandIn other;
+  detail::ScopedPageCacheRegistry again(other.registrar());
+  LoadOptions plain = pinned_options(0);
+  EXPECT_EQ(LoadPreparation(plain, ckpt).wait().page_cache_bytes, 0u);
+  EXPECT_EQ(other.registered, 0);
 }
 
 TEST_F(PageCacheDma, ARewrittenFileIsLoadedWithItsNewBytes) {

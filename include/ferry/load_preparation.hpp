@@ -5,7 +5,9 @@
 #pragma once
 
 #include <future>
+#include <memory>
 
+#include "ferry/checkpoint.hpp"
 #include "ferry/load_options.hpp"
 #include "ferry/transfer.hpp"
 
@@ -17,6 +19,9 @@ class LoadPreparation {
   // Starts warm_up (transfer.hpp) for loads with these options (device, threads, chunk_bytes,
   // slots, staging_bytes, copy_streams: the settings a load with them would choose).
   explicit LoadPreparation(const LoadOptions& options);
+  // The same, and with options.page_cache_pin_bytes, the checkpoint's files wholly in the page
+  // cache registered for page-cache DMA (a server knows its checkpoint long before it loads).
+  LoadPreparation(const LoadOptions& options, std::shared_ptr<const Checkpoint> checkpoint);
   LoadPreparation(LoadPreparation&&) noexcept = default;
   LoadPreparation& operator=(LoadPreparation&&) noexcept = default;
   ~LoadPreparation();  // waits for the thread

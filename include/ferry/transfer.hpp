@@ -172,6 +172,10 @@ struct WarmUpReport {
   bool pinned = false;
   unsigned threads = 0;  // worker threads the process's pool holds
   unsigned streams = 0;  // copy streams made (and kept) for the device
+  // Page-cache DMA (options.page_cache_pin_bytes and files given): the files' bytes registered
+  // (kept by the process's registry for the submission), and why a file was not, if one was not.
+  std::uint64_t page_cache_bytes = 0;
+  std::string page_cache_why_not;
   double seconds = 0;
 };
 
@@ -181,9 +185,12 @@ struct WarmUpReport {
 // the worker threads, the copy streams and their fences. They are kept by the process (as every
 // submission's are), so the next submission of that shape starts at full speed; one that runs
 // meanwhile uses what is ready and makes the rest. For a server: call it while it builds its
-// model. Throws CudaError where the GPU cannot be used, std::invalid_argument where the staging
-// cannot hold one slot.
-WarmUpReport warm_up(const Device& device, const TransferOptions& options);
+// model. With `files` and options.page_cache_pin_bytes, also registers those of the files wholly
+// in the page cache for page-cache DMA (the registration a first such load pays: about a second
+// per 10-20 GB), kept by the process for the submission to find. Throws CudaError where the GPU
+// cannot be used, std::invalid_argument where the staging cannot hold one slot.
+WarmUpReport warm_up(const Device& device, const TransferOptions& options,
+                     const FileSet* files = nullptr);
 
 // Bounds the staging memory of all transfers of the process together (1 GiB by default).
 void set_staging_limit(std::uint64_t bytes);

@@ -51,13 +51,17 @@ def load_with_stats(path: PathLike, device: Any = "cpu", names: Optional[Iterabl
     return tensors, stats
 
 
-def prepare(device: Union[str, int] = "cuda", **engine) -> "_ferry.LoadPreparation":
+def prepare(device: Union[str, int] = "cuda", path: Optional[PathLike] = None,
+            **engine) -> "_ferry.LoadPreparation":
     """Starts readying, on a thread of its own, the process's first load onto `device` (pinned
     staging, reader threads, copy streams), so that a server that calls it while it builds its
     model loads its weights at the speed of a later load. `engine` takes the settings the load
-    will use (threads, chunk_bytes, slots, staging_bytes, copy_streams). The load need not wait
-    for it; `.wait()` returns what was made, or raises what failed."""
-    return _ferry.prepare_load(engine_device(normalize_device(device)), **engine)
+    will use (threads, chunk_bytes, slots, staging_bytes, copy_streams, page_cache_pin). With the
+    checkpoint's `path` and page_cache_pin, its files wholly in the page cache are registered for
+    page-cache DMA meanwhile too. The load need not wait for it; `.wait()` returns what was made,
+    or raises what failed."""
+    checkpoint = open_checkpoint(path) if path is not None else None
+    return _ferry.prepare_load(engine_device(normalize_device(device)), checkpoint, **engine)
 
 
 def load_file(filename: PathLike, device: Union[str, int] = "cpu", *,

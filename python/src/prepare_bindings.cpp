@@ -1,5 +1,6 @@
 // ferry.prepare_load: a first load's set-up made ahead (ferry/load_preparation.hpp).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
@@ -31,6 +32,8 @@ nb::dict report_dict(const WarmUpReport& r) {
   d["pinned"] = r.pinned;
   d["threads"] = r.threads;
   d["streams"] = r.streams;
+  d["page_cache_bytes"] = r.page_cache_bytes;
+  d["page_cache_why_not"] = r.page_cache_why_not;
   d["seconds"] = r.seconds;
   return d;
 }
@@ -53,20 +56,25 @@ void bind_prepare(nb::module_& m) {
             return report_dict(r);
           },
           "Waits; returns what was made (staging_bytes, slabs, pinned, threads, streams, "
-          "seconds), or raises what the preparation failed with.");
+          "page_cache_bytes, page_cache_why_not, seconds), or raises what the preparation failed "
+          "with.");
   m.def(
       "prepare_load",
-      [](const std::string& device, const nb::kwargs& engine) {
+      [](const std::string& device, nb::handle checkpoint, const nb::kwargs& engine) {
+        const LoadOptions options = make_options(device, std::nullopt, std::nullopt, engine);
+        std::shared_ptr<const Checkpoint> files;
+        if (!checkpoint.is_none()) files = nb::cast<std::shared_ptr<Checkpoint>>(checkpoint);
         auto p = std::make_unique<PyLoadPreparation>();
-        p->preparation = LoadPreparation(make_options(device, std::nullopt, std::nullopt, engine));
+        p->preparation = LoadPreparation(options, std::move(files));
         return p;
       },
-      "device"_a = "cpu", "engine"_a,
+      "device"_a = "cpu", "checkpoint"_a = nb::none(), "engine"_a,
       "Starts making, on a thread of its own, what the process's first load onto `device` with "
       "these engine settings would set up while it reads: each reader's staging (pinned for a "
       "GPU), the reader threads, the copy streams. A server calls it while it builds its model; "
-      "its load then runs as fast as a later one. Returns a LoadPreparation; a load need not "
-      "wait for it (it uses what is ready).");
+      "its load then runs as fast as a later one. With a `checkpoint` (a ferry.Checkpoint) and "
+      "page_cache_pin, its files wholly in the page cache are registered for page-cache DMA too. "
+      "Returns a LoadPreparation; a load need not wait for it (it uses what is ready).");
 }
 
 }  // namespace ferry

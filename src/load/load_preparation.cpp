@@ -7,11 +7,16 @@
 
 namespace ferry {
 
-LoadPreparation::LoadPreparation(const LoadOptions& options) {
-  const TransferOptions t = detail::staging_options(
+LoadPreparation::LoadPreparation(const LoadOptions& options)
+    : LoadPreparation(options, nullptr) {}
+
+LoadPreparation::LoadPreparation(const LoadOptions& options,
+                                 std::shared_ptr<const Checkpoint> checkpoint) {
+  TransferOptions t = detail::staging_options(
       detail::choose_settings(options, detail::tuning_for(options)), options);
-  _report = std::async(std::launch::async, [device = options.device, t] {
-              return warm_up(device, t);
+  t.page_cache_pin_bytes = options.page_cache_pin_bytes;
+  _report = std::async(std::launch::async, [device = options.device, t, checkpoint] {
+              return warm_up(device, t, checkpoint ? checkpoint->shared_file_set().get() : nullptr);
             }).share();
 }
 

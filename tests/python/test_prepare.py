@@ -40,3 +40,14 @@ def test_a_gpu_without_a_driver_fails_on_wait():
     preparation = ferry.torch.prepare(0)
     with pytest.raises(Exception, match="warm-up for cuda:0"):
         preparation.wait()
+
+
+def test_a_checkpoint_given_is_registered_only_where_page_cache_dma_serves(tmp_path):
+    from safetensors.torch import save_file
+    save_file({"a": torch.ones(1000)}, tmp_path / "m.safetensors")
+    report = ferry.torch.prepare("cpu", tmp_path / "m.safetensors", page_cache_pin="1GiB").wait()
+    assert report["page_cache_bytes"] == 0
+    assert "does not serve cpu" in report["page_cache_why_not"]
+    assert ferry.torch.prepare("cpu", tmp_path).wait()["page_cache_why_not"] == ""  # not asked
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
+        ferry.torch.prepare("cpu", tmp_path / "missing.safetensors")

@@ -26,8 +26,9 @@ logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 _INDEX = "model.safetensors.index.json"
 _BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
 _DEFAULT_GROUP_BYTES = 1 << 30
-# The loader's options that shape a load's staging (LOADER_OPTIONS has them all).
-_PREPARE_OPTIONS = ("threads", "chunk_bytes", "slots", "staging_bytes", "copy_streams")
+# The loader's options that shape a load's set-up (LOADER_OPTIONS has them all).
+_PREPARE_OPTIONS = ("threads", "chunk_bytes", "slots", "staging_bytes", "copy_streams",
+                    "page_cache_pin")
 
 
 def checkpoint_path(folder: str) -> str:
@@ -74,7 +75,7 @@ class FerryModelLoader(BaseModelLoader):
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         """vLLM's load_model, with ferry's first-load set-up (pinned staging, reader threads,
         copy streams) made on a thread of its own while vLLM builds the model."""
-        preparation = self._prepare(vllm_config)
+        preparation = self._prepare(vllm_config, model_config)
         try:
             return super().load_model(vllm_config, model_config, prefix)
         finally:
@@ -85,7 +86,7 @@ class FerryModelLoader(BaseModelLoader):
                 except Exception as e:  # the load itself met and reported the same cause
                     logger.warning("ferry: the load's set-up made ahead failed: %s", e)
 
-    def _prepare(self, vllm_config):
+    def _prepare(self, vllm_config, model_config):
         device = self.load_config.device or vllm_config.device_config.device
         device = torch.device(device)
         if device.type != "cuda":
@@ -93,7 +94,12 @@ class FerryModelLoader(BaseModelLoader):
         import ferry.torch
         index = device.index if device.index is not None else torch.cuda.current_device()
         options = {k: v for k, v in self.options.items() if k in _PREPARE_OPTIONS}
-        return ferry.torch.prepare(f"cuda:{index}", **options)
+        # With page_cache_pin, the checkpoint's files are registered meanwhile too (a model not
+        # yet downloaded is not: the load registers what it reads).
+        folder = model_config.model
+        path = (checkpoint_path(folder) if "page_cache_pin" in options and os.path.isdir(folder)
+                else None)
+        return ferry.torch.prepare(f"cuda:{index}", path, **options)
 
     def _folder(self, model_config) -> str:
         model = model_config.model

@@ -6,15 +6,40 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
+#include "ferry/utf8_path.hpp"
 #include "services/copier.hpp"
+#include "services/page_cache_registry.hpp"
 #include "services/pinned_pool.hpp"
 #include "services/worker_pool.hpp"
 #include "shim/cuda_driver.hpp"
 #include "transfer/staged/staged_settings.hpp"
 
 namespace ferry {
+namespace {
 
-WarmUpReport warm_up(const Device& device, const TransferOptions& options) {
+// Each file's registration made and left in the process's registry (the lease dropped at once:
+// an idle registration stays until the budget needs its room), as the submission would make it.
+void register_page_cache(const Device& device, const FileSet& files, std::uint64_t budget,
+                         WarmUpReport& report) {
+  detail::PageCacheRegistry& registry = detail::page_cache_registry();
+  if (!registry.serves(device)) {
+    report.page_cache_why_not = detail::concat("page-cache DMA (", registry.registrar_name(),
+                                       ") does not serve ", device.to_string());
+    return;
+  }
+  for (std::uint32_t f = 0; f < files.size(); ++f) {
+    auto got = registry.acquire(*files.acquire(f, false), budget);
+    if (got.lease)
+      report.page_cache_bytes += got.lease.size();
+    else if (report.page_cache_why_not.empty())
+      report.page_cache_why_not = detail::concat(utf8_of(files.path(f)), ": ", got.why_not);
+  }
+}
+
+}  // namespace
+
+WarmUpReport warm_up(const Device& device, const TransferOptions& options,
+                     const FileSet* files) {
   const auto started = std::chrono::steady_clock::now();
   const detail::StagedSettings s =
       detail::fit_staging(options, Direction::FileToMemory, detail::wanted_settings(options));
@@ -41,6 +66,8 @@ WarmUpReport warm_up(const Device& device, const TransferOptions& options) {
       copiers.push_back(detail::make_copier(device, s.slots));
     report.streams = streams;
   }
+  if (files && options.page_cache_pin_bytes > 0)
+    register_page_cache(device, *files, options.page_cache_pin_bytes, report);
   report.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return report;
