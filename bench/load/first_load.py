@@ -48,7 +48,9 @@ os.environ.update(SAFE_ENV)
 
 CASES = {"one-file": "one-file-8gb", "moe": "moe-3k", "shm": "moe-3k", "llama": "llama3-8b"}
 # "-prepared": ferry.torch.prepare(device) run to its end before the clock, as a server has it
-# done while it builds its model (vLLM's ferry loader starts it then).
+# done while it builds its model (vLLM's ferry loader starts it then). "-dma" (before
+# "-prepared"): the loads take page-cache DMA (page_cache_pin), and a preparation registers the
+# checkpoint's files for it. Neither is in the defaults' lists below but "-prepared" ones.
 SINGLE_LOADERS = ["ferry", "ferry-prepared", "ferry-cli", "instanttensor",
                   "instanttensor-buffered", "fastsafetensors", "safetensors"]
 GROUP_LOADERS = ["ferry", "ferry-prepared", "ferry-tp", "ferry-tp-prepared", "ferry-cli",
@@ -98,18 +100,18 @@ ENGINE_STATS = ("seconds", "allocate_seconds", "submit_seconds", "staging_second
                 "queue_thread_seconds", "reader_threads", "staging_bytes")
 
 
-def load_ferry(path, device, group, shard, engine):
+def load_ferry(path, device, group, shard, engine, options):
     import ferry.torch
     if group is not None:
         # load_file(..., process_group=group, shard=shard) with its statistics: the same code.
         from ferry._distributed import load_sharded
-        tensors, stats = load_sharded(path, device, group, shard, return_stats=True)
+        tensors, stats = load_sharded(path, device, group, shard, return_stats=True, **options)
         engine["group_timeline"] = stats.get("timeline", [])
         if stats.get("reads"):
             engine["round0_timeline"] = stats["reads"][0].get("timeline", [])
             engine.update({k: stats["reads"][0][k] for k in ENGINE_STATS if k in stats["reads"][0]})
         return tensors
-    tensors, stats = ferry.torch.load_with_stats(path, device=device)
+    tensors, stats = ferry.torch.load_with_stats(path, device=device, **options)
     engine.update({k: stats[k] for k in ENGINE_STATS if k in stats})
     engine["timeline"] = stats.get("timeline", [])
     engine["python_timeline"] = stats.get("python_timeline", [])
@@ -141,11 +143,26 @@ def load_safetensors(path, device):
     return out
 
 
+PAGE_CACHE_PIN = "256GiB"  # a "-dma" loader's budget: every file of the cases fits
+
+
+def base_loader(name):
+    """The loader a variant name runs ("ferry-tp-dma-prepared" -> "ferry-tp")."""
+    return name.removesuffix("-prepared").removesuffix("-dma")
+
+
+def ferry_options(name):
+    """The engine settings of a ferry loader variant."""
+    return {"page_cache_pin": PAGE_CACHE_PIN} if name.removesuffix("-prepared").endswith("-dma") \
+        else {}
+
+
 def loader_call(name, path, device, group, engine):
-    name = name.removesuffix("-prepared")
+    options = ferry_options(name)
+    name = base_loader(name)
     if name in ("ferry", "ferry-tp"):
         shard = "tensor_parallel" if name == "ferry-tp" else None
-        return lambda: load_ferry(path, device, group, shard, engine)
+        return lambda: load_ferry(path, device, group, shard, engine, options)
     if name in ("instanttensor", "instanttensor-buffered"):
         return lambda: load_instanttensor(path, device, group, name.endswith("buffered"))
     if name == "fastsafetensors":
@@ -159,17 +176,18 @@ def import_loader(name):
     """The loader's package, imported before the clock (a server imports before it loads)."""
     module = {"ferry": "ferry.torch", "ferry-tp": "ferry.torch", "instanttensor": "instanttensor",
               "instanttensor-buffered": "instanttensor", "fastsafetensors": "fastsafetensors",
-              "safetensors": "safetensors.torch"}[name.removesuffix("-prepared")]
+              "safetensors": "safetensors.torch"}[base_loader(name)]
     __import__(module)
 
 
-def prepare_ahead(name, device):
-    """For a "-prepared" loader: ferry's first-load set-up made and waited for before the clock;
-    what it made (its seconds included), else None."""
+def prepare_ahead(name, device, path):
+    """For a "-prepared" loader: ferry's first-load set-up made and waited for before the clock
+    (with "-dma", the checkpoint's files registered too); what it made, else None."""
     if not name.endswith("-prepared"):
         return None
     import ferry.torch
-    return ferry.torch.prepare(device).wait()
+    options = ferry_options(name)
+    return ferry.torch.prepare(device, path if options else None, **options).wait()
 
 
 def timed_loads(name, path, device, later, cold, group=None, before=None):
@@ -210,7 +228,7 @@ def start_cuda(device):
 def child_single(args):
     start_cuda(args.device)
     import_loader(args.loader)
-    prepared = prepare_ahead(args.loader, args.device)
+    prepared = prepare_ahead(args.loader, args.device, args.path)
     runs = timed_loads(args.loader, args.path, args.device, args.later, args.cold)
     if prepared:
         runs[0]["prepared"] = prepared
@@ -234,7 +252,7 @@ def _rank_main(rank, args, port, results):
     except TypeError:  # torch < 2.3 has no device_id
         dist.init_process_group(backend, rank=rank, world_size=args.nproc, timeout=timeout)
     import_loader(args.loader)
-    prepared = prepare_ahead(args.loader, device)
+    prepared = prepare_ahead(args.loader, device, args.path)
     # A serving engine's group has run a collective by the time it loads.
     warm = torch.ones(1, device=device)
     dist.all_reduce(warm)

@@ -31,8 +31,9 @@ def run_bench(tmp_path, ferry_bin, *args):
 
 def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_bin):
     rows = run_bench(tmp_path, ferry_bin, "--cases", "moe", "--scale", "0.0002", "--temps", "warm",
-                     "--loaders", "ferry,ferry-prepared,ferry-cli,safetensors,instanttensor")
-    for loader in ("ferry", "ferry-prepared", "ferry-cli", "safetensors"):
+                     "--loaders", "ferry,ferry-prepared,ferry-dma-prepared,ferry-cli,safetensors,"
+                     "instanttensor")
+    for loader in ("ferry", "ferry-prepared", "ferry-dma-prepared", "ferry-cli", "safetensors"):
         row = rows[("moe", "warm", loader)]
         assert row["error"] is None, row["error"]
         assert len(row["runs"]) == 2  # the first load and one later
@@ -47,6 +48,11 @@ def test_one_process_per_loader_times_its_first_and_later_loads(tmp_path, ferry_
     prepared = rows[("moe", "warm", "ferry-prepared")]["runs"]
     assert prepared[0]["prepared"]["slabs"] > 0 and "prepared" not in prepared[1]
     assert prepared[0]["tensor_bytes"] == ferry_runs[0]["tensor_bytes"]
+    # "-dma": the preparation was given the checkpoint with page_cache_pin (host memory here:
+    # nothing to register, and it says why).
+    dma = rows[("moe", "warm", "ferry-dma-prepared")]["runs"]
+    assert "does not serve cpu" in dma[0]["prepared"]["page_cache_why_not"]
+    assert dma[0]["tensor_bytes"] == ferry_runs[0]["tensor_bytes"]
     # Each ferry load says when it reached each phase: the engine's and Python's timelines.
     for run in ferry_runs:
         names = [name for name, _ in run["engine"]["timeline"]]
