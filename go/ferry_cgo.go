@@ -73,12 +73,19 @@ func tensorInfo(ref checkpointRef, index int) (TensorInfo, Status) {
 	}, statusOK
 }
 
-func loadCheckpoint(ref checkpointRef, device string) (loadedRef, Status) {
+// deviceOptions returns ferry's default load options onto device, and the function that frees
+// the device's C string once the call that reads them returned.
+func deviceOptions(device string) (C.ferry_load_options, func()) {
 	cdevice := C.CString(device)
-	defer C.free(unsafe.Pointer(cdevice))
 	var options C.ferry_load_options
 	C.ferry_load_options_init(&options)
 	options.device = cdevice
+	return options, func() { C.free(unsafe.Pointer(cdevice)) }
+}
+
+func loadCheckpoint(ref checkpointRef, device string) (loadedRef, Status) {
+	options, free := deviceOptions(device)
+	defer free()
 	var out *C.ferry_loaded
 	s := C.ferry_checkpoint_load(ref, &options, &out)
 	return out, Status(s)
@@ -97,11 +104,8 @@ func tensorDigest(ref loadedRef, name string) (uint64, Status) {
 }
 
 func prepareLoad(device string) (preparationRef, Status) {
-	cdevice := C.CString(device)
-	defer C.free(unsafe.Pointer(cdevice))
-	var options C.ferry_load_options
-	C.ferry_load_options_init(&options)
-	options.device = cdevice
+	options, free := deviceOptions(device)
+	defer free()
 	var out *C.ferry_load_preparation
 	s := C.ferry_load_prepare(&options, &out)
 	return out, Status(s)
