@@ -1,6 +1,7 @@
 // warm_up (transfer.hpp): a first submission's set-up, made before it is needed.
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_resources.hpp"
@@ -23,16 +24,21 @@ void register_page_cache(const Device& device, const FileSet& files, std::uint64
                          WarmUpReport& report) {
   detail::PageCacheRegistry& registry = detail::page_cache_registry();
   if (!registry.serves(device)) {
-    report.page_cache_why_not = detail::concat("page-cache DMA (", registry.registrar_name(),
-                                       ") does not serve ", device.to_string());
+    report.page_cache_why_not = detail::concat(
+        "page-cache DMA (", registry.registrar_name(), ") does not serve ", device.to_string());
     return;
   }
   for (std::uint32_t f = 0; f < files.size(); ++f) {
-    auto got = registry.acquire(*files.acquire(f, false), budget);
-    if (got.lease)
-      report.page_cache_bytes += got.lease.size();
-    else if (report.page_cache_why_not.empty())
-      report.page_cache_why_not = detail::concat(utf8_of(files.path(f)), ": ", got.why_not);
+    std::string why_not;
+    try {
+      auto got = registry.acquire(*files.acquire(f, false), budget);
+      report.page_cache_bytes += got.lease ? got.lease.size() : 0;
+      why_not = std::move(got.why_not);
+    } catch (const std::exception& e) {  // reopening it failed: the load will say so again
+      why_not = e.what();
+    }
+    if (!why_not.empty() && report.page_cache_why_not.empty())
+      report.page_cache_why_not = detail::concat(utf8_of(files.path(f)), ": ", why_not);
   }
 }
 
@@ -53,7 +59,7 @@ WarmUpReport warm_up(const Device& device, const TransferOptions& options,
   WarmUpReport report;
   const std::uint64_t slot = detail::slot_bytes(s.chunk, Direction::FileToMemory);
   report.slabs = detail::staging_pool().prefill(slot, s.slots, s.threads, context);
-  report.staging_bytes = std::uint64_t{report.slabs} * s.slots * ((slot + 4095) / 4096 * 4096);
+  report.staging_bytes = std::uint64_t{report.slabs} * s.slots * slot;  // slot: whole pages
   report.pinned = context != nullptr && report.slabs > 0;
   report.threads = detail::transfer_workers().reserve(s.threads);
   if (context) {
