@@ -1,5 +1,6 @@
 // ferry.prepare_load: a first load's set-up made ahead (ferry/load_preparation.hpp).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -60,12 +61,12 @@ void bind_prepare(nb::module_& m) {
           "with.");
   m.def(
       "prepare_load",
-      [](const std::string& device, nb::handle checkpoint, const nb::kwargs& engine) {
+      [](const std::string& device, std::optional<std::shared_ptr<Checkpoint>> checkpoint,
+         const nb::kwargs& engine) {
+        // Anything but a ferry.Checkpoint (or None) is a TypeError naming the parameter.
         const LoadOptions options = make_options(device, std::nullopt, std::nullopt, engine);
-        std::shared_ptr<const Checkpoint> files;
-        if (!checkpoint.is_none()) files = nb::cast<std::shared_ptr<Checkpoint>>(checkpoint);
         auto p = std::make_unique<PyLoadPreparation>();
-        p->preparation = LoadPreparation(options, std::move(files));
+        p->preparation = LoadPreparation(options, checkpoint.value_or(nullptr));
         return p;
       },
       "device"_a = "cpu", "checkpoint"_a = nb::none(), "engine"_a,

@@ -51,3 +51,8 @@ def test_a_checkpoint_given_is_registered_only_where_page_cache_dma_serves(tmp_p
     assert ferry.torch.prepare("cpu", tmp_path).wait()["page_cache_why_not"] == ""  # not asked
     with pytest.raises(FileNotFoundError, match="missing.safetensors"):
         ferry.torch.prepare("cpu", tmp_path / "missing.safetensors")
+
+
+def test_the_raw_binding_takes_a_checkpoint_object_not_a_path(tmp_path):
+    with pytest.raises(TypeError, match="checkpoint"):
+        ferry.prepare_load("cpu", str(tmp_path))
