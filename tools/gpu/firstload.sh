@@ -38,8 +38,12 @@ first_load() {
       (cd bench/load && python3 first_load.py $common --cases llama --temps warm --nproc "$gpus" \
         ${FIRST_LOAD_LOADERS:+--loaders $FIRST_LOAD_LOADERS} --json "$OUT/first_load_group.json") 2>&1 |
         tee -a "$OUT/summary.txt" || status=1
-      log "the same checkpoint's single-GPU first load"
-      (cd bench/load && python3 first_load.py $common --cases llama --temps warm --loaders ferry,ferry-cli \
+      # The same loaders on one GPU (tensor-parallel ones have no single-GPU form): replicas are
+      # judged against the single-GPU first load of the same loader.
+      local single
+      single=$(tr , '\n' <<<"${FIRST_LOAD_LOADERS:-ferry,ferry-prepared,ferry-cli}" | grep -v -- '-tp' | paste -sd, -)
+      log "the same checkpoint's single-GPU first load ($single)"
+      (cd bench/load && python3 first_load.py $common --cases llama --temps warm --loaders "${single:-ferry}" \
         --json "$OUT/first_load_single.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
   esac
 }

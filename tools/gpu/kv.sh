@@ -91,8 +91,8 @@ kv_stage() {
 # The engines' KV layouts (many small per-layer pieces per block): the layout tests on the GPU
 # (staged, direct, page-cache DMA; the SIGKILL test with a refilled GPU source), the crash trials
 # with refilled sources, then `ferry kv bench` per layout on cuda:0 beside pinned H2D and raw
-# O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 128 blocks and
-# 16 blocks per call, with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
+# O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 1024, 128 and 16
+# blocks per call, then vLLM's with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
 kv_layout_stage() {
   log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
   for t in test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash; do
@@ -102,17 +102,23 @@ kv_layout_stage() {
   mkdir -p /tmp/kvbench
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
-  for batch in 128 16; do
-    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call, page-cache DMA on"
-    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch --page-cache-pin 8G \
+  # The store as it opens by default (puts, cold gets O_DIRECT, staged warm gets), one piece and
+  # vLLM's pages in the same call; then page-cache DMA for the warm gets (with it on, cold gets
+  # read through the page cache, and puts first release the windows over the slots they replace).
+  for batch in 1024 128 16; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch \
       --json "$OUT/kvlayout-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
-    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch --page-cache-pin 8G \
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch \
       --json "$OUT/kvlayout-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
+  log "ferry kv bench: vLLM 64 x 32 KiB, 128 blocks per call, page-cache DMA on"
+  "$ferry" kv bench /tmp/kvbench $common $vllm --batch 128 --page-cache-pin 8G \
+    --json "$OUT/kvlayout-vllm-128-dma.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
   for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
            "--layout sglang --layers 32" "--layout vllm --layers 128 --kv-heads 4 --dtype fp8"; do
-    "$ferry" kv bench /tmp/kvbench $common $l --batch 128 --page-cache-pin 8G 2>&1 |
+    "$ferry" kv bench /tmp/kvbench $common $l --batch 128 2>&1 |
       tee -a "$OUT/summary.txt" || status=1
   done
   log "ferry kv bench: host memory, one piece and vLLM's layout (beside raw O_DIRECT)"
