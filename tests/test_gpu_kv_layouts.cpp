@@ -1,9 +1,9 @@
 // The engines' paged KV layouts (kv_layouts.hpp) with the cache tensors in GPU memory, on the
 // staged and direct paths and with page-cache DMA: put from the per-layer tensors, get back into
 // fresh ones (and into / from one contiguous host buffer: the host path's view), sync and async,
-// bit-exact, no byte outside the blocks' pieces touched; the routes and why; a writer killed
-// while its source is refilled right after each put returns leaves every visible block whole;
-// pieces on two GPUs refused. Skipped without a GPU.
+// bit-exact, no byte outside the blocks' pieces touched; a call of several bounce groups; the
+// routes and why; a writer killed while its source is refilled right after each put returns
+// leaves every visible block whole; pieces on two GPUs refused. Skipped without a GPU.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -43,17 +43,18 @@ class GpuKvLayouts : public ::testing::TestWithParam<Mode> {
     context = std::make_shared<detail::PrimaryContext>(0);
     context->make_current();
   }
-  KVStore open(const TempDir& dir, const std::string& name, std::uint64_t block) {
-    return open_at(dir.path(), name, block);
+  KVStore open(const TempDir& dir, const std::string& name, std::uint64_t block,
+               std::uint64_t capacity_blocks = 16) {
+    return open_at(dir.path(), name, block, capacity_blocks);
   }
   KVStore open_at(const std::filesystem::path& root, const std::string& name,
-                  std::uint64_t block) {
+                  std::uint64_t block, std::uint64_t capacity_blocks = 16) {
     KVStoreOptions options;
     options.gpu_path = GetParam().path;
     options.allow_compat = true;
     if (GetParam().page_cache) options.page_cache_pin_bytes = 1ull << 30;
-    return KVStore::open(root, kv_namespace(name), 16 * ((block + 4095) / 4096 * 4096), block,
-                         options);
+    return KVStore::open(root, kv_namespace(name),
+                         capacity_blocks * ((block + 4095) / 4096 * 4096), block, options);
   }
   // The layout's tensors on cuda:0.
   struct Tensors {
@@ -176,6 +177,66 @@ TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
       for (std::size_t i = 0; i < order.size(); ++i)
         ASSERT_EQ(block_bytes(l, back, order[i]), whole[i]);
     }
+  }
+}
+
+// A call larger than one group's device bounce buffer (128 MiB) moves in several groups, the
+// next submitted before the last is verified and scattered: bit-exact both ways, sync and async;
+// blocks whose slab bytes were flipped fail their checksum alone, their pieces untouched.
+TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
+  const KvLayout l = vllm_layout(32, 160, 16, 8, 128, 2);  // 160 x 2 MiB: 3 groups
+  ASSERT_EQ(l.block_bytes(), 2u << 20);
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    TempDir dir;
+    Tensors source = tensors(l, 9);
+    std::vector<KVKey> keys;
+    KVBlockList from;
+    for (std::size_t b = 0; b < l.num_blocks; ++b) {
+      keys.push_back(1000 + b);
+      from.push_back(source.pieces(l, b));
+    }
+    {
+      auto store = open(dir, "groups", l.block_bytes(), l.num_blocks);
+      for (const KVResult& r : run(store, true, async, keys, from)) ASSERT_TRUE(r.ok()) << r.message;
+      Tensors target = tensors(l, 0);
+      KVBlockList to;
+      for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));
+      for (const KVResult& r : run(store, false, async, keys, to)) ASSERT_TRUE(r.ok()) << r.message;
+      for (std::size_t b = 0; b < l.num_blocks; ++b)
+        ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+    }
+    // A byte flipped in every 8th slot of every slab.
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path())) {
+      if (e.path().filename().string().rfind("slab-", 0) != 0) continue;
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      for (std::uint64_t at = 100; at < std::filesystem::file_size(e.path());
+           at += 8 * l.block_bytes()) {
+        char c = 0;
+        f.seekg(static_cast<std::streamoff>(at));
+        f.read(&c, 1);
+        c ^= 0x20;
+        f.seekp(static_cast<std::streamoff>(at));
+        f.write(&c, 1);
+      }
+    }
+    auto store = open(dir, "groups", l.block_bytes(), l.num_blocks);
+    Tensors target = tensors(l, 0);
+    KVBlockList to;
+    for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));
+    const auto results = run(store, false, async, keys, to);
+    std::size_t failed = 0;
+    for (std::size_t b = 0; b < l.num_blocks; ++b) {
+      if (results[b].ok()) {
+        ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+        continue;
+      }
+      ++failed;
+      EXPECT_NE(results[b].message.find("checksum"), std::string::npos) << results[b].message;
+      ASSERT_EQ(block_bytes(l, target, b), std::vector<std::byte>(l.block_bytes(), std::byte{0}))
+          << b;
+    }
+    EXPECT_GT(failed, 0u);
   }
 }
 

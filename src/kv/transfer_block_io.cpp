@@ -16,8 +16,10 @@ namespace ferry::detail::kv {
 namespace {
 
 constexpr std::uint64_t kAlign = 4096;
-// Device bounce memory for one cuFile group of multi-piece blocks (more blocks: more groups).
-constexpr std::uint64_t kGatherBytes = 256ull << 20;
+// Device bounce memory for one group of multi-piece blocks (more blocks: more groups). Two
+// groups are in flight at once, each in a bounce buffer of its own (kFlights x kGatherBytes).
+constexpr std::uint64_t kGatherBytes = 128ull << 20;
+constexpr std::size_t kFlights = 2;
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -88,6 +90,30 @@ const Stream& bounce_stream(int ordinal) {
 }
 
 }  // namespace
+
+// Where each block of a group sits on the device side of its transfer: its own pieces, or a run of
+// its device's bounce buffer (`bounce`, 0: none) that its pieces are gathered into (a put) or
+// scattered from once verified (a get).
+struct TransferBlockIo::Group {
+  std::span<BlockRequest* const> blocks;
+  bool writing = false, direct = false;
+  std::size_t flight = 0;  // whose bounce buffer (0 .. kFlights - 1)
+  std::vector<std::uintptr_t> bounce;
+  std::vector<std::vector<BlockSpan>> views;
+};
+
+// A submitted group. Staged: each block's checksum taken by the core's observer from the bytes
+// in host staging, in block order, as they pass (no second pass over them); `seen` is declared
+// before the ticket, whose destructor waits for the workers that update it. Not movable: the
+// observer holds `seen`'s address.
+struct TransferBlockIo::Flight {
+  Group g;
+  std::vector<StreamingHash> seen;
+  Ticket ticket;
+  Flight() = default;
+  Flight(const Flight&) = delete;
+  Flight& operator=(const Flight&) = delete;
+};
 
 TransferBlockIo::TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable,
                                  KVPath path, bool allow_compat, bool host_through_core,
@@ -204,39 +230,47 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
            concat("the ", writing ? "put" : "get", " path cannot run: ", e.what()));
     return;
   }
-  const auto run = [&](std::span<BlockRequest* const> group) {
+  // A group's blocks fail together where a step of it throws.
+  const auto guarded = [&](std::span<BlockRequest* const> group, const auto& step) {
     try {
-      move_group(group, writing, direct, after_event);
+      step();
     } catch (const std::exception& e) {
       for (BlockRequest* b : group)
         fail(*b, BlockOutcome::io_error,
              concat(_slabs.name(b->slab), ": block at offset ", b->offset, ": ", e.what()));
     }
   };
-  // Groups whose bounced blocks fit the bounce buffer.
+  // Staged: the next group is submitted before this one is finished, so its reads or writes run
+  // while this one drains, is verified and scattered (the core's staging pool bounds both).
+  const std::vector<std::span<BlockRequest* const>> groups = cut_groups(blocks, direct);
+  std::unique_ptr<Flight> previous;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    std::unique_ptr<Flight> current;
+    guarded(groups[k], [&] { current = start_group(groups[k], writing, direct, after_event, k); });
+    if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
+    previous = std::move(current);
+  }
+  if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
+}
+
+// Groups whose bounced blocks fit one flight's bounce buffer.
+std::vector<std::span<BlockRequest* const>> TransferBlockIo::cut_groups(
+    std::span<BlockRequest* const> blocks, bool direct) {
+  std::vector<std::span<BlockRequest* const>> groups;
   std::size_t start = 0;
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const std::uint64_t n = through_bounce(*blocks[i], direct) ? round_up(total(*blocks[i])) : 0;
     if (i > start && need + n > kGatherBytes) {
-      run(std::span(blocks).subspan(start, i - start));
+      groups.push_back(blocks.subspan(start, i - start));
       start = i;
       need = 0;
     }
     need += n;
   }
-  run(std::span(blocks).subspan(start));
+  groups.push_back(blocks.subspan(start));
+  return groups;
 }
-
-// Where each block of a group sits on the device side of its transfer: its own pieces, or a run of
-// its device's bounce buffer (`bounce`, 0: none) that its pieces are gathered into (a put) or
-// scattered from once verified (a get).
-struct TransferBlockIo::Group {
-  std::span<BlockRequest* const> blocks;
-  bool writing = false, direct = false;
-  std::vector<std::uintptr_t> bounce;
-  std::vector<std::vector<BlockSpan>> views;
-};
 
 bool TransferBlockIo::through_bounce(const BlockRequest& r, bool direct) {
   if (direct) return needs_gather(r);
@@ -264,7 +298,7 @@ void TransferBlockIo::place_in_bounce(Group& g) {
       need[ordinal] += round_up(total(*g.blocks[i]));
     }
   std::map<int, std::uintptr_t> base;
-  for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, bytes);
+  for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, g.flight, bytes);
   g.views.assign(g.blocks.size(), {});
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     BlockRequest& r = *g.blocks[i];
@@ -370,42 +404,49 @@ void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
   }
 }
 
-void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
-                                 void* after_event) {
-  Group g;
+std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
+    std::span<BlockRequest* const> blocks, bool writing, bool direct, void* after_event,
+    std::size_t index) {
+  auto f = std::make_unique<Flight>();
+  Group& g = f->g;
   g.blocks = blocks;
   g.writing = writing;
   g.direct = direct;
+  g.flight = index % kFlights;
   place_in_bounce(g);
   if (writing) bounce_copies(g, true, after_event);
-  // Staged: each block's checksum taken by the core's observer from the bytes in host staging,
-  // in block order, as they pass (no second pass over them). Declared before the ticket, whose
-  // destructor waits for the workers that update them.
-  std::vector<StreamingHash> seen(direct ? 0 : blocks.size());
   TransferOptions o = group_options(g, after_event);
-  if (!direct)
-    o.observer = [&seen](std::size_t e, std::uint64_t, const std::byte* data, std::uint64_t n) {
-      seen[e].update(data, n);
-    };
-  Ticket ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
-                         extents_of(g), o);
+  if (!direct) {
+    f->seen.resize(blocks.size());
+    o.observer = [seen = f->seen.data()](std::size_t e, std::uint64_t, const std::byte* data,
+                                         std::uint64_t n) { seen[e].update(data, n); };
+  }
+  f->ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
+                     extents_of(g), o);
+  if (writing && direct) hash_direct_put(g, after_event);
+  return f;
+}
+
+void TransferBlockIo::finish_group(Flight& f, void* after_event) {
+  Group& g = f.g;
+  const auto blocks = g.blocks;
   // The checksums the observer could not take (cuFile; a staged block it did not see whole),
-  // from the device-side bytes; a put's while the transfer runs.
+  // from the device-side bytes.
   const auto hash_rest = [&](const std::vector<bool>& candidates, const std::vector<void*>& waits) {
     std::vector<bool> wanted(candidates);
     for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (!direct && seen[i].bytes() == total(*blocks[i])) wanted[i] = false;
+      if (!g.direct && f.seen[i].bytes() == total(*blocks[i])) wanted[i] = false;
     auto sums = hash_blocks(g.views, wanted, waits);
     for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (candidates[i] && !wanted[i]) sums[i] = seen[i].digest();
+      if (candidates[i] && !wanted[i]) sums[i] = f.seen[i].digest();
     return sums;
   };
-  if (writing && direct) hash_direct_put(g, after_event);
   // cuFile gets: each block hashed once its read ended, while later blocks are still read.
-  const std::vector<std::uint64_t> direct_sums =
-      !writing && direct ? hash_direct_get(g, ticket) : std::vector<std::uint64_t>{};
-  ticket.wait();
-  if (writing && !direct) {
+  const std::vector<std::uint64_t> direct_sums = !g.writing && g.direct
+                                                     ? hash_direct_get(g, f.ticket)
+                                                     : std::vector<std::uint64_t>{};
+  f.ticket.wait();
+  if (g.writing && !g.direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).
     std::vector<void*> waits(blocks.size(), after_event);
     for (std::size_t i = 0; i < blocks.size(); ++i)
@@ -413,14 +454,14 @@ void TransferBlockIo::move_group(std::span<BlockRequest* const> blocks, bool wri
     const auto sums = hash_rest(std::vector<bool>(blocks.size(), true), waits);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i]->checksum = sums[i];
   }
-  if (!direct) record_times(ticket.stats());
-  settle(g, ticket);
-  if (writing) return;
+  if (!g.direct) record_times(f.ticket.stats());
+  settle(g, f.ticket);
+  if (g.writing) return;
   std::vector<bool> landed(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     landed[i] = blocks[i]->outcome == BlockOutcome::ok;
   verify(g, landed,
-         direct ? direct_sums : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr)));
+         g.direct ? direct_sums : hash_rest(landed, std::vector<void*>(blocks.size(), nullptr)));
   bounce_copies(g, false, nullptr);  // verified blocks only, their pieces untouched before
 }
 
@@ -505,8 +546,9 @@ std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
   return sums;
 }
 
-std::uintptr_t TransferBlockIo::gather_buffer(int ordinal, std::uint64_t bytes) {
-  Gather& g = _gather[ordinal];
+std::uintptr_t TransferBlockIo::gather_buffer(int ordinal, std::size_t flight,
+                                              std::uint64_t bytes) {
+  Gather& g = _gather[{ordinal, flight}];
   if (g.bytes < bytes) {
     g.memory.reset();
     g.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), bytes);

@@ -60,14 +60,20 @@ class TransferBlockIo final : public BlockIo {
   // read() without page-cache DMA.
   void read_moved(std::span<BlockRequest> batch);
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
-  // One submission; blocks of several pieces go through the device bounce buffer (cuFile: any
-  // block but one piece of GPU memory; staged: pieces all on one GPU, where its kernels run).
-  void move_group(std::span<BlockRequest* const> blocks, bool writing, bool direct,
-                  void* after_event);
+  // The blocks in groups, one submission each; blocks of several pieces go through a device
+  // bounce buffer (cuFile: any block but one piece of GPU memory; staged: pieces all on one GPU,
+  // where its kernels run). A group is started (gathered, submitted) before the one before it is
+  // finished (waited for, verified, scattered).
   struct Group;
+  struct Flight;
+  std::vector<std::span<BlockRequest* const>> cut_groups(std::span<BlockRequest* const> blocks,
+                                                         bool direct);
+  std::unique_ptr<Flight> start_group(std::span<BlockRequest* const> blocks, bool writing,
+                                      bool direct, void* after_event, std::size_t index);
+  void finish_group(Flight& f, void* after_event);
   bool through_bounce(const BlockRequest& r, bool direct);
   bool kernels_usable(int ordinal);
-  // move_group's steps: each bounced block's run in its device's bounce buffer; the gather of
+  // The groups' steps: each bounced block's run in its device's bounce buffer; the gather of
   // pieces into runs (a put) or the scatter of verified runs into pieces (a get), one kernel
   // launch per device where its pieces are all on it; the submission's options; the blocks'
   // outcomes and routes from the ticket.
@@ -90,8 +96,9 @@ class TransferBlockIo final : public BlockIo {
                                          const std::vector<bool>& wanted,
                                          const std::vector<void*>& after_events,
                                          const std::function<bool(std::size_t)>& landed = {});
-  // A device bounce buffer of at least `bytes` on `ordinal`, kept for later batches.
-  std::uintptr_t gather_buffer(int ordinal, std::uint64_t bytes);
+  // Flight `flight`'s device bounce buffer of at least `bytes` on `ordinal`, kept for later
+  // batches.
+  std::uintptr_t gather_buffer(int ordinal, std::size_t flight, std::uint64_t bytes);
 
   HostBlockIo _host;
   SlabFiles& _slabs;
@@ -109,7 +116,7 @@ class TransferBlockIo final : public BlockIo {
     std::shared_ptr<void> memory;
     std::uint64_t bytes = 0;
   };
-  std::map<int, Gather> _gather;
+  std::map<std::pair<int, std::size_t>, Gather> _gather;  // per device and flight
   std::map<int, DeviceCopyScratch> _copy_scratch;  // the gather/scatter kernels' copy tables
   std::map<int, std::string> _no_kernels;          // per device: why its kernels cannot run
   mutable std::mutex _times_mutex;
