@@ -161,3 +161,23 @@ kv_fleet_stage() {
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }
+
+# A GPU batch's groups in flight (a short check after a change there): the GPU KV tests, then
+# vLLM's layout beside one piece at 1,024 and 128 blocks per call, as the store opens by default.
+kv_groups_stage() {
+  for t in test_gpu_kv_layouts test_gpu_kv; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+  mkdir -p /tmp/kvbench
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for batch in 1024 128; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch \
+      --json "$OUT/kvgroups-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch \
+      --json "$OUT/kvgroups-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  rm -rf /tmp/kvbench
+}
