@@ -18,11 +18,11 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
-#include "shim/gds_mode.hpp"
 #include "ferry/error.hpp"
 #include "kv_layouts.hpp"
 #include "kv_test_support.hpp"
 #include "shim/cuda_driver.hpp"
+#include "shim/gds_mode.hpp"
 
 namespace ferry::test {
 namespace {
@@ -47,14 +47,14 @@ class GpuKvLayouts : public ::testing::TestWithParam<Mode> {
                std::uint64_t capacity_blocks = 16) {
     return open_at(dir.path(), name, block, capacity_blocks);
   }
-  KVStore open_at(const std::filesystem::path& root, const std::string& name,
-                  std::uint64_t block, std::uint64_t capacity_blocks = 16) {
+  KVStore open_at(const std::filesystem::path& root, const std::string& name, std::uint64_t block,
+                  std::uint64_t capacity_blocks = 16) {
     KVStoreOptions options;
     options.gpu_path = GetParam().path;
     options.allow_compat = true;
     if (GetParam().page_cache) options.page_cache_pin_bytes = 1ull << 30;
-    return KVStore::open(root, kv_namespace(name),
-                         capacity_blocks * ((block + 4095) / 4096 * 4096), block, options);
+    return KVStore::open(root, kv_namespace(name), capacity_blocks * ((block + 4095) / 4096 * 4096),
+                         block, options);
   }
   // The layout's tensors on cuda:0.
   struct Tensors {
@@ -198,7 +198,8 @@ TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
     }
     {
       auto store = open(dir, "groups", l.block_bytes(), l.num_blocks);
-      for (const KVResult& r : run(store, true, async, keys, from)) ASSERT_TRUE(r.ok()) << r.message;
+      for (const KVResult& r : run(store, true, async, keys, from))
+        ASSERT_TRUE(r.ok()) << r.message;
       Tensors target = tensors(l, 0);
       KVBlockList to;
       for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));

@@ -16,9 +16,12 @@ namespace ferry::detail::kv {
 namespace {
 
 constexpr std::uint64_t kAlign = 4096;
-// Device bounce memory for one group of multi-piece blocks (more blocks: more groups). Two
-// groups are in flight at once, each in a bounce buffer of its own (kFlights x kGatherBytes).
-constexpr std::uint64_t kGatherBytes = 128ull << 20;
+// Device bounce memory for a batch's multi-piece blocks, per device, kept between batches. The
+// batch goes in groups that fill it whole one after another where a get reads the page cache
+// (copies bound by the CPU, which a second transfer at once would only compete for), else in
+// groups of half of it, two in flight (the next group's I/O runs while the last one drains, is
+// verified and scattered).
+constexpr std::uint64_t kBounceBytes = 256ull << 20;
 constexpr std::size_t kFlights = 2;
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -97,7 +100,7 @@ const Stream& bounce_stream(int ordinal) {
 struct TransferBlockIo::Group {
   std::span<BlockRequest* const> blocks;
   bool writing = false, direct = false;
-  std::size_t flight = 0;  // whose bounce buffer (0 .. kFlights - 1)
+  std::size_t flight = 0;  // which part of the bounce buffers (0 .. kFlights - 1)
   std::vector<std::uintptr_t> bounce;
   std::vector<std::vector<BlockSpan>> views;
 };
@@ -240,28 +243,73 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
              concat(_slabs.name(b->slab), ": block at offset ", b->offset, ": ", e.what()));
     }
   };
-  // Staged: the next group is submitted before this one is finished, so its reads or writes run
-  // while this one drains, is verified and scattered (the core's staging pool bounds both).
-  const std::vector<std::span<BlockRequest* const>> groups = cut_groups(blocks, direct);
+  // Overlapped: the next group is submitted before this one is finished (the core's staging
+  // pool bounds both).
+  const bool overlap = writing || !reads_buffered(blocks);
+  const std::vector<std::span<BlockRequest* const>> groups =
+      cut_groups(blocks, direct, overlap ? kBounceBytes / kFlights : kBounceBytes);
+  try {
+    reserve_bounce(groups, direct, overlap && groups.size() > 1 ? kFlights : 1);
+  } catch (const std::exception& e) {
+    for (BlockRequest* b : blocks)
+      fail(*b, BlockOutcome::io_error, concat("no device bounce buffer: ", e.what()));
+    return;
+  }
   std::unique_ptr<Flight> previous;
   for (std::size_t k = 0; k < groups.size(); ++k) {
+    if (previous && !overlap) {
+      guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
+      previous.reset();
+    }
     std::unique_ptr<Flight> current;
-    guarded(groups[k], [&] { current = start_group(groups[k], writing, direct, after_event, k); });
+    const std::size_t flight = overlap ? k % kFlights : 0;
+    guarded(groups[k],
+            [&] { current = start_group(groups[k], writing, direct, after_event, flight); });
     if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
     previous = std::move(current);
   }
   if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
 }
 
-// Groups whose bounced blocks fit one flight's bounce buffer.
+// Whether a get's blocks are all read through the page cache (see group_options).
+bool TransferBlockIo::reads_buffered(std::span<BlockRequest* const> blocks) const {
+  if (_page_cache) return true;
+  std::vector<SlabFiles::Range> ranges(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    ranges[i] = {blocks[i]->slab, blocks[i]->offset, total(*blocks[i])};
+  return _slabs.all_cached(ranges);
+}
+
+// Each device's bounce buffer grown, before any group moves, to `flights` parts as large as the
+// largest group's need there (no buffer is replaced under a group in flight).
+void TransferBlockIo::reserve_bounce(std::span<const std::span<BlockRequest* const>> groups,
+                                     bool direct, std::size_t flights) {
+  _flight_bytes.clear();
+  for (const auto& group : groups) {
+    std::map<int, std::uint64_t> need;
+    for (BlockRequest* b : group)
+      if (through_bounce(*b, direct)) need[gpu_of(*b)] += round_up(total(*b));
+    for (const auto& [ordinal, bytes] : need)
+      _flight_bytes[ordinal] = std::max(_flight_bytes[ordinal], bytes);
+  }
+  for (const auto& [ordinal, bytes] : _flight_bytes) {
+    Gather& g = _gather[ordinal];
+    if (g.bytes >= bytes * flights) continue;
+    g.memory.reset();
+    g.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), bytes * flights);
+    g.bytes = bytes * flights;
+  }
+}
+
+// Groups whose bounced blocks fit `group_bytes` (a block larger alone is a group of its own).
 std::vector<std::span<BlockRequest* const>> TransferBlockIo::cut_groups(
-    std::span<BlockRequest* const> blocks, bool direct) {
+    std::span<BlockRequest* const> blocks, bool direct, std::uint64_t group_bytes) {
   std::vector<std::span<BlockRequest* const>> groups;
   std::size_t start = 0;
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const std::uint64_t n = through_bounce(*blocks[i], direct) ? round_up(total(*blocks[i])) : 0;
-    if (i > start && need + n > kGatherBytes) {
+    if (i > start && need + n > group_bytes) {
       groups.push_back(blocks.subspan(start, i - start));
       start = i;
       need = 0;
@@ -298,7 +346,7 @@ void TransferBlockIo::place_in_bounce(Group& g) {
       need[ordinal] += round_up(total(*g.blocks[i]));
     }
   std::map<int, std::uintptr_t> base;
-  for (const auto& [ordinal, bytes] : need) base[ordinal] = gather_buffer(ordinal, g.flight, bytes);
+  for (const auto& [ordinal, bytes] : need) base[ordinal] = bounce_part(ordinal, g.flight, bytes);
   g.views.assign(g.blocks.size(), {});
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     BlockRequest& r = *g.blocks[i];
@@ -361,12 +409,9 @@ TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event
   // around it, whatever the residency of the rest of the slabs. With page-cache DMA on, through
   // it: the pages the read leaves there are what later gets copy straight from (a get around it
   // would leave every window cold, and page-cache DMA would never serve a block).
-  std::vector<SlabFiles::Range> ranges(g.blocks.size());
-  for (std::size_t i = 0; i < g.blocks.size(); ++i)
-    ranges[i] = {g.blocks[i]->slab, g.blocks[i]->offset, total(*g.blocks[i])};
-  o.io = _page_cache || _slabs.all_cached(ranges) ? IoMode::Buffered
-         : _host.direct()                         ? IoMode::Direct
-                                                  : IoMode::Auto;
+  o.io = reads_buffered(g.blocks) ? IoMode::Buffered
+         : _host.direct()         ? IoMode::Direct
+                                  : IoMode::Auto;
   return o;
 }
 
@@ -406,13 +451,13 @@ void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
 
 std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     std::span<BlockRequest* const> blocks, bool writing, bool direct, void* after_event,
-    std::size_t index) {
+    std::size_t flight) {
   auto f = std::make_unique<Flight>();
   Group& g = f->g;
   g.blocks = blocks;
   g.writing = writing;
   g.direct = direct;
-  g.flight = index % kFlights;
+  g.flight = flight;
   place_in_bounce(g);
   if (writing) bounce_copies(g, true, after_event);
   TransferOptions o = group_options(g, after_event);
@@ -421,8 +466,8 @@ std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     o.observer = [seen = f->seen.data()](std::size_t e, std::uint64_t, const std::byte* data,
                                          std::uint64_t n) { seen[e].update(data, n); };
   }
-  f->ticket = submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory,
-                     extents_of(g), o);
+  f->ticket =
+      submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory, extents_of(g), o);
   if (writing && direct) hash_direct_put(g, after_event);
   return f;
 }
@@ -442,9 +487,8 @@ void TransferBlockIo::finish_group(Flight& f, void* after_event) {
     return sums;
   };
   // cuFile gets: each block hashed once its read ended, while later blocks are still read.
-  const std::vector<std::uint64_t> direct_sums = !g.writing && g.direct
-                                                     ? hash_direct_get(g, f.ticket)
-                                                     : std::vector<std::uint64_t>{};
+  const std::vector<std::uint64_t> direct_sums =
+      !g.writing && g.direct ? hash_direct_get(g, f.ticket) : std::vector<std::uint64_t>{};
   f.ticket.wait();
   if (g.writing && !g.direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).
@@ -546,15 +590,11 @@ std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
   return sums;
 }
 
-std::uintptr_t TransferBlockIo::gather_buffer(int ordinal, std::size_t flight,
-                                              std::uint64_t bytes) {
-  Gather& g = _gather[{ordinal, flight}];
-  if (g.bytes < bytes) {
-    g.memory.reset();
-    g.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), bytes);
-    g.bytes = bytes;
-  }
-  return reinterpret_cast<std::uintptr_t>(g.memory.get());
+std::uintptr_t TransferBlockIo::bounce_part(int ordinal, std::size_t flight, std::uint64_t bytes) {
+  const std::uint64_t part = _flight_bytes.at(ordinal);
+  const Gather& g = _gather.at(ordinal);
+  FERRY_ASSERT(bytes <= part && (flight + 1) * part <= g.bytes);
+  return reinterpret_cast<std::uintptr_t>(g.memory.get()) + flight * part;
 }
 
 }  // namespace ferry::detail::kv

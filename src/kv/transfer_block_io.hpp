@@ -66,10 +66,13 @@ class TransferBlockIo final : public BlockIo {
   // finished (waited for, verified, scattered).
   struct Group;
   struct Flight;
+  bool reads_buffered(std::span<BlockRequest* const> blocks) const;
   std::vector<std::span<BlockRequest* const>> cut_groups(std::span<BlockRequest* const> blocks,
-                                                         bool direct);
+                                                         bool direct, std::uint64_t group_bytes);
+  void reserve_bounce(std::span<const std::span<BlockRequest* const>> groups, bool direct,
+                      std::size_t flights);
   std::unique_ptr<Flight> start_group(std::span<BlockRequest* const> blocks, bool writing,
-                                      bool direct, void* after_event, std::size_t index);
+                                      bool direct, void* after_event, std::size_t flight);
   void finish_group(Flight& f, void* after_event);
   bool through_bounce(const BlockRequest& r, bool direct);
   bool kernels_usable(int ordinal);
@@ -96,9 +99,8 @@ class TransferBlockIo final : public BlockIo {
                                          const std::vector<bool>& wanted,
                                          const std::vector<void*>& after_events,
                                          const std::function<bool(std::size_t)>& landed = {});
-  // Flight `flight`'s device bounce buffer of at least `bytes` on `ordinal`, kept for later
-  // batches.
-  std::uintptr_t gather_buffer(int ordinal, std::size_t flight, std::uint64_t bytes);
+  // Part `flight` of `ordinal`'s bounce buffer (reserve_bounce made it), at least `bytes`.
+  std::uintptr_t bounce_part(int ordinal, std::size_t flight, std::uint64_t bytes);
 
   HostBlockIo _host;
   SlabFiles& _slabs;
@@ -116,7 +118,8 @@ class TransferBlockIo final : public BlockIo {
     std::shared_ptr<void> memory;
     std::uint64_t bytes = 0;
   };
-  std::map<std::pair<int, std::size_t>, Gather> _gather;  // per device and flight
+  std::map<int, Gather> _gather;
+  std::map<int, std::uint64_t> _flight_bytes;      // this batch's bounce part per device
   std::map<int, DeviceCopyScratch> _copy_scratch;  // the gather/scatter kernels' copy tables
   std::map<int, std::string> _no_kernels;          // per device: why its kernels cannot run
   mutable std::mutex _times_mutex;
