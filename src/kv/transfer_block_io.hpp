@@ -62,8 +62,9 @@ class TransferBlockIo final : public BlockIo {
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
   // The blocks in groups, one submission each; blocks of several pieces go through a device
   // bounce buffer (cuFile: any block but one piece of GPU memory; staged: pieces all on one GPU,
-  // where its kernels run). A group is started (gathered, submitted) before the one before it is
-  // finished (waited for, verified, scattered).
+  // where its kernels run). Puts and gets from the device start a group (gather, submit) before
+  // finishing the one before it (wait, verify, scatter); gets from the page cache go one group
+  // at a time (see kBounceBytes).
   struct Group;
   struct Flight;
   bool reads_buffered(std::span<BlockRequest* const> blocks) const;
