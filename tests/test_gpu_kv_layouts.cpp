@@ -180,9 +180,10 @@ TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
   }
 }
 
-// A call larger than one group's device bounce buffer (128 MiB) moves in several groups, the
-// next submitted before the last is verified and scattered: bit-exact both ways, sync and async;
-// blocks whose slab bytes were flipped fail their checksum alone, their pieces untouched.
+// A call larger than the device bounce buffer (256 MiB) moves in several groups: puts and gets
+// from the device two in flight (128 MiB each), gets from the page cache one after another.
+// Bit-exact both ways, sync and async; blocks whose slab bytes were flipped fail their checksum
+// alone, their pieces untouched.
 TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
   const KvLayout l = vllm_layout(32, 160, 16, 8, 128, 2);  // 160 x 2 MiB: 3 groups
   ASSERT_EQ(l.block_bytes(), 2u << 20);
@@ -200,12 +201,18 @@ TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
       auto store = open(dir, "groups", l.block_bytes(), l.num_blocks);
       for (const KVResult& r : run(store, true, async, keys, from))
         ASSERT_TRUE(r.ok()) << r.message;
-      Tensors target = tensors(l, 0);
-      KVBlockList to;
-      for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));
-      for (const KVResult& r : run(store, false, async, keys, to)) ASSERT_TRUE(r.ok()) << r.message;
-      for (std::size_t b = 0; b < l.num_blocks; ++b)
-        ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+      // From the device (overlapped groups), then from the page cache (one group at a time).
+      for (bool cached : {false, true}) {
+        SCOPED_TRACE(cached ? "from the page cache" : "from the device");
+        if (cached) warm(dir);
+        Tensors target = tensors(l, 0);
+        KVBlockList to;
+        for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));
+        for (const KVResult& r : run(store, false, async, keys, to))
+          ASSERT_TRUE(r.ok()) << r.message;
+        for (std::size_t b = 0; b < l.num_blocks; ++b)
+          ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+      }
     }
     // A byte flipped in every 8th slot of every slab.
     for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path())) {
