@@ -3,7 +3,8 @@
 // fresh ones (and into / from one contiguous host buffer: the host path's view), sync and async,
 // bit-exact, no byte outside the blocks' pieces touched; a call of several bounce groups; the
 // routes and why; a writer killed while its source is refilled right after each put returns
-// leaves every visible block whole; pieces on two GPUs refused. Skipped without a GPU.
+// (synchronous puts, and async ones after wait()) leaves every visible block whole; pieces on two
+// GPUs refused. Skipped without a GPU.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -89,6 +90,8 @@ class GpuKvLayouts : public ::testing::TestWithParam<Mode> {
     }
     return out;
   }
+  // The SIGKILL trials of a GPU writer (below), its puts synchronous or async.
+  void killed_writer_trials(bool async);
   std::shared_ptr<detail::PrimaryContext> context;
 };
 
@@ -249,35 +252,39 @@ TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
 }
 
 // A writer whose blocks are in GPU memory (2 pieces of one buffer, refilled right after each put
-// returns), SIGKILLed at random points: every block visible after reopening is whole. The writer
-// is this test binary run afresh (FERRY_GPU_KV_WRITER names its directory): CUDA cannot be used
-// in a child forked from a parent that has initialised it.
-TEST_P(GpuKvLayouts, KilledWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) {
-  if (GetParam().page_cache) GTEST_SKIP() << "puts do not use page-cache DMA";
-  constexpr std::uint64_t kBlock = 1 << 20;
-  if (const char* writer_dir = std::getenv("FERRY_GPU_KV_WRITER")) {
-    try {
-      auto store = open_at(writer_dir, "crash", kBlock);
-      auto context = std::make_shared<detail::PrimaryContext>(0);
-      context->make_current();
-      auto buffer = detail::allocate_device_memory(context, kBlock);
-      const auto at = reinterpret_cast<shim::cu::DevicePtr>(buffer.get());
-      for (KVKey key = 1;; ++key) {
-        const auto bytes = kv_bytes(key, kBlock);
-        FERRY_CU(cuMemcpyHtoDAsync, at, bytes.data(), bytes.size(), nullptr);
-        FERRY_CU(cuStreamSynchronize, nullptr);
-        std::vector<KVPiece> pieces = {
-            {buffer.get(), kBlock / 2, Device::cuda(0)},
-            {static_cast<std::byte*>(buffer.get()) + kBlock / 2, kBlock / 2, Device::cuda(0)}};
-        if (!store.put(std::span(&key, 1), std::vector<KVBlock>{pieces})[0].ok()) std::_Exit(3);
-        // Refilled at once (the null stream: after the put's copies, which it waits for).
-        FERRY_CU(cuMemsetD8Async, at, static_cast<unsigned char>(key), kBlock, nullptr);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "writer: %s\n", e.what());
-      std::_Exit(2);
+// returns, or after an async put's wait()), SIGKILLed at random points: every block visible after
+// reopening is whole. The writer is this test binary run afresh (FERRY_GPU_KV_WRITER names its
+// directory): CUDA cannot be used in a child forked from a parent that has initialised it.
+constexpr std::uint64_t kCrashBlock = 1 << 20;
+
+[[noreturn]] void run_gpu_writer(KVStore store, bool async) {
+  try {
+    auto context = std::make_shared<detail::PrimaryContext>(0);
+    context->make_current();
+    auto buffer = detail::allocate_device_memory(context, kCrashBlock);
+    const auto at = reinterpret_cast<shim::cu::DevicePtr>(buffer.get());
+    for (KVKey key = 1;; ++key) {
+      const auto bytes = kv_bytes(key, kCrashBlock);
+      FERRY_CU(cuMemcpyHtoDAsync, at, bytes.data(), bytes.size(), nullptr);
+      FERRY_CU(cuStreamSynchronize, nullptr);
+      std::vector<KVPiece> pieces = {{buffer.get(), kCrashBlock / 2, Device::cuda(0)},
+                                     {static_cast<std::byte*>(buffer.get()) + kCrashBlock / 2,
+                                      kCrashBlock / 2, Device::cuda(0)}};
+      const KVBlockList blocks{pieces};
+      if (!run(store, true, async, {key}, blocks)[0].ok()) std::_Exit(3);
+      // Refilled at once (the null stream: after the put's copies, which it waits for).
+      FERRY_CU(cuMemsetD8Async, at, static_cast<unsigned char>(key), kCrashBlock, nullptr);
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "writer: %s\n", e.what());
+    std::_Exit(2);
   }
+}
+
+void GpuKvLayouts::killed_writer_trials(bool async) {
+  if (GetParam().page_cache) GTEST_SKIP() << "puts do not use page-cache DMA";
+  if (const char* writer_dir = std::getenv("FERRY_GPU_KV_WRITER"))
+    run_gpu_writer(open_at(writer_dir, "crash", kCrashBlock), async);
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string filter =
       std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
@@ -300,16 +307,24 @@ TEST_P(GpuKvLayouts, KilledWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) 
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed by itself, exit " << WEXITSTATUS(status);
     if (!std::filesystem::exists(dir.path() / KVStore::directory_name(kv_namespace("crash"))))
       continue;
-    auto store = open(dir, "crash", kBlock);
+    auto store = open(dir, "crash", kCrashBlock);
     for (KVKey k : store.keys()) {
       std::vector<std::byte> out(store.stored_length(k));
       const KVResult r = get_one(store, k, out);
       ASSERT_TRUE(r.ok()) << "trial " << trial << " key " << k << ": " << r.message;
-      ASSERT_EQ(out, kv_bytes(k, kBlock)) << "trial " << trial << " key " << k;
+      ASSERT_EQ(out, kv_bytes(k, kCrashBlock)) << "trial " << trial << " key " << k;
       ++checked;
     }
   }
   EXPECT_GT(checked, 0u);
+}
+
+TEST_P(GpuKvLayouts, KilledWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) {
+  killed_writer_trials(false);
+}
+
+TEST_P(GpuKvLayouts, KilledAsyncWriterWithRefilledGpuSourceLeavesVisibleBlocksWhole) {
+  killed_writer_trials(true);
 }
 
 TEST_P(GpuKvLayouts, PiecesOnTwoGpusAreRefused) {
