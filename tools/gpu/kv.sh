@@ -1,5 +1,31 @@
-# The KV block store (stages kv, kvperf, kvdma and kvlayout).
+# The KV block store (stages kv, kvperf, kvdma, kvlayout, kvfleet and kvgroups).
 # Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
+
+# Each named test binary of /tmp/build/tests, its log in $OUT, its gtest summary in the summary.
+run_test_binaries() {
+  local t
+  for t in "$@"; do
+    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
+    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
+  done
+}
+
+# `ferry kv bench` on cuda:0, staged, one piece of 2 MiB then vLLM's 64 x 32 KiB pages, at each
+# of the given blocks per call; $1 names the JSON files ($OUT/$1-one-N.json, $1-vllm-N.json).
+kv_one_beside_vllm() {
+  local name=$1 batch
+  shift
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  mkdir -p /tmp/kvbench
+  for batch in "$@"; do
+    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
+    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch \
+      --json "$OUT/$name-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch \
+      --json "$OUT/$name-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+}
 
 # The KV block store on the GPU (issue 13). `kv`: everything below; `kvperf`: the tests, the
 # bench rows and the crash trials (no index, torch.save or CPU rows: about 4 minutes after build).
@@ -63,10 +89,7 @@ kv_crash() {
 # KV gets by page-cache DMA (KVStoreOptions::page_cache_pin_bytes).
 kv_dma() {
   log "KV page-cache DMA tests (test_gpu_kv_dma, test_gpu_checksum, test_kv_page_cache, test_page_cache_registry, test_page_cache_dma)"
-  for t in test_gpu_kv_dma test_gpu_checksum test_kv_page_cache test_page_cache_registry test_page_cache_dma; do
-    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
-    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
-  done
+  run_test_binaries test_gpu_kv_dma test_gpu_checksum test_kv_page_cache test_page_cache_registry test_page_cache_dma
   log "ferry kv bench --page-cache-pin 4G (cuda:0, staged; batches of 16, 256 MiB prefixes, per-layer prefixes)"
   mkdir -p /tmp/kvbench
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --sizes 256K,1M,4M,16M --bytes 1G --rounds 3 \
@@ -95,23 +118,13 @@ kv_stage() {
 # blocks per call, then vLLM's with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
 kv_layout_stage() {
   log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
-  for t in test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash; do
-    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
-    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
-  done
-  mkdir -p /tmp/kvbench
+  run_test_binaries test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
   # The store as it opens by default (puts, cold gets O_DIRECT, staged warm gets), one piece and
   # vLLM's pages in the same call; then page-cache DMA for the warm gets (with it on, cold gets
   # read through the page cache, and puts first release the windows over the slots they replace).
-  for batch in 1024 128 16; do
-    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
-    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch \
-      --json "$OUT/kvlayout-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
-    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch \
-      --json "$OUT/kvlayout-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
-  done
+  kv_one_beside_vllm kvlayout 1024 128 16
   log "ferry kv bench: vLLM 64 x 32 KiB, 128 blocks per call, page-cache DMA on"
   "$ferry" kv bench /tmp/kvbench $common $vllm --batch 128 --page-cache-pin 8G \
     --json "$OUT/kvlayout-vllm-128-dma.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
@@ -143,10 +156,7 @@ kv_layout_stage() {
 # layout. About 4 minutes after build.
 kv_fleet_stage() {
   log "KV fleet tests (test_kv_fleet, test_kv_cli)"
-  for t in test_kv_fleet test_kv_cli; do
-    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
-    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
-  done
+  run_test_binaries test_kv_fleet test_kv_cli
   mkdir -p /tmp/kvbench
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
   for device in cuda:0 cpu; do
@@ -165,19 +175,7 @@ kv_fleet_stage() {
 # A GPU batch's groups in flight (a short check after a change there): the GPU KV tests, then
 # vLLM's layout beside one piece at 1,024 and 128 blocks per call, as the store opens by default.
 kv_groups_stage() {
-  for t in test_gpu_kv_layouts test_gpu_kv; do
-    /tmp/build/tests/$t >"$OUT/$t.log" 2>&1 || { status=1; grep -B5 -A20 "FAILED\|Failure" "$OUT/$t.log" | head -60; }
-    grep -E "^\[ +(PASSED|SKIPPED|FAILED) +\]" "$OUT/$t.log" | sed "s/^/$t: /" | tee -a "$OUT/summary.txt" || true
-  done
-  mkdir -p /tmp/kvbench
-  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
-  for batch in 1024 128; do
-    log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
-    "$ferry" kv bench /tmp/kvbench $common --sizes 2M --batch $batch \
-      --json "$OUT/kvgroups-one-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
-    "$ferry" kv bench /tmp/kvbench $common $vllm --batch $batch \
-      --json "$OUT/kvgroups-vllm-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
-  done
+  run_test_binaries test_gpu_kv_layouts test_gpu_kv
+  kv_one_beside_vllm kvgroups 1024 128
   rm -rf /tmp/kvbench
 }
