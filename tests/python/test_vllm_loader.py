@@ -49,6 +49,14 @@ def test_loader_options_are_checked():
     with pytest.raises(ValueError, match="threads must be int"):
         get_model_loader(LoadConfig(load_format="ferry",
                                     model_loader_extra_config={"threads": "many"}))
+    with pytest.raises(ValueError, match=r"tp_mode 'sliced' is not one of \['process_group', "
+                                         r"'slices', 'each_rank_reads_all', 'auto'\]"):
+        get_model_loader(LoadConfig(load_format="ferry",
+                                    model_loader_extra_config={"tp_mode": "sliced"}))
+    for mode in ("slices", "auto"):  # the slices' reader takes no engine options
+        with pytest.raises(ValueError, match=f'tp_mode "{mode}" reads slices .*threads'):
+            get_model_loader(LoadConfig(load_format="ferry",
+                                        model_loader_extra_config={"tp_mode": mode, "threads": 4}))
 
 
 def test_checkpoint_path_errors(tmp_path):

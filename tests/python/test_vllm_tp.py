@@ -4,7 +4,8 @@ built with TP=2; in every tp_mode each rank's parameters equal those "safetensor
 bit, and the bytes each rank reads are as the mode says: process_group reads each byte once
 between the ranks, slices only this rank's slices, each_rank_reads_all everything. Where vLLM
 shards otherwise than ferry's rule (one KV head for two ranks: vLLM copies it to both), "slices"
-stops with an error, never wrong weights."""
+stops with an error, never wrong weights, and "auto" loads again through process_group (every
+rank, saying so), its weights equal."""
 import json
 import os
 import socket
@@ -101,7 +102,16 @@ def test_tensor_parallel_modes(tmp_path):
                 assert "error" in row["slices"], row["slices"]
                 assert "k_proj" in row["slices"]["error"] or "qkv_proj" in row["slices"]["error"]
                 assert "tp_mode \"process_group\"" in row["slices"]["error"]
+                # auto: the slices read, found not to fit, then the load through the group.
+                assert row["auto"].get("equal") is True, row["auto"]
+                assert row["auto"]["tp_mode"] == "process_group"
+                assert 0 < row["auto"]["slices_bytes_read"] < total
         else:
             for rank, row in enumerate(rows):
-                assert row["slices"].get("equal") is True, (folder.name, rank, row["slices"])
-                assert row["slices"]["bytes_read"] < total
+                for mode in ("slices", "auto"):
+                    assert row[mode].get("equal") is True, (folder.name, rank, mode, row[mode])
+                    assert row[mode]["tp_mode"] == "slices"
+                    assert row[mode]["bytes_read"] < total
+                assert row["auto"]["slices_bytes_read"] is None
+    for text in logs:
+        assert text.count("tp_mode auto: vLLM shards this model otherwise") == 1, text[-3000:]

@@ -11,7 +11,7 @@ import sys
 import vllm_helpers  # noqa: F401  (VLLM_TARGET_DEVICE=cpu)
 import torch
 
-MODES = ("process_group", "slices", "each_rank_reads_all")
+MODES = ("process_group", "slices", "each_rank_reads_all", "auto")
 
 
 def build(folder, load_format, extra=None):
@@ -62,7 +62,8 @@ def main() -> None:
             try:
                 params, last = build(folder, "ferry", {"tp_mode": mode, "group_bytes": 32 << 10})
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
-                              "tp_mode": last["tp_mode"]}
+                              "tp_mode": last["tp_mode"],
+                              "slices_bytes_read": last.get("slices_bytes_read")}
             except Exception as e:  # noqa: BLE001 - reported to the test
                 rows[mode] = {"error": f"{type(e).__name__}: {e}"}
         out[folder] = rows

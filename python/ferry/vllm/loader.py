@@ -5,7 +5,8 @@ Every tensor is read by ferry straight into the memory of the device the model w
 about `group_bytes`, the next group loading while vLLM's `model.load_weights` consumes this one
 (its weight loaders do the slicing for tensor parallelism, the fusing of q/k/v and gate/up, ...).
 With tensor parallelism the ranks read each byte once between them and share it over vLLM's
-process group, or each reads only its slices, or each reads everything (`tp_mode`, see tp.py).
+process group, or each reads only its slices (checked, with "auto": reloaded through the process
+group where vLLM shards otherwise), or each reads everything (`tp_mode`, see tp.py).
 Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob
@@ -19,7 +20,8 @@ from tqdm.auto import tqdm
 
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
-from .tp import TP_MODES, check_slices_taken, choose_mode, group_weights, slice_weights, tp_group
+from .tp import (TP_MODES, any_rank, check_slices_taken, choose_mode, group_weights,
+                 slice_weights, slices_not_taken, tp_group)
 
 logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 
@@ -65,10 +67,10 @@ class FerryModelLoader(BaseModelLoader):
         if self.tp_mode is not None and self.tp_mode not in TP_MODES:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
                              f"{self.tp_mode!r} is not one of {list(TP_MODES)}")
-        if self.tp_mode == "slices" and self.options:
+        if self.tp_mode in ("slices", "auto") and self.options:
             raise ValueError("model_loader_extra_config for load format ferry: tp_mode "
-                             "\"slices\" reads with ferry's tensor reader, which takes none of "
-                             f"{sorted(self.options)}")
+                             f"\"{self.tp_mode}\" reads slices with ferry's tensor reader, which "
+                             f"takes none of {sorted(self.options)}")
         # What the last load did on this rank: its tp_mode and the file bytes it read.
         self.last_load = {}
 
@@ -113,8 +115,10 @@ class FerryModelLoader(BaseModelLoader):
         checkpoint_path(self._folder(model_config))
 
     def get_all_weights(self, model_config, model: torch.nn.Module,
-                        device: Optional[str] = None) -> Iterator[Tuple[str, torch.Tensor]]:
-        """(name, tensor) for every tensor of the checkpoint, read by ferry onto `device`."""
+                        device: Optional[str] = None,
+                        tp_mode: Optional[str] = None) -> Iterator[Tuple[str, torch.Tensor]]:
+        """(name, tensor) for every tensor of the checkpoint, read by ferry onto `device`
+        (`tp_mode`: this load's mode instead of the configured one)."""
         import ferry.torch
         if getattr(model, "secondary_weights", ()):
             raise NotImplementedError(f"{type(model).__name__} takes weights from secondary "
@@ -125,7 +129,7 @@ class FerryModelLoader(BaseModelLoader):
         checkpoint = ferry.Checkpoint.open(path)
         names = checkpoint.names()
         rank, ranks, group = tp_group()
-        mode = choose_mode(self.tp_mode, ranks)
+        mode = choose_mode(tp_mode or self.tp_mode, ranks, model_config.quantization is not None)
         self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
         if mode == "process_group":
             weights = group_weights(path, device, group,
@@ -151,7 +155,10 @@ class FerryModelLoader(BaseModelLoader):
         started = time.perf_counter()
         loaded = model.load_weights(self.get_all_weights(model_config, model))
         if self.last_load.get("tp_mode") == "slices":
-            check_slices_taken(model)
+            if self.tp_mode == "auto":
+                loaded = self._reload_unless_slices_fit(model, model_config, loaded)
+            else:
+                check_slices_taken(model)
         logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
         if self.last_load.get("ranks", 1) > 1:
             logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes", self.last_load["tp_mode"],
@@ -162,6 +169,23 @@ class FerryModelLoader(BaseModelLoader):
             if missing:
                 raise ValueError("Following weights were not initialized from checkpoint: "
                                  f"{sorted(missing)}")
+
+
+    def _reload_unless_slices_fit(self, model: torch.nn.Module, model_config, loaded):
+        """tp_mode "auto" after its slices load: where vLLM took elements a rank did not read,
+        on any rank, every rank loads again through process_group (over every parameter)."""
+        bad = slices_not_taken(model)
+        if not any_rank(bool(bad), tp_group()[2]):
+            return loaded
+        first = self.last_load
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        logger.warning("ferry: tp_mode auto: vLLM shards this model otherwise than ferry's "
+                       "slices (%s); loading again with tp_mode process_group",
+                       shown or "on another rank")
+        loaded = model.load_weights(self.get_all_weights(model_config, model,
+                                                         tp_mode="process_group"))
+        self.last_load["slices_bytes_read"] = first["bytes_read"]
+        return loaded
 
 
 def _model_device(model: torch.nn.Module) -> str:

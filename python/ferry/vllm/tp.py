@@ -14,13 +14,17 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   (fewer KV heads than ranks, a padded vocabulary, another architecture's sharding): the load
   stops with an error naming the parameters, never wrong weights.
 - "each_rank_reads_all": each rank reads the whole checkpoint (as vLLM's safetensors loader).
+- "auto": "slices", checked: where vLLM took elements a rank did not read on any rank of the
+  group (the ranks agree over the group), the whole load again through "process_group", saying
+  so in vLLM's log; a quantized model goes through "process_group" at once. Never wrong weights,
+  and no error for a model ferry's rule does not fit.
 """
 import concurrent.futures
 from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-TP_MODES = ("process_group", "slices", "each_rank_reads_all")
+TP_MODES = ("process_group", "slices", "each_rank_reads_all", "auto")
 # Slices are filled around with NaN, so only dtypes that have one are sliced.
 _SLICED_DTYPES = {"F16", "BF16", "F32", "F64"}
 
@@ -35,10 +39,24 @@ def tp_group():
     return group.rank_in_group, group.world_size, group.device_group
 
 
-def choose_mode(requested, ranks: int) -> str:
+def choose_mode(requested, ranks: int, quantized: bool = False) -> str:
+    """The mode a load runs first: "auto" reads slices (checked after vLLM's loaders ran),
+    process_group for a quantized model."""
     if ranks <= 1:
         return "each_rank_reads_all"
+    if requested == "auto":
+        return "process_group" if quantized else "slices"
     return requested or "process_group"
+
+
+def any_rank(flag: bool, group) -> bool:
+    """Whether `flag` holds on any rank of the torch process group (every rank calls it)."""
+    import torch.distributed as dist
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
 
 
 def _prefetched(items: List, load, device: str) -> Iterator:
@@ -152,10 +170,16 @@ def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[Li
             yield name, tensors.pop(name)
 
 
+def slices_not_taken(model: torch.nn.Module) -> List[str]:
+    """After a "slices" load: the parameters holding a NaN (they took elements this rank did
+    not read)."""
+    return [name for name, p in model.named_parameters()
+            if p.dtype.is_floating_point and p.numel() and bool(torch.isnan(p).any())]
+
+
 def check_slices_taken(model: torch.nn.Module) -> None:
     """After a "slices" load: a parameter holding a NaN took elements this rank did not read."""
-    bad = [name for name, p in model.named_parameters()
-           if p.dtype.is_floating_point and p.numel() and bool(torch.isnan(p).any())]
+    bad = slices_not_taken(model)
     if bad:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         raise ValueError("load format ferry, tp_mode \"slices\": vLLM took elements this rank did "
