@@ -13,8 +13,12 @@ per call, 128 blocks of 64 pieces cost the C ABI side about 50-100 ms of Python 
 instead of the stores.
 
   python3 bench/kv/kv_vs_fs_tier.py --dir /mnt/nvme/kvbench [--blocks 512] [--block-mib 2]
-      [--batch 128] [--threads 16] [--rounds 3] [--pieces 1] [--misalign 0]
+      [--batch 128] [--inflight 1] [--threads 16] [--rounds 3] [--pieces 1] [--misalign 0]
       [--lib build/libferry.so]
+
+--inflight N runs N of ferry's calls at once, from as many threads (the store is thread-safe), as
+the ferry tier inside vLLM runs its jobs (async batches, up to four at once): the fs tier's
+threads never wait at a batch's end, a single caller's calls do.
 
 --pieces N splits each block into N equal pieces (ferry gathers them; the fs tier writes them
 with one pwritev); --misalign B offsets every block by B bytes from page alignment (torch's CPU
@@ -42,6 +46,9 @@ def parse():
     p.add_argument("--blocks", type=int, default=512)
     p.add_argument("--block-mib", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=128, help="ferry: blocks per call")
+    p.add_argument("--inflight", type=int, default=1,
+                   help="ferry: calls at once from as many threads (the ferry tier in vLLM runs "
+                        "every job as an async batch, up to four at once)")
     p.add_argument("--threads", type=int, default=16, help="fs tier: threads")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pieces", type=int, default=1)
@@ -344,13 +351,21 @@ def main():
     for rnd in range(a.rounds):
         keys = [rnd * 1000003 + i + 1 for i in range(a.blocks)]
 
+        def each_batch(call, memory):
+            starts = range(0, a.blocks, a.batch)
+            one = lambda s: call(keys[s:s + a.batch], memory, s, a.pieces)  # noqa: E731
+            if a.inflight <= 1:
+                for s in starts:
+                    one(s)
+                return
+            with ThreadPoolExecutor(a.inflight) as calls:
+                list(calls.map(one, starts))  # an exception of any call raised here
+
         def ferry_put():
-            for s in range(0, a.blocks, a.batch):
-                store.put(keys[s:s + a.batch], source, s, a.pieces)
+            each_batch(store.put, source)
 
         def ferry_get():
-            for s in range(0, a.blocks, a.batch):
-                store.get(keys[s:s + a.batch], dest, s, a.pieces)
+            each_batch(store.get, dest)
 
         order = [0, 1] if rnd % 2 == 0 else [1, 0]
         for who in order:
@@ -381,7 +396,8 @@ def main():
     store.close()
     tier.release()
     print(f"{a.blocks} blocks of {size / (1 << 20):g} MiB in {a.pieces} piece(s), host memory "
-          f"misaligned by {a.misalign} B; ferry: {api}, {a.batch} blocks per call; fs tier: a file "
+          f"misaligned by {a.misalign} B; ferry: {api}, {a.batch} blocks per call, {a.inflight} "
+          f"at once; fs tier: a file "
           f"per block, O_DIRECT, {a.threads} threads; piece lists made before timing; {root}; "
           f"median of {a.rounds} rounds, GB/s")
     for name, values in figures.items():
