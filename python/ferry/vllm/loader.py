@@ -170,7 +170,6 @@ class FerryModelLoader(BaseModelLoader):
                 raise ValueError("Following weights were not initialized from checkpoint: "
                                  f"{sorted(missing)}")
 
-
     def _reload_unless_slices_fit(self, model: torch.nn.Module, model_config, loaded):
         """tp_mode "auto" after its slices load: where vLLM took elements a rank did not read,
         on any rank, every rank loads again through process_group (over every parameter)."""
