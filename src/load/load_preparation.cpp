@@ -12,9 +12,8 @@ LoadPreparation::LoadPreparation(const LoadOptions& options)
 
 LoadPreparation::LoadPreparation(const LoadOptions& options,
                                  std::shared_ptr<const Checkpoint> checkpoint) {
-  TransferOptions t = detail::staging_options(
+  const TransferOptions t = detail::staging_options(
       detail::choose_settings(options, detail::tuning_for(options)), options);
-  t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   _report = std::async(std::launch::async, [device = options.device, t, checkpoint] {
               return warm_up(device, t, checkpoint ? checkpoint->shared_file_set().get() : nullptr);
             }).share();

@@ -62,7 +62,6 @@ Ticket submit_load(const Checkpoint& checkpoint, std::vector<Extent> extents,
   t.stop_at_first_error = true;  // a load fails whole: no need to read the rest
   t.progress = options.progress;
   t.profile_copies = options.profile;
-  t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   // ferry's own allocation is registered with cuFile for the load where cuFile serves it.
   t.destination = {options.device, reinterpret_cast<void*>(own_base), own_bytes};
   return submit(checkpoint.shared_file_set(), Direction::FileToMemory, std::move(extents), t);

@@ -86,6 +86,7 @@ TransferOptions staging_options(const EngineSettings& settings, const LoadOption
   t.slots_per_thread = settings.slots_per_thread;
   t.staging_bytes = options.staging_bytes;
   t.copy_streams = options.copy_streams;
+  t.page_cache_pin_bytes = options.page_cache_pin_bytes;
   return t;
 }
 

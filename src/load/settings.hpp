@@ -27,8 +27,9 @@ EngineSettings choose_settings(const LoadOptions& options, const ActiveTuning& t
 // Reads the tuning itself (for `ferry doctor`, which shows what a load would use).
 EngineSettings choose_settings(const LoadOptions& options);
 
-// The transfer core's options that shape a load's staging: the settings' threads, read size and
-// slots, the caller's staging bound and copy streams (a load's submission and its preparation).
+// The transfer core's options that shape a load's set-up: the settings' threads, read size and
+// slots, the caller's staging bound, copy streams and page-cache DMA budget (a load's submission
+// and its preparation take the same).
 TransferOptions staging_options(const EngineSettings& settings, const LoadOptions& options);
 
 }  // namespace ferry::detail
