@@ -41,8 +41,8 @@ struct KVBenchOptions {
   unsigned rounds = 3;
   // KVStoreOptions::page_cache_pin_bytes for the stores measured (0: off). With it, each round
   // has three warm get passes: one through a reader of the same store without page-cache DMA
-  // (warm staged), one that registers the windows (warm), one that copies from them (warm
-  // registered).
+  // (warm staged), the first with it (warm: the usual path while its windows are registered in
+  // the background), one that copies from them once registered (warm registered).
   std::uint64_t page_cache_pin = 0;
   // Where not 0: the fleet bench (kv_fleet_bench.hpp) with this many writer processes instead.
   unsigned writers = 0;
@@ -79,8 +79,8 @@ struct KVBenchRow {
   // warm gets were all served from it); 0 also where that cannot be told (Windows).
   double warm_resident = 0;
   KVBenchTimes put_times, cold_times, warm_times;
-  // With page_cache_pin: the second warm pass (windows registered by the first), the seconds
-  // the first spent registering windows (median), and the share of the second's bytes copied
+  // With page_cache_pin: the second warm pass (windows registered after the first), the seconds
+  // the background spent registering the first's windows (median), and the share of the second's bytes copied
   // from registered windows (lowest of the rounds).
   double get_warm_registered_gbps = 0;
   double page_cache_register_seconds = 0;

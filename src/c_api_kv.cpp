@@ -273,6 +273,7 @@ ferry_status ferry_kv_stats_get(ferry_kv_store* store, ferry_kv_stats* out) {
     c.page_cache_windows_registered = s.page_cache_windows_registered;
     c.page_cache_stale_rereads = s.page_cache_stale_rereads;
     c.page_cache_register_seconds = s.page_cache_register_seconds;
+    c.page_cache_windows_pending = s.page_cache_windows_pending;
     ferry::capi::write_sized(out, c, "out");
   });
 }

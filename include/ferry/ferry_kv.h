@@ -94,6 +94,8 @@ typedef struct ferry_kv_stats {
    * that took, and blocks re-read after a window was found stale. */
   uint64_t page_cache_dma_bytes, page_cache_windows_registered, page_cache_stale_rereads;
   double page_cache_register_seconds;
+  /* Windows queued or being registered in the background (gets take the usual path meanwhile). */
+  uint64_t page_cache_windows_pending;
 } ferry_kv_stats;
 
 /* Called once on a worker thread when an asynchronous batch has finished, before

@@ -204,6 +204,9 @@ struct KVStats {
   std::uint64_t page_cache_dma_bytes = 0;
   std::uint64_t page_cache_windows_registered = 0;
   double page_cache_register_seconds = 0;
+  // Windows a get found in the page cache but not registered, queued or being registered in the
+  // background (a get never waits for a registration: it takes the usual path meanwhile).
+  std::uint64_t page_cache_windows_pending = 0;
   std::uint64_t page_cache_stale_rereads = 0;
   std::uint64_t page_cache_pin_bytes = 0;  // as opened
   // Its device seconds (the streams' events; a get's chunks overlap on two streams, so these

@@ -307,6 +307,7 @@ void bind_kv(nb::module_& m) {
         d["page_cache_dma_bytes"] = st.page_cache_dma_bytes;
         d["page_cache_windows_registered"] = st.page_cache_windows_registered;
         d["page_cache_register_seconds"] = st.page_cache_register_seconds;
+        d["page_cache_windows_pending"] = st.page_cache_windows_pending;
         d["page_cache_stale_rereads"] = st.page_cache_stale_rereads;
         // Where the calls' time went (seconds summed over calls; see KVStats).
         d["put_move_seconds"] = st.put_move_seconds;

@@ -46,6 +46,7 @@ struct PageCacheCounters {
   std::uint64_t bytes = 0;          // copied from registered windows (verified)
   std::uint64_t registered = 0;     // windows registered
   double register_seconds = 0;      // mapping, populating and registering them
+  std::uint64_t pending = 0;        // windows queued or being registered in the background
   std::uint64_t stale_rereads = 0;  // blocks re-read after a mismatch on the DMA path
   // Device time (the streams' events, summed over the chunks of each get: chunks on two
   // streams overlap, so these may add up to more than the gets' wall time): the copies out of

@@ -375,6 +375,7 @@ KVStats KVStore::stats() {
   out.page_cache_dma_bytes = page_cache.bytes;
   out.page_cache_windows_registered = page_cache.registered;
   out.page_cache_register_seconds = page_cache.register_seconds;
+  out.page_cache_windows_pending = page_cache.pending;
   out.page_cache_stale_rereads = page_cache.stale_rereads;
   out.page_cache_pin_bytes = s.options.page_cache_pin_bytes;
   out.page_cache_dma_seconds = page_cache.dma_seconds;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <set>
@@ -60,12 +59,6 @@ bool one_device(const BlockRequest& r, int& ordinal) {
   return found;
 }
 
-std::string milliseconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f ms", seconds * 1e3);
-  return text;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -107,7 +100,10 @@ PageCacheGets::PageCacheGets(const SlabFiles& slabs, std::uint64_t slot_bytes,
       _slot_bytes(slot_bytes),
       _slab_bytes(slab_bytes),
       _window_bytes(std::max<std::uint64_t>(1, kWindowTarget / slot_bytes) * slot_bytes),
-      _budget(budget_bytes) {
+      _budget(budget_bytes),
+      _registrar([this](const WindowRegistrar::Window& w) {
+        return register_window({w.first, w.second});
+      }) {
   for (unsigned i = 0; i < slabs.count(); ++i)
     _files.push_back(PlatformFile::open(slabs.path(static_cast<int>(i)), FileAccess::Read, false));
 }
@@ -145,13 +141,16 @@ PageCacheGets::Writing PageCacheGets::writing(std::span<const BlockRequest> batc
       ++_writing[w];
     }
   }
-  // No get takes these windows from here on; those registered go once their gets let go.
+  // No get takes these windows from here on, and none is registered in the background; those
+  // registered go once their gets let go.
+  _registrar.hold(guard._windows);
   for (const auto& [slab, index] : guard._windows) release({slab, index});
   return guard;
 }
 
 PageCacheGets::Writing::~Writing() {
   if (!_owner) return;
+  _owner->_registrar.unhold(_windows);
   std::lock_guard lock(_owner->_mutex);
   for (const auto& [slab, index] : _windows) {
     auto it = _owner->_writing.find({slab, index});
@@ -403,20 +402,44 @@ std::string PageCacheGets::why_not_served(const BlockRequest& r, int& ordinal,
 
 namespace {
 
-std::string served_reason(const PageCacheRegistry::Acquired& got, bool cuda) {
-  return (got.registered_now
-              ? "copied from the page cache's registered pages (its window registered by this "
-                "get in " +
-                    milliseconds(got.register_seconds) + ")"
-              : std::string("copied from the page cache's registered pages (its window "
-                            "registered earlier)")) +
+std::string served_reason(bool cuda) {
+  return std::string("copied from the page cache's registered pages") +
          (cuda ? ", checked where it landed by the GPU checksum" : ", checked where it landed");
 }
 
 }  // namespace
 
-// Leases of this get, one registry call per window; taken under the lock that writing() marks
-// windows under, so no window a put is writing into is registered meanwhile.
+std::string PageCacheGets::not_registered(const Window& w) {
+  const std::uint64_t offset = w.index * _window_bytes;
+  const std::string where = "its window (" + _slabs.name(w.slab) + " bytes " +
+                            std::to_string(offset) + " to " +
+                            std::to_string(offset + window_size(w)) + ")";
+  if (window_size(w) > _budget)
+    return where + ": larger than the budget (" + std::to_string(_budget) + " bytes)";
+  // A sample of its pages first: a window that is not resident is not worth a try.
+  if (!range_resident_sampled(_slabs.buffered_fd(w.slab), offset, window_size(w), 16))
+    return where + ": not fully in the page cache";
+  _registrar.request({w.slab, w.index});
+  const std::string refused = _registrar.refusal({w.slab, w.index});
+  if (!refused.empty())
+    return where + " could not be registered (" + refused + "); trying again in the background";
+  return where + " is in the page cache but not registered yet: registering it in the "
+                 "background for later gets (a get never waits for a registration)";
+}
+
+std::string PageCacheGets::register_window(const Window& w) {
+  auto got = page_cache_registry().acquire_window(_files[w.slab], w.index * _window_bytes,
+                                                  window_size(w), _budget);
+  std::lock_guard lock(_mutex);
+  if (got.registered_now) {
+    ++_counters.registered;
+    _counters.register_seconds += got.register_seconds;
+  }
+  return got.lease ? std::string() : got.why_not;
+}
+
+// Leases of this get, one registry lookup per window (never a registration: those run in the
+// background); under the lock that writing() marks windows under.
 std::vector<PageCacheGets::Served> PageCacheGets::take_windows(
     std::span<BlockRequest* const> blocks, std::vector<BlockRequest*>& rest) {
   PageCacheRegistry& registry = page_cache_registry();
@@ -438,15 +461,8 @@ std::vector<PageCacheGets::Served> PageCacheGets::take_windows(
     const Window w = window_of(*r);
     auto found = windows.find(w);
     if (found == windows.end()) {
-      const std::uint64_t offset = w.index * _window_bytes;
-      auto got = registry.acquire_window(_files[w.slab], offset, window_size(w), _budget);
-      if (got.registered_now) {
-        ++_counters.registered;
-        _counters.register_seconds += got.register_seconds;
-      }
-      if (!got.lease)
-        got.why_not = "its window (" + _slabs.name(w.slab) + " bytes " + std::to_string(offset) +
-                      " to " + std::to_string(offset + window_size(w)) + "): " + got.why_not;
+      auto got = registry.find_window(_files[w.slab], w.index * _window_bytes, window_size(w));
+      if (!got.lease) got.why_not = not_registered(w);
       found = windows.emplace(w, std::move(got)).first;
     }
     const PageCacheRegistry::Acquired& got = found->second;
@@ -461,7 +477,7 @@ std::vector<PageCacheGets::Served> PageCacheGets::take_windows(
     s.source = got.lease.data() + (r->offset - got.lease.offset());
     s.length = length;
     s.ordinal = ordinal;
-    s.reason = served_reason(got, ordinal != kHost);
+    s.reason = served_reason(ordinal != kHost);
     served.push_back(std::move(s));
   }
   return served;
@@ -547,7 +563,9 @@ std::vector<BlockRequest*> PageCacheGets::read(std::span<BlockRequest* const> bl
 
 PageCacheCounters PageCacheGets::counters() const {
   std::lock_guard lock(_mutex);
-  return _counters;
+  PageCacheCounters out = _counters;
+  out.pending = _registrar.pending();
+  return out;
 }
 
 }  // namespace ferry::detail::kv

@@ -41,6 +41,7 @@
 
 #include "kv/block_io.hpp"
 #include "kv/slab_files.hpp"
+#include "kv/window_registrar.hpp"
 #include "platform/file.hpp"
 
 namespace ferry::detail::kv {
@@ -112,6 +113,11 @@ class PageCacheGets {
                                    std::vector<BlockRequest*>& rest);
   std::string why_not_served(const BlockRequest& r, int& ordinal,
                              std::map<int, std::string>& no_checksum) const;
+  // Where `w` is not registered: why its blocks take the usual path, and its registration asked
+  // for in the background where it is resident. Under _mutex.
+  std::string not_registered(const Window& w);
+  // The registrar's work: registers `w` ("" where it did, else why not).
+  std::string register_window(const Window& w);
   Times land(std::vector<Served>& served);
   void settle(std::vector<Served>& served, std::vector<BlockRequest*>& rest, const Times& times);
 
@@ -133,6 +139,9 @@ class PageCacheGets {
   std::map<Window, unsigned> _writing;  // windows puts of this store are writing into
   PageCacheCounters _counters;
   std::map<int, std::unique_ptr<Lanes>> _lanes;  // under _mutex; each used under its own
+  // Registers windows gets found resident but unregistered (after the above: it calls into
+  // them until joined).
+  WindowRegistrar _registrar;
 };
 
 }  // namespace ferry::detail::kv

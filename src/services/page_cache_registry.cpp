@@ -189,20 +189,37 @@ PageCacheRegistry::Acquired PageCacheRegistry::acquire(const PlatformFile& file,
   return got;
 }
 
+bool PageCacheRegistry::find_window_locked(const FileIdentity& file, std::uint64_t offset,
+                                           std::uint64_t size, Acquired& got) {
+  for (auto it = _lru.begin(); it != _lru.end(); ++it) {
+    const Registration& r = **it;
+    if (r.window && r.identity.same_file(file) && r.offset == offset && r.mapping.size() == size) {
+      _lru.splice(_lru.begin(), _lru, it);
+      got.lease = Lease(*it);
+      return true;
+    }
+  }
+  return false;
+}
+
+PageCacheRegistry::Acquired PageCacheRegistry::find_window(const PlatformFile& file,
+                                                           std::uint64_t offset,
+                                                           std::uint64_t size) {
+  Acquired got;
+  std::lock_guard lock(_mutex);
+  if (!find_window_locked(file.identity(), offset, size, got)) got.why_not = "not registered";
+  return got;
+}
+
 PageCacheRegistry::Acquired PageCacheRegistry::acquire_window(const PlatformFile& file,
                                                               std::uint64_t offset,
                                                               std::uint64_t size,
                                                               std::uint64_t budget_bytes) {
   Acquired got;
   const FileIdentity& id = file.identity();
-  std::lock_guard lock(_mutex);
-  for (auto it = _lru.begin(); it != _lru.end(); ++it) {
-    const Registration& r = **it;
-    if (r.window && r.identity.same_file(id) && r.offset == offset && r.mapping.size() == size) {
-      _lru.splice(_lru.begin(), _lru, it);
-      got.lease = Lease(*it);
-      return got;
-    }
+  {
+    std::lock_guard lock(_mutex);
+    if (find_window_locked(id, offset, size, got)) return got;
   }
   if (!file_mapping_supported()) {
     got.why_not = "not supported on this platform";
@@ -213,7 +230,22 @@ PageCacheRegistry::Acquired PageCacheRegistry::acquire_window(const PlatformFile
                   bytes_text(budget_bytes) + ")";
     return got;
   }
-  register_locked(file, id, offset, size, true, budget_bytes, got);
+  // Mapping (populating its page tables) and registering take milliseconds a window: outside
+  // the lock, so that leases of other windows and files are handed out meanwhile.
+  const auto start = std::chrono::steady_clock::now();
+  ReadOnlyMapping mapping = map_resident(file, offset, size, got);
+  if (!mapping) return got;
+  std::shared_ptr<Registration> r;
+  {
+    std::lock_guard lock(_mutex);
+    r = reserve(id, offset, true, std::move(mapping), budget_bytes, got);
+  }
+  if (!r || !register_range(*r, got)) return got;  // r gives its bytes back as it goes
+  {
+    std::lock_guard lock(_mutex);
+    _lru.push_front(r);
+  }
+  kept(std::move(r), start, got);
   return got;
 }
 
@@ -238,27 +270,29 @@ std::size_t PageCacheRegistry::release_range(const FileIdentity& file, std::uint
   return dropped;
 }
 
-void PageCacheRegistry::register_locked(const PlatformFile& file, const FileIdentity& now,
-                                        std::uint64_t offset, std::uint64_t size, bool window,
-                                        std::uint64_t budget_bytes, Acquired& got) {
-  const auto start = std::chrono::steady_clock::now();
+ReadOnlyMapping PageCacheRegistry::map_resident(const PlatformFile& file, std::uint64_t offset,
+                                                std::uint64_t size, Acquired& got) {
   ReadOnlyMapping::Result mapped;
   try {
     mapped = ReadOnlyMapping::map_resident(file, offset, size);
   } catch (...) {
     got.why_not = exception_text(std::current_exception());
-    return;
+    return {};
   }
-  if (!mapped.mapping) {
-    got.why_not = std::move(mapped.refusal);
-    return;
-  }
+  if (!mapped.mapping) got.why_not = std::move(mapped.refusal);
+  return std::move(mapped.mapping);
+}
+
+std::shared_ptr<PageCacheRegistry::Registration> PageCacheRegistry::reserve(
+    const FileIdentity& now, std::uint64_t offset, bool window, ReadOnlyMapping mapping,
+    std::uint64_t budget_bytes, Acquired& got) {
+  const std::uint64_t size = mapping.size();
   // Only a range found resident makes room: a get of one that is not flushes nothing.
   evict_idle_until(size, budget_bytes);
   if (_live_bytes->load() + size > budget_bytes) {
     got.why_not = "the budget (" + bytes_text(budget_bytes) +
                   ") is held by registrations in use (" + bytes_text(_live_bytes->load()) + ")";
-    return;
+    return nullptr;
   }
   auto r = std::make_shared<Registration>();
   r->identity = now;
@@ -266,21 +300,42 @@ void PageCacheRegistry::register_locked(const PlatformFile& file, const FileIden
   r->window = window;
   r->registrar = _registrar;
   r->live_bytes = _live_bytes;
-  r->mapping = std::move(mapped.mapping);
+  r->mapping = std::move(mapping);
   _live_bytes->fetch_add(size);
+  return r;
+}
+
+bool PageCacheRegistry::register_range(Registration& r, Acquired& got) {
   try {
-    _registrar->register_range(r->mapping.data(), r->mapping.size());
-    r->registered = true;
+    _registrar->register_range(r.mapping.data(), r.mapping.size());
+    r.registered = true;
   } catch (...) {
     got.why_not = "the driver refused to register it: " + exception_text(std::current_exception());
-    return;
+    return false;
   }
-  if (_registrar->view) r->view = _registrar->view(r->mapping.data(), r->mapping.size());
+  if (_registrar->view) r.view = _registrar->view(r.mapping.data(), r.mapping.size());
+  return true;
+}
+
+void PageCacheRegistry::kept(std::shared_ptr<Registration> r,
+                             std::chrono::steady_clock::time_point start, Acquired& got) {
   got.register_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   got.registered_now = true;
-  _lru.push_front(r);
   got.lease = Lease(std::move(r));
+}
+
+void PageCacheRegistry::register_locked(const PlatformFile& file, const FileIdentity& now,
+                                        std::uint64_t offset, std::uint64_t size, bool window,
+                                        std::uint64_t budget_bytes, Acquired& got) {
+  const auto start = std::chrono::steady_clock::now();
+  ReadOnlyMapping mapping = map_resident(file, offset, size, got);
+  if (!mapping) return;
+  std::shared_ptr<Registration> r =
+      reserve(now, offset, window, std::move(mapping), budget_bytes, got);
+  if (!r || !register_range(*r, got)) return;
+  _lru.push_front(r);
+  kept(std::move(r), start, got);
 }
 
 PageCacheRegistry& page_cache_registry() {

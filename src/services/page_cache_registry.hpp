@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,7 @@
 
 #include "ferry/device.hpp"
 #include "platform/file.hpp"
+#include "platform/file_mapping.hpp"
 
 namespace ferry::detail {
 
@@ -107,8 +109,13 @@ class PageCacheRegistry {
   // Windows and whole-file registrations never match each other. Unlike acquire(), the file's
   // version is not checked (each write to it moves it): the caller keeps its windows coherent
   // with release_range() before writing into them, and verifies the bytes it copies out.
+  // Registering runs outside the registry's lock (leases of others are handed out meanwhile),
+  // so the caller also keeps a window's registration apart from its release_range() and from
+  // another registration of the same window.
   Acquired acquire_window(const PlatformFile& file, std::uint64_t offset, std::uint64_t size,
                           std::uint64_t budget_bytes);
+  // The lease of a window kept registered, or none ("not registered"): never registers.
+  Acquired find_window(const PlatformFile& file, std::uint64_t offset, std::uint64_t size);
   // Stops serving the windows of `file` (its device and inode) that overlap [offset, offset +
   // size): none is leased again; each is unregistered now or, where a lease holds it, when its
   // last lease goes. With `wait`, returns only once every one of them is unregistered and
@@ -130,6 +137,20 @@ class PageCacheRegistry {
   void register_locked(const PlatformFile& file, const FileIdentity& now, std::uint64_t offset,
                        std::uint64_t size, bool window, std::uint64_t budget_bytes,
                        Acquired& got);
+  // register_locked's steps, each saying in `got` why where it fails: the range mapped where
+  // resident; its bytes counted within the budget (under _mutex); registered with the driver;
+  // its lease handed out.
+  static ReadOnlyMapping map_resident(const PlatformFile& file, std::uint64_t offset,
+                                      std::uint64_t size, Acquired& got);
+  std::shared_ptr<Registration> reserve(const FileIdentity& now, std::uint64_t offset,
+                                        bool window, ReadOnlyMapping mapping,
+                                        std::uint64_t budget_bytes, Acquired& got);
+  bool register_range(Registration& r, Acquired& got);
+  static void kept(std::shared_ptr<Registration> r, std::chrono::steady_clock::time_point start,
+                   Acquired& got);
+  // Under _mutex: the kept registration of the window, as a lease in `got`.
+  bool find_window_locked(const FileIdentity& file, std::uint64_t offset, std::uint64_t size,
+                          Acquired& got);
 
   std::shared_ptr<const PageCacheRegistrar> _registrar;
   // Registrations alive, evicted or not; each subtracts its own when it goes.

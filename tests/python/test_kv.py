@@ -5,6 +5,7 @@ here; the same tests run on cuda:0 where a GPU is present (both gpu paths)."""
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -80,18 +81,29 @@ def test_page_cache_dma_round_trip_says_its_route(tmp_path, device):
         assert all(r.ok for r in store.put([1, 2, 3, 4], [b.to(device) for b in blocks]))
         for slab in tmp_path.rglob("slab-*.dat"):
             slab.read_bytes()  # into the page cache
-        out = [torch.zeros_like(b, device=device) for b in blocks]
-        results = store.get([1, 2, 3, 4], out)
-        for r, got, want in zip(results, out, blocks):
-            assert r.ok, r.message
-            assert torch.equal(got.cpu(), want)
-            if device == "cpu":
-                assert r.route == "host" and "host memory" in r.route_reason, r
-            else:
-                assert r.route == "page-cache-dma", r.route_reason
+        # The first get takes the usual path while its window is registered in the background
+        # (a get never waits for a registration); the second copies from it.
+        for attempt in ("first", "registered"):
+            out = [torch.zeros_like(b, device=device) for b in blocks]
+            results = store.get([1, 2, 3, 4], out)
+            for r, got, want in zip(results, out, blocks):
+                assert r.ok, r.message
+                assert torch.equal(got.cpu(), want)
+                if device == "cpu":
+                    assert r.route == "host" and "host memory" in r.route_reason, r
+                elif attempt == "first":
+                    assert "registering it in the background" in r.route_reason, r.route_reason
+                else:
+                    assert r.route == "page-cache-dma", r.route_reason
+            for _ in range(60000):
+                if store.stats()["page_cache_windows_pending"] == 0:
+                    break
+                time.sleep(0.001)
+            assert store.stats()["page_cache_windows_pending"] == 0
         stats = store.stats()
         assert stats["page_cache_pin"] == 64 << 20
         assert stats["page_cache_dma_bytes"] == (0 if device == "cpu" else 4 * 64 * 1024)
+        assert stats["page_cache_windows_registered"] == (0 if device == "cpu" else 1)
     with pytest.raises(ValueError, match="page_cache_pin"):
         open_store(tmp_path / "bad", page_cache_pin="lots")
 

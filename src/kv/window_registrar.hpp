@@ -1,0 +1,63 @@
+// Registers page-cache windows of the KV store's slabs on a thread of its own, so that no get
+// waits for a registration (tens to hundreds of milliseconds a gigabyte, in the driver): a get
+// that finds its window resident but not yet registered takes the usual path and asks for it
+// here; later gets copy from it (kv/page_cache_gets.hpp).
+//
+// Coherence with writes: a put into a window holds it (hold()) before releasing its
+// registration; a held window is not started, and hold() returns only once a registration of
+// it already running has finished, so none can pin the pages the write is about to replace.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace ferry::detail::kv {
+
+class WindowRegistrar {
+ public:
+  using Window = std::pair<int, std::uint64_t>;  // (slab, window index)
+  // Registers one window; returns "" where it did, else why not (kept for refusal()).
+  using RegisterOne = std::function<std::string(const Window&)>;
+
+  explicit WindowRegistrar(RegisterOne register_one);
+  ~WindowRegistrar();  // waits for the registration running, drops those queued
+  WindowRegistrar(const WindowRegistrar&) = delete;
+  WindowRegistrar& operator=(const WindowRegistrar&) = delete;
+
+  // Queues `w` unless it is queued, running or held. The thread starts at the first request.
+  void request(const Window& w);
+  // Why the last registration of `w` failed ("" where none did or it succeeded since).
+  std::string refusal(const Window& w) const;
+  // Windows queued or being registered.
+  std::size_t pending() const;
+
+  // While held (counted: holds nest), a window is not started; hold() waits for one running.
+  void hold(std::span<const Window> windows);
+  void unhold(std::span<const Window> windows);
+
+ private:
+  void run();
+
+  RegisterOne _register_one;
+  mutable std::mutex _mutex;
+  std::condition_variable _changed;
+  std::deque<Window> _queued;
+  std::set<Window> _pending;            // queued or running
+  std::optional<Window> _running;
+  std::map<Window, unsigned> _held;
+  std::map<Window, std::string> _refused;
+  bool _stopping = false;
+  std::thread _thread;  // last: joined before the rest goes
+};
+
+}  // namespace ferry::detail::kv
