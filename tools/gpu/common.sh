@@ -13,7 +13,8 @@ build() {
     "build firstload-tests" | firstload-tests)
       targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
     "build firstload"* | firstload*) targets=ferry_cli ;;
-    "build kvgroups" | kvgroups) targets="ferry_cli test_gpu_kv_layouts test_gpu_kv" ;;
+    "build kvgroups" | kvgroups)
+      targets="ferry_cli test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
     # tools/vllm_gpu_run.sh needs the Python package alone.
     "build vllm") targets=ferry_cli ;;
   esac

@@ -174,10 +174,17 @@ kv_fleet_stage() {
   rm -rf /tmp/kvbench
 }
 
-# A GPU batch's groups in flight (a short check after a change there): the GPU KV tests, then
-# vLLM's layout beside one piece at 1,024 and 128 blocks per call, as the store opens by default.
+# A GPU batch's groups in flight (a short check after a change there): the GPU KV tests (page-cache
+# DMA's too: its windows registered in the background), then vLLM's layout beside one piece at
+# 1,024 and 128 blocks per call, as the store opens by default, and with page-cache DMA at 1,024
+# (the first get beside the later ones).
 kv_groups_stage() {
-  run_test_binaries test_gpu_kv_layouts test_gpu_kv
+  run_test_binaries test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache
   kv_one_beside_vllm kvgroups 1024 128
+  log "ferry kv bench: vLLM 64 x 32 KiB, 1024 blocks per call, page-cache DMA on"
+  "$ferry" kv bench /tmp/kvbench --device cuda:0 --bytes 2G --rounds 3 --path staged \
+    --layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128 --batch 1024 \
+    --page-cache-pin 8G --json "$OUT/kvgroups-vllm-1024-dma.json" 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
 }
