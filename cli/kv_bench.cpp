@@ -2,7 +2,6 @@
 #include "kv_bench.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -15,8 +14,8 @@
 #include "kv/checksum.hpp"
 #include "platform/file_ops.hpp"
 #include "platform/file_ranges.hpp"
-#include "platform/thread_barrier.hpp"
 #include "kv_bench_memory.hpp"
+#include "kv_bench_raw.hpp"
 
 namespace ferry {
 namespace {
@@ -26,17 +25,14 @@ using kv_bench::drop_cache;
 using kv_bench::median;
 using kv_bench::piece_layout;
 using kv_bench::PieceLayout;
+using kv_bench::RawFile;
+using kv_bench::round_up;
+using kv_bench::seconds_since;
 using kv_bench::slabs_of;
+using kv_bench::warm;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-constexpr std::uint64_t kAlign = 4096;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Median GB/s of copying `bytes` between pinned host memory and the device, each way.
 std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
@@ -147,100 +143,6 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.span += t.span * weight;
   into.copies += t.copies * weight;
 }
-
-// Reads a file through the page cache.
-void warm(const fs::path& file) {
-  std::vector<char> buffer(8 << 20);
-  const detail::FileDescriptor fd = detail::open_existing(file, false);
-  if (!fd) return;
-  for (std::uint64_t at = 0;;) {
-    const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
-    if (n <= 0) break;
-    at += static_cast<std::uint64_t>(n);
-  }
-}
-
-// Raw I/O of the same bytes as the store moves: `count` blocks, one pwrite/pread per block at
-// 4 KiB-aligned slots, in batches whose blocks run on as many threads as the store keeps in
-// flight; writes are O_DIRECT with one fdatasync per batch (as a durable put), cold reads
-// O_DIRECT, warm reads buffered from the page cache.
-class RawFile {
- public:
-  RawFile(fs::path file, std::uint64_t block, std::uint64_t count, std::uint64_t batch)
-      : _path(std::move(file)), _slot(round_up(block)), _count(count), _batch(batch) {
-    _buffered = detail::open_or_create(_path, 0600);
-    if (!_buffered) FERRY_SYSCALL_FAIL(_path.string(), ": cannot open");
-    if (const int error = detail::preallocate(_buffered.get(), _slot * count); error != 0)
-      detail::fail_errno(error, _path.string(), ": fallocate");
-    _direct = detail::open_existing(_path, true, true);  // empty where O_DIRECT is refused
-    const std::size_t threads = std::min<std::uint64_t>(kThreads, batch);
-    for (std::size_t t = 0; t < threads; ++t) {
-      _buffers.push_back(detail::allocate_host_memory(_slot));
-      std::memset(_buffers.back().get(), 0x5A, _slot);
-    }
-  }
-  RawFile(const RawFile&) = delete;
-  RawFile& operator=(const RawFile&) = delete;
-  ~RawFile() {
-    _direct = {};
-    _buffered = {};  // closed before the removal (Windows removes an open file only at its close)
-    std::error_code ignored;
-    fs::remove(_path, ignored);
-  }
-
-  // Seconds for one pass over every block.
-  double write() { return pass(true, direct()); }
-  double read_cold() {
-    drop_cache(_path);
-    return pass(false, direct());
-  }
-  double read_warm() {
-    warm(_path);
-    return pass(false, _buffered.get());
-  }
-
- private:
-  static constexpr std::uint64_t kThreads = 16;
-
-  // The threads stay for the whole pass, meeting at a barrier after each batch (whose last
-  // arrival syncs a write batch), so no thread is made per batch.
-  detail::NativeDescriptor direct() const { return _direct ? _direct.get() : _buffered.get(); }
-
-  double pass(bool writing, detail::NativeDescriptor fd) {
-    const std::size_t threads = _buffers.size();
-    const std::uint64_t batches = (_count + _batch - 1) / _batch;
-    std::atomic<bool> failed{false};
-    // Not std::barrier: it loses wake-ups in the Windows build (platform/thread_barrier.hpp).
-    detail::ThreadBarrier meet(threads, [&]() noexcept {
-      if (writing && !detail::sync_data(fd)) failed = true;
-    });
-    const auto start = Clock::now();
-    std::vector<std::thread> pool;
-    for (std::size_t t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        for (std::uint64_t b = 0; b < batches; ++b) {
-          const std::uint64_t first = b * _batch, end = std::min(_count, first + _batch);
-          for (std::uint64_t i = first + t; i < end; i += threads) {
-            void* buffer = _buffers[t].get();
-            const std::int64_t done = writing
-                                          ? detail::write_some_at(fd, buffer, _slot, i * _slot)
-                                          : detail::read_some_at(fd, buffer, _slot, i * _slot);
-            if (done != static_cast<std::int64_t>(_slot)) failed = true;
-          }
-          meet.arrive_and_wait();
-        }
-      });
-    for (auto& t : pool) t.join();
-    FERRY_EXPECT(!failed, std::runtime_error, _path.string(), ": raw ",
-                 writing ? "pwrite or fdatasync" : "pread", " failed");
-    return seconds_since(start);
-  }
-
-  fs::path _path;
-  std::uint64_t _slot, _count, _batch;
-  detail::FileDescriptor _buffered, _direct;
-  std::vector<std::shared_ptr<void>> _buffers;
-};
 
 // Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw
 // I/O of the same bytes (alternating which goes first); returns the row of medians.

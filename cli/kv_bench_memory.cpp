@@ -108,6 +108,18 @@ void drop_cache(const fs::path& file) {
   detail::drop_cached_pages(fd.get());
 }
 
+// Reads a file through the page cache.
+void warm(const fs::path& file) {
+  std::vector<char> buffer(8 << 20);
+  const detail::FileDescriptor fd = detail::open_existing(file, false);
+  if (!fd) return;
+  for (std::uint64_t at = 0;;) {
+    const std::int64_t n = detail::read_some_at(fd.get(), buffer.data(), buffer.size(), at);
+    if (n <= 0) break;
+    at += static_cast<std::uint64_t>(n);
+  }
+}
+
 // The slab files of a store's directory.
 std::vector<fs::path> slabs_of(const fs::path& directory) {
   std::vector<fs::path> out;

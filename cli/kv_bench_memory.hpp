@@ -57,6 +57,9 @@ double median(std::vector<double> v);
 // synced), so the next read comes from the device.
 void drop_cache(const std::filesystem::path& file);
 
+// Reads a file through the page cache.
+void warm(const std::filesystem::path& file);
+
 // The slab files of a store's directory.
 std::vector<std::filesystem::path> slabs_of(const std::filesystem::path& directory);
 
