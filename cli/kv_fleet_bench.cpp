@@ -11,6 +11,7 @@
 
 #include "ferry/error.hpp"
 #include "kv_bench_memory.hpp"
+#include "kv_bench_raw.hpp"
 
 #ifndef _WIN32
 #include <poll.h>
@@ -48,7 +49,7 @@ struct Message {
 };
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
-// EOF: close and exit.
+// 'w': write the same bytes raw (kv_bench_raw.hpp) to a file of its own; EOF: close and exit.
 struct Plan {
   KVBenchOptions o;
   fs::path root;
@@ -105,7 +106,8 @@ char command(int fd) {
   return receive(fd, &c, 1) ? c : 0;
 }
 
-// A writer process: opens its share when told, then puts its `count` keys per pass.
+// A writer process: opens its share when told, then puts its `count` keys per pass, or writes
+// the same bytes raw.
 [[noreturn]] void writer_main(const Plan& p, unsigned w, int in, int out) {
   int code = 0;
   try {
@@ -117,17 +119,29 @@ char command(int fd) {
     for (std::uint64_t b = 0; b < p.batch; ++b) pieces[b] = source.block(b);
     const std::vector<KVBlock> blocks(pieces.begin(), pieces.end());
     std::vector<KVKey> keys(p.batch);
-    send(out, Message{'r'});
-    for (std::uint64_t pass = 0; command(in) == 'g';) {
-      FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
-      Message m{'d'};
-      m.start = now();
+    const auto put_pass = [&](std::uint64_t pass) {
       for (std::uint64_t i = 0; i < p.count; i += p.batch) {
         for (std::uint64_t k = 0; k < p.batch; ++k) keys[k] = key_of(pass, w, i + k);
         for (const KVResult& r : store.put(keys, blocks))
           FERRY_EXPECT(r.ok(), std::runtime_error, "writer ", w, ": put: ", to_string(r.status),
                        ": ", r.message);
       }
+    };
+    // Made (preallocated) before any pass is timed: no writer's setup runs inside another's
+    // timed pass. A local of this scope, so its file is removed before _Exit.
+    kv_bench::RawFile raw(p.root / ("raw-" + std::to_string(w) + ".bin"), p.block, p.count,
+                          p.batch);
+    send(out, Message{'r'});
+    for (char c; (c = command(in)) == 'g' || c == 'w';) {
+      std::uint64_t pass = 0;
+      if (c == 'g')
+        FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
+      Message m{'d'};
+      m.start = now();
+      if (c == 'g')
+        put_pass(pass);
+      else
+        raw.write();
       m.end = now();
       send(out, m);
     }
@@ -236,6 +250,17 @@ class Writers {
   std::vector<Child> _children;
   void (*_old_sigpipe)(int) = SIG_DFL;
 };
+
+// GB/s of a pass run by several writers at once, `gb` each: all their bytes over the time from
+// the first one's start to the last one's end.
+double aggregate_gbps(const std::vector<Message>& done, double gb) {
+  double first = done[0].start, last = done[0].end;
+  for (const Message& m : done) {
+    first = std::min(first, m.start);
+    last = std::max(last, m.end);
+  }
+  return gb * double(done.size()) / (last - first);
+}
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -350,13 +375,9 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
             --left;
           }
       }
-      double first = done[0].start, last = done[0].end;
-      for (unsigned w = 0; w < o.writers; ++w) {
-        first = std::min(first, done[w].start);
-        last = std::max(last, done[w].end);
+      for (unsigned w = 0; w < o.writers; ++w)
         each[w].push_back(gb / (done[w].end - done[w].start));
-      }
-      fleet.push_back(gb * o.writers / (last - first));
+      fleet.push_back(aggregate_gbps(done, gb));
     }
     std::vector<double> idle;
     for (unsigned i = 0; i < 200; ++i)
@@ -366,6 +387,21 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     row.blocks_read = p.count * o.writers;
     row.reader_get_gbps = double(row.blocks_read) * double(p.block) / 1e9 / get_seconds;
     row.store_blocks = reader.stats().blocks;
+    // The same bytes written raw, timed as the puts were: writer 0 alone, then all at once.
+    std::vector<double> raw_one, raw_fleet;
+    for (unsigned r = 0; r < row.rounds; ++r) {
+      writers.tell(0, 'w');
+      const Message m = writers.hear(0);
+      raw_one.push_back(gb / (m.end - m.start));
+    }
+    for (unsigned r = 0; r < row.rounds; ++r) {
+      for (unsigned w = 0; w < o.writers; ++w) writers.tell(w, 'w');
+      std::vector<Message> done;
+      for (unsigned w = 0; w < o.writers; ++w) done.push_back(writers.hear(w));
+      raw_fleet.push_back(aggregate_gbps(done, gb));
+    }
+    row.raw_one_writer_gbps = kv_bench::median(raw_one);
+    row.raw_fleet_gbps = kv_bench::median(raw_fleet);
     row.one_writer_put_gbps = kv_bench::median(one);
     row.fleet_put_gbps = kv_bench::median(fleet);
     for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));

@@ -1,9 +1,10 @@
 // `ferry kv bench --writers N`: a fleet of N writer processes (KVStoreOptions::fleet_writers) on
 // one namespace. Each writer is a child process with its own memory on the bench's device, putting
-// its own keys in batches; measured beside one writer of the same store alone. While the fleet
-// writes, a reader process (the bench itself) times prefix lookups (each folds in every writer's
-// journal first); after, it gets every writer's blocks (slabs dropped from the page cache) and
-// compares them with what was put. POSIX only (the writers are forked).
+// its own keys in batches; measured beside one writer of the same store alone, and beside raw
+// O_DIRECT writes of the same bytes by one writer and by all of them. While the fleet writes, a
+// reader process (the bench itself) times prefix lookups (each folds in every writer's journal
+// first); after, it gets every writer's blocks (slabs dropped from the page cache) and compares
+// them with what was put. POSIX only (the writers are forked).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,9 @@ struct KVFleetBenchRow {
   // rate in that run.
   double one_writer_put_gbps = 0, fleet_put_gbps = 0;
   std::vector<double> writer_put_gbps;
+  // Raw O_DIRECT writes of the same bytes (kv_bench_raw.hpp), each writer to its own file, timed
+  // the same way: writer 0 alone, then all writers at once; what the disk gives without the store.
+  double raw_one_writer_gbps = 0, raw_fleet_gbps = 0;
   // lookup() of a 16-key prefix of a writer's blocks, microseconds: while the fleet writes
   // (every call folds in the other writers' journals first), then with every writer idle.
   std::uint64_t lookups = 0;

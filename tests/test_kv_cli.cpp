@@ -105,6 +105,8 @@ TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
   EXPECT_NE(out.find("3 writer processes on one namespace, 8 blocks of 64 KiB each, 4 per put"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("raw O_DIRECT writes of the same bytes: one writer alone"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("lookup of a 16-key prefix while they write"), std::string::npos) << out;
   EXPECT_NE(out.find("reader: got all 24 blocks"), std::string::npos) << out;
   std::ifstream rows(json);
@@ -115,6 +117,8 @@ TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
   EXPECT_EQ(row.at("writer_put_gbps").size(), 3u);
   EXPECT_GE(row.at("lookups").get<int>(), 2);  // one at least per round
   EXPECT_GT(row.at("fleet_put_gbps").get<double>(), 0);
+  EXPECT_GT(row.at("raw_one_writer_gbps").get<double>(), 0);
+  EXPECT_GT(row.at("raw_fleet_gbps").get<double>(), 0);
   EXPECT_FALSE(std::filesystem::exists(dir / "scratch" / "fleet"));  // removed after
   std::tie(status, out) =
       run_cli("kv bench " + (dir / "scratch").string() + " --writers 0 --sizes 64K");

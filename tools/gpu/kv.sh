@@ -151,7 +151,8 @@ kv_layout_stage() {
 
 # A fleet of writer processes on one namespace (issue 26): the fleet tests, then `ferry kv bench
 # --writers 4` (vLLM's layout, 128 blocks per put, 512 MiB per writer) from GPU memory and from host
-# memory: 4 writers' aggregate durable put rate beside one writer's alone (target >= 0.9 x), a
+# memory: 4 writers' aggregate durable put rate beside one writer's alone (target >= 0.9 x) and
+# beside raw O_DIRECT writes of the same bytes by one and by 4 processes (the disk's own ratio), a
 # 16-key prefix lookup's p50/p99 while they write (each folds in the other writers' journals), a
 # reader's cold gets of all their blocks (bit-exact). Then the host path beside raw O_DIRECT of
 # the same bytes (put >= 0.9 x raw write, cold get >= 0.9 x raw read) for one piece and vLLM's
