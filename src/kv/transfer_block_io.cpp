@@ -100,6 +100,7 @@ const Stream& bounce_stream(int ordinal) {
 struct TransferBlockIo::Group {
   std::span<BlockRequest* const> blocks;
   bool writing = false, direct = false;
+  bool buffered = false;  // a get through the page cache (reads_buffered: probed once a batch)
   std::size_t flight = 0;  // which part of the bounce buffers (0 .. kFlights - 1)
   std::vector<std::uintptr_t> bounce;
   std::vector<std::vector<BlockSpan>> views;
@@ -245,7 +246,8 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   };
   // Overlapped: the next group is submitted before this one is finished (the core's staging
   // pool bounds both).
-  const bool overlap = writing || !reads_buffered(blocks);
+  const bool buffered = !writing && reads_buffered(blocks);
+  const bool overlap = !buffered;
   const std::vector<std::span<BlockRequest* const>> groups =
       cut_groups(blocks, direct, overlap ? kBounceBytes / kFlights : kBounceBytes);
   try {
@@ -263,8 +265,9 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
     }
     std::unique_ptr<Flight> current;
     const std::size_t flight = overlap ? k % kFlights : 0;
-    guarded(groups[k],
-            [&] { current = start_group(groups[k], writing, direct, after_event, flight); });
+    guarded(groups[k], [&] {
+      current = start_group(groups[k], writing, direct, buffered, after_event, flight);
+    });
     if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
     previous = std::move(current);
   }
@@ -409,9 +412,9 @@ TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event
   // around it, whatever the residency of the rest of the slabs. With page-cache DMA on, through
   // it: the pages the read leaves there are what later gets copy straight from (a get around it
   // would leave every window cold, and page-cache DMA would never serve a block).
-  o.io = reads_buffered(g.blocks) ? IoMode::Buffered
-         : _host.direct()         ? IoMode::Direct
-                                  : IoMode::Auto;
+  o.io = g.buffered       ? IoMode::Buffered
+         : _host.direct() ? IoMode::Direct
+                          : IoMode::Auto;
   return o;
 }
 
@@ -450,13 +453,14 @@ void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
 }
 
 std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
-    std::span<BlockRequest* const> blocks, bool writing, bool direct, void* after_event,
-    std::size_t flight) {
+    std::span<BlockRequest* const> blocks, bool writing, bool direct, bool buffered,
+    void* after_event, std::size_t flight) {
   auto f = std::make_unique<Flight>();
   Group& g = f->g;
   g.blocks = blocks;
   g.writing = writing;
   g.direct = direct;
+  g.buffered = buffered;
   g.flight = flight;
   place_in_bounce(g);
   if (writing) bounce_copies(g, true, after_event);

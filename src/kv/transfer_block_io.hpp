@@ -73,7 +73,8 @@ class TransferBlockIo final : public BlockIo {
   void reserve_bounce(std::span<const std::span<BlockRequest* const>> groups, bool direct,
                       std::size_t flights);
   std::unique_ptr<Flight> start_group(std::span<BlockRequest* const> blocks, bool writing,
-                                      bool direct, void* after_event, std::size_t flight);
+                                      bool direct, bool buffered, void* after_event,
+                                      std::size_t flight);
   void finish_group(Flight& f, void* after_event);
   bool through_bounce(const BlockRequest& r, bool direct);
   bool kernels_usable(int ordinal);
