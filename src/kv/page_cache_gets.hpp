@@ -86,6 +86,10 @@ class PageCacheGets {
 
   PageCacheCounters counters() const;
 
+  // Registers windows in the background; its Busy marks the store's transfers, which it lets run
+  // first.
+  WindowRegistrar& registrar() { return _registrar; }
+
  private:
   struct Window {
     int slab = 0;

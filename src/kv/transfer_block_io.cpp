@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
@@ -160,6 +161,8 @@ PageCacheCounters TransferBlockIo::page_cache_counters() const {
 }
 
 void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
+  std::optional<WindowRegistrar::Busy> busy;  // no window is registered meanwhile, a while
+  if (_page_cache) busy.emplace(_page_cache->registrar());
   // No registered window keeps pages this write replaces (see PageCacheGets).
   const auto writing = _page_cache ? _page_cache->writing(batch) : PageCacheGets::Writing();
   split(
@@ -185,6 +188,7 @@ void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
 
 void TransferBlockIo::read(std::span<BlockRequest> batch) {
   if (!_page_cache) return read_moved(batch);
+  const WindowRegistrar::Busy busy(_page_cache->registrar());
   std::vector<BlockRequest*> all(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) all[i] = &batch[i];
   const std::vector<BlockRequest*> rest = _page_cache->read(all);

@@ -55,10 +55,24 @@ void WindowRegistrar::unhold(std::span<const Window> windows) {
   }
 }
 
+WindowRegistrar::Busy::Busy(WindowRegistrar& r) : _registrar(r) {
+  std::lock_guard lock(r._mutex);
+  ++r._busy;
+}
+
+WindowRegistrar::Busy::~Busy() {
+  {
+    std::lock_guard lock(_registrar._mutex);
+    --_registrar._busy;
+  }
+  _registrar._changed.notify_all();
+}
+
 void WindowRegistrar::run() {
   std::unique_lock lock(_mutex);
   for (;;) {
     _changed.wait(lock, [this] { return _stopping || !_queued.empty(); });
+    _changed.wait_for(lock, kQuietWait, [this] { return _stopping || _busy == 0; });
     if (_stopping) return;
     const Window w = _queued.front();
     _queued.pop_front();
