@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -289,6 +290,47 @@ TEST(PageCacheRegistry, WindowsAreRegisteredApartAndOutliveWritesUntilReleased) 
   EXPECT_FALSE(registry.acquire_window(f, 2 * kWindow, kWindow, 1 << 20).registered_now);
   registry.release_idle();
   EXPECT_EQ(driver.unregistered_unmapped, 0);
+}
+
+// Window registrations run outside the registry's lock: two acquirers of one window at once both
+// register, and the one that comes back second takes the first's (its own is unregistered); one
+// is kept, and find_window (which never registers) finds it.
+TEST(PageCacheRegistry, TwoAcquirersOfOneWindowAtOnceKeepOneRegistration) {
+  if (!detail::file_mapping_supported()) GTEST_SKIP() << "no file mappings on this platform";
+  TempDir dir;
+  constexpr std::uint64_t kWindow = 64 << 10;
+  test::write_file(dir / "slab", std::string(2 * kWindow, 'w'));
+  PlatformFile f = open_file(dir / "slab");
+  std::atomic<int> inside{0}, registered{0}, unregistered{0};
+  PageCacheRegistrar stand_in;
+  stand_in.name = "host stand-in";
+  stand_in.serves = [](const Device& d) { return !d.is_cuda(); };
+  stand_in.register_range = [&](const std::byte*, std::uint64_t) {
+    ++inside;  // both acquirers inside at once (bounded: a serialised registry fails below)
+    for (int i = 0; i < 5000 && inside < 2; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ++registered;
+  };
+  stand_in.unregister_range = [&](const std::byte*) { ++unregistered; };
+  PageCacheRegistry registry(stand_in);
+  const auto none = registry.find_window(f, 0, kWindow);
+  EXPECT_FALSE(none.lease);
+  EXPECT_EQ(none.why_not, "not registered");
+  PageCacheRegistry::Acquired a, b;
+  std::thread first([&] { a = registry.acquire_window(f, 0, kWindow, 1 << 20); });
+  std::thread second([&] { b = registry.acquire_window(f, 0, kWindow, 1 << 20); });
+  first.join();
+  second.join();
+  ASSERT_TRUE(a.lease) << a.why_not;
+  ASSERT_TRUE(b.lease) << b.why_not;
+  EXPECT_EQ(registered, 2);
+  EXPECT_EQ(a.lease.data(), b.lease.data());
+  EXPECT_EQ(registry.registrations(), 1u);
+  EXPECT_EQ(unregistered, 1);
+  const auto found = registry.find_window(f, 0, kWindow);
+  ASSERT_TRUE(found.lease);
+  EXPECT_FALSE(found.registered_now);
+  EXPECT_EQ(found.lease.data(), a.lease.data());
 }
 
 // A writer's release_range(wait) returns only once the lease a reader holds is gone.

@@ -243,6 +243,9 @@ PageCacheRegistry::Acquired PageCacheRegistry::acquire_window(const PlatformFile
   if (!r || !register_range(*r, got)) return got;  // r gives its bytes back as it goes
   {
     std::lock_guard lock(_mutex);
+    // Another acquirer registered it meanwhile (two stores over one slab): theirs is kept, this
+    // one goes (unregistered as r does).
+    if (find_window_locked(id, offset, size, got)) return got;
     _lru.push_front(r);
   }
   kept(std::move(r), start, got);
