@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <system_error>
 
 namespace ferry::detail::kv {
 
@@ -21,9 +22,16 @@ void WindowRegistrar::request(const Window& w) {
   {
     std::lock_guard lock(_mutex);
     if (_stopping || _pending.count(w) || _held.count(w)) return;
+    if (!_thread.joinable()) {
+      try {
+        _thread = std::thread([this] { run(); });
+      } catch (const std::system_error& e) {  // gets go on along the usual path, saying why
+        _refused[w] = std::string("no thread to register it on: ") + e.what();
+        return;
+      }
+    }
     _pending.insert(w);
     _queued.push_back(w);
-    if (!_thread.joinable()) _thread = std::thread([this] { run(); });
   }
   _changed.notify_all();
 }

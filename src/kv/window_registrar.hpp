@@ -9,8 +9,8 @@
 //
 // Registering contends with the store's own transfers (the driver serialises its registration
 // with their copies' submissions: a get of 2 GiB took 0.27 s instead of 0.15 while windows were
-// registered beside it), so each registration waits until no transfer is busy (busy()), for
-// at most kQuietWait: a store that is never idle still gets its windows registered.
+// registered beside it), so each registration waits until no transfer is Busy, for at most
+// kQuietWait: a store that is never idle still gets its windows registered.
 #pragma once
 
 #include <chrono>
