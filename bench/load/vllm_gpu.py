@@ -148,9 +148,9 @@ def kv_spec_child(folder: str, tokens: int, root: str, arm: str, store: dict) ->
     until ferry stored them, reset_prefix_cache() (the GPU's copies gone), then time to first
     token with the store's files in the page cache (warm: the first get), again (a later get:
     with page_cache_pin, from the windows registered after the first) and with the files dropped
-    from the page cache (cold), the prefix
-    hit (num_cached_tokens) and the blocks ferry loaded each time. Both arms first run another
-    prompt of the same length (the kernels compile then)."""
+    from the page cache (cold), the prefix hit (num_cached_tokens) and the blocks ferry loaded
+    each time. Both arms first run another prompt of the same length (the kernels compile
+    then)."""
     from vllm import LLM
     kwargs = dict(model=folder, load_format="safetensors", skip_tokenizer_init=True,
                   enforce_eager=True, gpu_memory_utilization=0.85, max_model_len=tokens + 256,
