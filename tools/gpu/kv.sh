@@ -175,6 +175,37 @@ kv_fleet_stage() {
   rm -rf /tmp/kvbench
 }
 
+# Warm gets of vLLM's layout at 128 blocks a call, built at each commit carried in .before/ (the
+# CLI alone from each `git archive --prefix=ferry-COMMIT/ COMMIT | gzip > .before/COMMIT.tar.gz`),
+# then at the working tree: where a change made them slower, one call of a few minutes.
+kv_bisect_stage() {
+  local v="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local tarball name cli
+  mkdir -p /tmp/kvbench
+  for tarball in .before/*.tar.gz ""; do
+    if [ -n "$tarball" ]; then
+      [ -f "$tarball" ] || continue  # none carried: the working tree alone
+      name=$(basename "$tarball" .tar.gz)
+      rm -rf "/tmp/bisect/$name" && mkdir -p "/tmp/bisect/$name"
+      tar -xzf "$tarball" -C "/tmp/bisect/$name" --strip-components=1
+      cmake -S "/tmp/bisect/$name" -B "/tmp/bisect/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DFERRY_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+        -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+        -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build-$name.log" 2>&1
+      ninja -C "/tmp/bisect/build-$name" ferry_cli >>"$OUT/build-$name.log" 2>&1 ||
+        { tail -20 "$OUT/build-$name.log"; status=1; continue; }
+      cli="/tmp/bisect/build-$name/cli/ferry"
+    else
+      name="working tree"
+      cli="$ferry"
+    fi
+    log "ferry kv bench at $name: vLLM 64 x 32 KiB, 128 blocks per call, staged"
+    "$cli" kv bench /tmp/kvbench --device cuda:0 --bytes 1G --rounds 3 --path staged $v \
+      --batch 128 2>&1 | grep -v "^layout" | tee -a "$OUT/summary.txt" || status=1
+  done
+  rm -rf /tmp/kvbench
+}
+
 # A GPU batch's groups in flight (a short check after a change there): the GPU KV tests (page-cache
 # DMA's too: its windows registered in the background), then vLLM's layout beside one piece at
 # 1,024 and 128 blocks per call, as the store opens by default, and with page-cache DMA at 1,024
