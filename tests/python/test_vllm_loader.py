@@ -50,7 +50,8 @@ def test_loader_options_are_checked():
         get_model_loader(LoadConfig(load_format="ferry",
                                     model_loader_extra_config={"threads": "many"}))
     with pytest.raises(ValueError, match=r"tp_mode 'sliced' is not one of \['process_group', "
-                                         r"'slices', 'each_rank_reads_all', 'auto'\]"):
+                                         r"'slices', 'group_slices', 'each_rank_reads_all', "
+                                         r"'auto'\]"):
         get_model_loader(LoadConfig(load_format="ferry",
                                     model_loader_extra_config={"tp_mode": "sliced"}))
     for mode in ("slices", "auto"):  # the slices' reader takes no engine options

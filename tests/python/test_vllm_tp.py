@@ -2,10 +2,11 @@
 processes in vLLM's TP group over gloo on the CPU (vllm_tp_worker.py), vLLM's Llama and Qwen2
 built with TP=2; in every tp_mode each rank's parameters equal those "safetensors" gives, bit for
 bit, and the bytes each rank reads are as the mode says: process_group reads each byte once
-between the ranks, slices only this rank's slices, each_rank_reads_all everything. Where vLLM
-shards otherwise than ferry's rule (one KV head for two ranks: vLLM copies it to both), "slices"
-stops with an error, never wrong weights, and "auto" loads again through process_group (every
-rank, saying so), its weights equal."""
+between the ranks (group_slices too, each rank receiving only its slices), slices only this
+rank's slices, each_rank_reads_all everything. Where vLLM shards otherwise than ferry's rule (one
+KV head for two ranks: vLLM copies it to both), "slices" and "group_slices" stop with an error,
+never wrong weights, and "auto" loads again through process_group (every rank, saying so), its
+weights equal."""
 import json
 import os
 import socket
@@ -96,12 +97,20 @@ def test_tensor_parallel_modes(tmp_path):
         # Each byte once between the ranks (a rank reads at most an aligned block more).
         read = [row["process_group"]["bytes_read"] for row in rows]
         assert sum(read) >= total and all(r < total for r in read), (read, total)
+        if folder.name != "one_kv":
+            for rank, row in enumerate(rows):
+                assert row["group_slices"].get("equal") is True, (folder.name, rank, row)
+                assert row["group_slices"]["tp_mode"] == "group_slices"
+            read = [row["group_slices"]["bytes_read"] for row in rows]
+            assert sum(read) >= total and all(r < total for r in read), (read, total)
         assert all(row["each_rank_reads_all"]["bytes_read"] == total for row in rows)
         if folder.name == "one_kv":
             for row in rows:
-                assert "error" in row["slices"], row["slices"]
-                assert "k_proj" in row["slices"]["error"] or "qkv_proj" in row["slices"]["error"]
-                assert "tp_mode \"process_group\"" in row["slices"]["error"]
+                for mode in ("slices", "group_slices"):
+                    assert "error" in row[mode], row[mode]
+                    assert "k_proj" in row[mode]["error"] or "qkv_proj" in row[mode]["error"]
+                    assert f"tp_mode \"{mode}\"" in row[mode]["error"]
+                    assert "tp_mode \"process_group\"" in row[mode]["error"]
                 # auto: the slices read, found not to fit, then the load through the group.
                 assert row["auto"].get("equal") is True, row["auto"]
                 assert row["auto"]["tp_mode"] == "process_group"

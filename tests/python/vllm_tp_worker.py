@@ -11,7 +11,7 @@ import sys
 import vllm_helpers  # noqa: F401  (VLLM_TARGET_DEVICE=cpu)
 import torch
 
-MODES = ("process_group", "slices", "each_rank_reads_all", "auto")
+MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 
 
 def build(folder, load_format, extra=None):

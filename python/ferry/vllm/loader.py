@@ -5,8 +5,9 @@ Every tensor is read by ferry straight into the memory of the device the model w
 about `group_bytes`, the next group loading while vLLM's `model.load_weights` consumes this one
 (its weight loaders do the slicing for tensor parallelism, the fusing of q/k/v and gate/up, ...).
 With tensor parallelism the ranks read each byte once between them and share it over vLLM's
-process group, or each reads only its slices (checked, with "auto": reloaded through the process
-group where vLLM shards otherwise), or each reads everything (`tp_mode`, see tp.py).
+process group (whole tensors, or each rank receiving only its slices), or each reads only its
+slices (checked, with "auto": reloaded through the process group where vLLM shards otherwise),
+or each reads everything (`tp_mode`, see tp.py).
 Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob
@@ -20,8 +21,8 @@ from tqdm.auto import tqdm
 
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
-from .tp import (TP_MODES, any_rank, check_slices_taken, choose_mode, group_weights,
-                 slice_weights, slices_not_taken, tp_group)
+from .tp import (TP_MODES, any_rank, check_slices_taken, choose_mode, group_slice_weights,
+                 group_weights, slice_weights, slices_not_taken, tp_group)
 
 logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 
@@ -131,15 +132,19 @@ class FerryModelLoader(BaseModelLoader):
         rank, ranks, group = tp_group()
         mode = choose_mode(tp_mode or self.tp_mode, ranks, model_config.quantization is not None)
         self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
+        if mode in ("slices", "group_slices") and model_config.quantization is not None:
+            raise ValueError(f"load format ferry: tp_mode \"{mode}\" reads unquantized "
+                             f"checkpoints; this model is {model_config.quantization} (use "
+                             "tp_mode \"process_group\")")
         if mode == "process_group":
             weights = group_weights(path, device, group,
                                     ferry.torch._groups(checkpoint, self.group_bytes),
                                     self.last_load, **self.options)
+        elif mode == "group_slices":
+            weights = group_slice_weights(path, device, rank, ranks, group,
+                                          ferry.torch._groups(checkpoint, self.group_bytes),
+                                          self.last_load, **self.options)
         elif mode == "slices":
-            if model_config.quantization is not None:
-                raise ValueError(f"load format ferry: tp_mode \"slices\" reads unquantized "
-                                 f"checkpoints; this model is {model_config.quantization} (use "
-                                 "tp_mode \"process_group\")")
             weights = slice_weights(path, device, rank, ranks,
                                     ferry.torch._groups(checkpoint, self.group_bytes),
                                     self.last_load)
@@ -154,11 +159,11 @@ class FerryModelLoader(BaseModelLoader):
     def load_weights(self, model: torch.nn.Module, model_config) -> None:
         started = time.perf_counter()
         loaded = model.load_weights(self.get_all_weights(model_config, model))
-        if self.last_load.get("tp_mode") == "slices":
+        if self.last_load.get("tp_mode") in ("slices", "group_slices"):
             if self.tp_mode == "auto":
                 loaded = self._reload_unless_slices_fit(model, model_config, loaded)
             else:
-                check_slices_taken(model)
+                check_slices_taken(model, self.last_load["tp_mode"])
         logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
         if self.last_load.get("ranks", 1) > 1:
             logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes", self.last_load["tp_mode"],

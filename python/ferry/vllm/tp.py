@@ -16,6 +16,10 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   vLLM's loaders ran, a parameter holding a NaN means vLLM took elements this rank did not read
   (fewer KV heads than ranks, a padded vocabulary, another architecture's sharding): the load
   stops with an error naming the parameters, never wrong weights.
+- "group_slices": the group reads each byte once (as "process_group") and each rank receives only
+  its slices (ferry's own tensor-parallel group load, the rule of "slices"), placed in tensors of
+  the checkpoint's shape whose other elements are NaN, checked after vLLM's loaders as "slices"
+  is. Slices of F16/BF16/F32/F64 tensors only (others whole); takes the engine options.
 - "each_rank_reads_all": each rank reads the whole checkpoint (as vLLM's safetensors loader).
 - "auto": "slices", checked: where vLLM took elements a rank did not read on any rank of the
   group (the ranks agree over the group), the whole load again through "process_group", saying
@@ -27,7 +31,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-TP_MODES = ("process_group", "slices", "each_rank_reads_all", "auto")
+TP_MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 # Slices are filled around with NaN, so only dtypes that have one are sliced.
 _SLICED_DTYPES = {"F16", "BF16", "F32", "F64"}
 
@@ -95,10 +99,53 @@ def group_weights(path: str, device: str, process_group, groups: List[List[str]]
 
 
 def _nan_outside(full: torch.Tensor, piece) -> None:
-    """The rows of `full` (the checkpoint's shape) outside this rank's slice set to NaN."""
-    _, begin, end, _ = piece
-    full[:begin].fill_(float("nan"))
-    full[end:].fill_(float("nan"))
+    """The elements of `full` (the checkpoint's shape) outside this rank's slice (along its
+    dimension) set to NaN."""
+    dim, begin, end, _ = piece
+    full.narrow(dim, 0, begin).fill_(float("nan"))
+    full.narrow(dim, end, full.shape[dim] - end).fill_(float("nan"))
+
+
+def group_slice_weights(path: str, device: str, rank: int, ranks: int, process_group,
+                        groups: List[List[str]], stats: Dict,
+                        **engine) -> Iterator[Tuple[str, torch.Tensor]]:
+    """tp_mode "group_slices": this rank's slices from the group's load (each byte read once by
+    the group), each in a tensor of the checkpoint's shape; the other tensors whole."""
+    import ferry
+    from ferry._distributed import load_sharded
+    from ferry._dtypes import tensor_table, torch_dtype
+
+    table = tensor_table(ferry.Checkpoint.open(path))
+    plan = ferry.torch.slice_plan(path, ranks, "tensor_parallel")
+    mine = plan[rank]
+
+    def spec(name, shape):
+        dim = mine[name][0]
+        if dim < 0 or table[name][0] not in _SLICED_DTYPES:
+            return None
+        return dim, [plan[r][name][2] - plan[r][name][1] for r in range(ranks)]
+
+    def load(names):
+        parts, loaded = load_sharded(path, device, process_group, spec, names=names,
+                                     return_stats=True, **engine)
+        out = {}
+        for name in names:
+            part = parts.pop(name)
+            piece = mine[name]
+            if spec(name, None) is None:
+                out[name] = part
+                continue
+            dtype, shape, _ = table[name]
+            full = torch.empty(shape, dtype=torch_dtype(dtype, name), device=device)
+            _nan_outside(full, piece)
+            full.narrow(piece[0], piece[1], piece[2] - piece[1]).copy_(part)
+            out[name] = full
+        return out, loaded
+
+    for names, (tensors, loaded) in _prefetched(groups, load, device):
+        stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
+        for name in names:
+            yield name, tensors.pop(name)
 
 
 def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[List[str]],
@@ -156,12 +203,13 @@ def slices_not_taken(model: torch.nn.Module) -> List[str]:
             if p.dtype.is_floating_point and p.numel() and bool(torch.isnan(p).any())]
 
 
-def check_slices_taken(model: torch.nn.Module) -> None:
-    """After a "slices" load: a parameter holding a NaN took elements this rank did not read."""
+def check_slices_taken(model: torch.nn.Module, mode: str = "slices") -> None:
+    """After a "slices" or "group_slices" load: a parameter holding a NaN took elements this rank
+    did not get."""
     bad = slices_not_taken(model)
     if bad:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
-        raise ValueError("load format ferry, tp_mode \"slices\": vLLM took elements this rank did "
+        raise ValueError(f"load format ferry, tp_mode \"{mode}\": vLLM took elements this rank did "
                          f"not read into {shown} (the model shards these tensors otherwise than "
                          "ferry's tensor-parallel rule: fewer KV heads than ranks, a padded "
                          "vocabulary, another architecture; or the checkpoint holds NaN); use "
