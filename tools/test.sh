@@ -21,16 +21,18 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
 
-echo "== ThreadSanitizer: the transfer core's tests, the KV store's lifetime under close and callbacks"
+echo "== ThreadSanitizer: the transfer core's tests, the KV store's lifetime under close and callbacks, its background registration of page-cache windows"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-tsan --target test_transfer test_transfer_pipeline test_engine test_kv_lifetime
+cmake --build build-tsan --target test_transfer test_transfer_pipeline test_engine test_kv_lifetime \
+  test_window_registrar
 # test_transfer forks children after threads ran; TSan checks the parent's threads.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_transfer
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_transfer_pipeline
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_kv_lifetime
+TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_window_registrar
 
 echo "== fuzzing the safetensors, GGUF, index and KV journal readers (30 s each; tools/fuzz_long.sh: longer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
