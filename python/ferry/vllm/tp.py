@@ -197,8 +197,8 @@ def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[Li
 
 
 def slices_not_taken(model: torch.nn.Module) -> List[str]:
-    """After a "slices" load: the parameters holding a NaN (they took elements this rank did
-    not read)."""
+    """After a "slices" or "group_slices" load: the parameters holding a NaN (they took elements
+    this rank did not get)."""
     return [name for name, p in model.named_parameters()
             if p.dtype.is_floating_point and p.numel() and bool(torch.isnan(p).any())]
 
