@@ -161,7 +161,8 @@ PageCacheCounters TransferBlockIo::page_cache_counters() const {
 }
 
 void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
-  std::optional<WindowRegistrar::Busy> busy;  // no window is registered meanwhile, a while
+  // Page-cache windows wait to be registered until this put is done (WindowRegistrar::Busy).
+  std::optional<WindowRegistrar::Busy> busy;
   if (_page_cache) busy.emplace(_page_cache->registrar());
   // No registered window keeps pages this write replaces (see PageCacheGets).
   const auto writing = _page_cache ? _page_cache->writing(batch) : PageCacheGets::Writing();
@@ -188,7 +189,7 @@ void TransferBlockIo::write(std::span<BlockRequest> batch, void* after_event) {
 
 void TransferBlockIo::read(std::span<BlockRequest> batch) {
   if (!_page_cache) return read_moved(batch);
-  const WindowRegistrar::Busy busy(_page_cache->registrar());
+  const WindowRegistrar::Busy busy(_page_cache->registrar());  // as a put's (see write())
   std::vector<BlockRequest*> all(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) all[i] = &batch[i];
   const std::vector<BlockRequest*> rest = _page_cache->read(all);
