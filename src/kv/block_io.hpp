@@ -35,6 +35,13 @@ struct BlockRequest {
   std::string route_reason;       // why (page-cache DMA on: why it did or did not serve it)
 };
 
+// The block's bytes: its pieces' sizes added up.
+inline std::uint64_t request_bytes(const BlockRequest& r) {
+  std::uint64_t sum = 0;
+  for (const BlockSpan& p : r.pieces) sum += p.size;
+  return sum;
+}
+
 // Adds `why` to the block's reason for its route (page-cache DMA may have said already why it
 // did not serve the block).
 inline void add_route_reason(BlockRequest& r, const std::string& why) {

@@ -27,12 +27,6 @@ constexpr std::uint64_t kChunksPerGet = 4;
 constexpr std::uint64_t kBounceAlign = 256;  // a gathered block's start in the bounce buffer
 constexpr int kHost = -1;                    // "ordinal" of host memory (tests' stand-ins)
 
-std::uint64_t total(const BlockRequest& r) {
-  std::uint64_t sum = 0;
-  for (const BlockSpan& p : r.pieces) sum += p.size;
-  return sum;
-}
-
 // The block's one piece with bytes, or null where it has several (they land in a bounce
 // buffer, then are scattered) or none.
 const BlockSpan* only_piece(const BlockRequest& r) {
@@ -466,7 +460,7 @@ std::vector<PageCacheGets::Served> PageCacheGets::take_windows(
       found = windows.emplace(w, std::move(got)).first;
     }
     const PageCacheRegistry::Acquired& got = found->second;
-    const std::uint64_t length = total(*r);
+    const std::uint64_t length = request_bytes(*r);
     if (!got.lease || r->offset + length > got.lease.offset() + got.lease.size()) {
       refuse(got.lease ? "the block runs past its window" : got.why_not);
       continue;

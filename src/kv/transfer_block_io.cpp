@@ -7,16 +7,14 @@
 #include <thread>
 
 #include "cuda/cuda_resources.hpp"
-#include "cuda/device_copies.hpp"
-#include "cuda/device_kernels.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
+#include "kv/transfer_block_group.hpp"
 #include "transfer/backend.hpp"
 
 namespace ferry::detail::kv {
 namespace {
 
-constexpr std::uint64_t kAlign = 4096;
 // Device bounce memory for a batch's multi-piece blocks, per device, kept between batches. The
 // batch goes in groups that fill it whole one after another where a get reads the page cache
 // (copies bound by the CPU, which a second transfer at once would only compete for), else in
@@ -24,37 +22,6 @@ constexpr std::uint64_t kAlign = 4096;
 // verified and scattered).
 constexpr std::uint64_t kBounceBytes = 256ull << 20;
 constexpr std::size_t kFlights = 2;
-
-std::uint64_t round_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-std::uint64_t total(const BlockRequest& r) {
-  std::uint64_t sum = 0;
-  for (const BlockSpan& p : r.pieces) sum += p.size;
-  return sum;
-}
-
-// The first GPU the block touches, or -1 for a block wholly in host memory.
-int gpu_of(const BlockRequest& r) {
-  for (const BlockSpan& p : r.pieces)
-    if (p.device.is_cuda()) return p.device.index;
-  return -1;
-}
-
-// Whether every piece with bytes lies in GPU `ordinal`'s memory, and there are several.
-bool gatherable(const BlockRequest& r, int ordinal) {
-  std::size_t n = 0;
-  for (const BlockSpan& p : r.pieces) {
-    if (p.size == 0) continue;
-    if (!p.device.is_cuda() || p.device.index != ordinal) return false;
-    ++n;
-  }
-  return n > 1;
-}
-
-// cuFile moves one contiguous device range: anything else goes through the bounce buffer.
-bool needs_gather(const BlockRequest& r) {
-  return r.pieces.size() != 1 || !r.pieces[0].device.is_cuda();
-}
 
 Backend backend_of(KVPath path) {
   switch (path) {
@@ -81,31 +48,7 @@ void fail(BlockRequest& r, BlockOutcome outcome, std::string message) {
   r.message = std::move(message);
 }
 
-// One stream per device for the bounce copies, made on first use and kept (leaked with the
-// process, like the transfer core's: never destroyed after the driver).
-const Stream& bounce_stream(int ordinal) {
-  static std::mutex mutex;
-  static auto* streams = new std::map<int, std::unique_ptr<Stream>>;
-  std::lock_guard lock(mutex);
-  device_context(ordinal).make_current();
-  auto& s = (*streams)[ordinal];
-  if (!s) s = std::make_unique<Stream>();
-  return *s;
-}
-
 }  // namespace
-
-// Where each block of a group sits on the device side of its transfer: its own pieces, or a run of
-// its device's bounce buffer (`bounce`, 0: none) that its pieces are gathered into (a put) or
-// scattered from once verified (a get).
-struct TransferBlockIo::Group {
-  std::span<BlockRequest* const> blocks;
-  bool writing = false, direct = false;
-  bool buffered = false;  // a get through the page cache (reads_buffered: probed once a batch)
-  std::size_t flight = 0;  // which part of the bounce buffers (0 .. kFlights - 1)
-  std::vector<std::uintptr_t> bounce;
-  std::vector<std::vector<BlockSpan>> views;
-};
 
 // A submitted group. Staged: each block's checksum taken by the core's observer from the bytes
 // in host staging, in block order, as they pass (no second pass over them); `seen` is declared
@@ -284,130 +227,8 @@ bool TransferBlockIo::reads_buffered(std::span<BlockRequest* const> blocks) cons
   if (_page_cache) return true;
   std::vector<SlabFiles::Range> ranges(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
-    ranges[i] = {blocks[i]->slab, blocks[i]->offset, total(*blocks[i])};
+    ranges[i] = {blocks[i]->slab, blocks[i]->offset, request_bytes(*blocks[i])};
   return _slabs.all_cached(ranges);
-}
-
-// Each device's bounce buffer grown, before any group moves, to `flights` parts as large as the
-// largest group's need there (no buffer is replaced under a group in flight).
-void TransferBlockIo::reserve_bounce(std::span<const std::span<BlockRequest* const>> groups,
-                                     bool direct, std::size_t flights) {
-  _flight_bytes.clear();
-  for (const auto& group : groups) {
-    std::map<int, std::uint64_t> need;
-    for (BlockRequest* b : group)
-      if (through_bounce(*b, direct)) need[gpu_of(*b)] += round_up(total(*b));
-    for (const auto& [ordinal, bytes] : need)
-      _flight_bytes[ordinal] = std::max(_flight_bytes[ordinal], bytes);
-  }
-  for (const auto& [ordinal, bytes] : _flight_bytes) {
-    Gather& g = _gather[ordinal];
-    if (g.bytes >= bytes * flights) continue;
-    g.memory.reset();
-    g.memory = allocate_device_memory(std::make_shared<PrimaryContext>(ordinal), bytes * flights);
-    g.bytes = bytes * flights;
-  }
-}
-
-// Groups whose bounced blocks fit `group_bytes` (a block larger alone is a group of its own).
-std::vector<std::span<BlockRequest* const>> TransferBlockIo::cut_groups(
-    std::span<BlockRequest* const> blocks, bool direct, std::uint64_t group_bytes) {
-  std::vector<std::span<BlockRequest* const>> groups;
-  std::size_t start = 0;
-  std::uint64_t need = 0;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const std::uint64_t n = through_bounce(*blocks[i], direct) ? round_up(total(*blocks[i])) : 0;
-    if (i > start && need + n > group_bytes) {
-      groups.push_back(blocks.subspan(start, i - start));
-      start = i;
-      need = 0;
-    }
-    need += n;
-  }
-  groups.push_back(blocks.subspan(start));
-  return groups;
-}
-
-bool TransferBlockIo::through_bounce(const BlockRequest& r, bool direct) {
-  if (direct) return needs_gather(r);
-  // Staged: several pieces all on one GPU go as one run (large copies to and from host staging
-  // instead of one per piece), where ferry's kernels can gather and scatter them.
-  const int ordinal = gpu_of(r);
-  return ordinal >= 0 && gatherable(r, ordinal) && kernels_usable(ordinal);
-}
-
-bool TransferBlockIo::kernels_usable(int ordinal) {
-  auto it = _no_kernels.find(ordinal);
-  if (it == _no_kernels.end())
-    it = _no_kernels.emplace(ordinal, device_kernels_unavailable(ordinal)).first;
-  return it->second.empty();
-}
-
-void TransferBlockIo::place_in_bounce(Group& g) {
-  g.bounce.assign(g.blocks.size(), 0);
-  std::map<int, std::uint64_t> need;
-  std::vector<std::uint64_t> at(g.blocks.size(), 0);
-  for (std::size_t i = 0; i < g.blocks.size(); ++i)
-    if (through_bounce(*g.blocks[i], g.direct)) {
-      const int ordinal = gpu_of(*g.blocks[i]);
-      at[i] = need[ordinal];
-      need[ordinal] += round_up(total(*g.blocks[i]));
-    }
-  std::map<int, std::uintptr_t> base;
-  for (const auto& [ordinal, bytes] : need) base[ordinal] = bounce_part(ordinal, g.flight, bytes);
-  g.views.assign(g.blocks.size(), {});
-  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
-    BlockRequest& r = *g.blocks[i];
-    if (through_bounce(r, g.direct)) {
-      g.bounce[i] = base[gpu_of(r)] + at[i];
-      g.views[i] = {{reinterpret_cast<void*>(g.bounce[i]), total(r), Device::cuda(gpu_of(r))}};
-      if (r.pieces.size() > 1)
-        add_route_reason(
-            r, concat("its ", r.pieces.size(), " pieces ",
-                      g.writing ? "gathered into" : "scattered from",
-                      " one run of a device bounce buffer (one kernel launch per batch)"));
-    } else {
-      g.views[i].assign(r.pieces.begin(), r.pieces.end());
-      if (!g.direct && r.pieces.size() > 1 && gpu_of(r) >= 0 && gatherable(r, gpu_of(r)))
-        add_route_reason(r, concat("its ", r.pieces.size(),
-                                   " pieces moved one copy each: ", _no_kernels[gpu_of(r)]));
-    }
-  }
-}
-
-void TransferBlockIo::bounce_copies(Group& g, bool into_bounce, void* after_event) {
-  std::map<int, std::vector<DeviceCopy>> tables;  // all-GPU blocks: one launch per device
-  std::map<int, bool> used;
-  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
-    const BlockRequest& r = *g.blocks[i];
-    if (!g.bounce[i] || (!into_bounce && r.outcome != BlockOutcome::ok)) continue;
-    const int ordinal = gpu_of(r);
-    const Stream& stream = bounce_stream(ordinal);
-    if (into_bounce && after_event && !used[ordinal])
-      FERRY_CU(cuStreamWaitEvent, stream.get(), static_cast<shim::cu::Event>(after_event), 0);
-    used[ordinal] = true;
-    const bool by_kernel = gatherable(r, ordinal) && kernels_usable(ordinal);
-    std::uintptr_t at = g.bounce[i];
-    for (const BlockSpan& p : r.pieces) {
-      if (p.size == 0) continue;
-      const auto memory = reinterpret_cast<shim::cu::DevicePtr>(p.data);
-      if (by_kernel)
-        tables[ordinal].push_back(into_bounce ? DeviceCopy{memory, at, p.size}
-                                              : DeviceCopy{at, memory, p.size});
-      else if (into_bounce && p.device.is_cuda())
-        FERRY_CU(cuMemcpyDtoDAsync, at, memory, p.size, stream.get());
-      else if (into_bounce)
-        FERRY_CU(cuMemcpyHtoDAsync, at, p.data, p.size, stream.get());
-      else if (p.device.is_cuda())
-        FERRY_CU(cuMemcpyDtoDAsync, memory, at, p.size, stream.get());
-      else
-        FERRY_CU(cuMemcpyDtoHAsync, p.data, at, p.size, stream.get());
-      at += p.size;
-    }
-  }
-  for (const auto& [ordinal, table] : tables)
-    queue_device_copies(ordinal, table, bounce_stream(ordinal).get(), _copy_scratch[ordinal]);
-  for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
 }
 
 TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event) const {
@@ -489,7 +310,7 @@ void TransferBlockIo::finish_group(Flight& f, void* after_event) {
   const auto hash_rest = [&](const std::vector<bool>& candidates, const std::vector<void*>& waits) {
     std::vector<bool> wanted(candidates);
     for (std::size_t i = 0; i < blocks.size(); ++i)
-      if (!g.direct && f.seen[i].bytes() == total(*blocks[i])) wanted[i] = false;
+      if (!g.direct && f.seen[i].bytes() == request_bytes(*blocks[i])) wanted[i] = false;
     auto sums = hash_blocks(g.views, wanted, waits);
     for (std::size_t i = 0; i < blocks.size(); ++i)
       if (candidates[i] && !wanted[i]) sums[i] = f.seen[i].digest();
@@ -597,13 +418,6 @@ std::vector<std::uint64_t> TransferBlockIo::hash_blocks(
   for (auto& t : helpers) t.join();
   if (error) std::rethrow_exception(error);
   return sums;
-}
-
-std::uintptr_t TransferBlockIo::bounce_part(int ordinal, std::size_t flight, std::uint64_t bytes) {
-  const std::uint64_t part = _flight_bytes.at(ordinal);
-  const Gather& g = _gather.at(ordinal);
-  FERRY_ASSERT(bytes <= part && (flight + 1) * part <= g.bytes);
-  return reinterpret_cast<std::uintptr_t>(g.memory.get()) + flight * part;
 }
 
 }  // namespace ferry::detail::kv
