@@ -83,6 +83,15 @@ class KvPageCache : public ::testing::Test {
   KVStore open(std::uint64_t capacity, std::uint64_t block, std::uint64_t pin = 1ull << 30) {
     return KVStore::open(dir.path(), kv_namespace(), capacity, block, page_cache_options(pin));
   }
+  // A store of two slots (the third put takes the first's) holding keys 1 and 2, its slab read
+  // into the page cache.
+  KVStore two_slots_full(std::uint64_t size) {
+    auto store = open(2 * size, size);
+    EXPECT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
+    EXPECT_TRUE(put_one(store, 2, kv_bytes(2, size)).ok());
+    warm_slab(dir.path());
+    return store;
+  }
   TempDir dir;
   StandIn driver;  // outlives the registry, which unregisters through it
   std::unique_ptr<detail::ScopedPageCacheRegistry> scoped;
@@ -205,10 +214,7 @@ TEST_F(KvPageCache, AGetNeverWaitsForARegistrationAndAPutWaitsForOneInItsWindow)
   };
   use();
   const std::uint64_t size = 64 * kKiB;
-  auto store = open(2 * size, size);  // two slots: the third put takes the first's
-  ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
-  ASSERT_TRUE(put_one(store, 2, kv_bytes(2, size)).ok());
-  warm_slab(dir.path());
+  auto store = two_slots_full(size);
   std::vector<std::byte> out(size);
   const auto r = get_one(store, 1, out);  // returns while the registration is held up
   ASSERT_TRUE(r.ok()) << r.message;
@@ -276,10 +282,7 @@ TEST_F(KvPageCache, APutIntoARegisteredWindowThenAGetReturnsTheNewBytes) {
   driver.pinning = true;
   use();
   const std::uint64_t size = 64 * kKiB;
-  auto store = open(2 * size, size);  // two slots: the third put takes the first's
-  ASSERT_TRUE(put_one(store, 1, kv_bytes(1, size)).ok());
-  ASSERT_TRUE(put_one(store, 2, kv_bytes(2, size)).ok());
-  warm_slab(dir.path());
+  auto store = two_slots_full(size);
   std::vector<std::byte> out(size);
   for (KVKey key : {1, 2}) {
     const auto r = get_one_warm(store, key, out);
