@@ -465,6 +465,23 @@ TEST(PinnedPool, LeasesTakeFewerSlotsOrWaitButNeverExceedTheBound) {
   EXPECT_THROW(pool.lease(4096, 4, 4, nullptr), std::invalid_argument);
 }
 
+// Two idle slabs, one larger: a lease of the smaller one's slot size takes that one back (a GPU
+// slab of another slot size would be registered again), a lease of a third size the larger.
+TEST(PinnedPool, ALeaseTakesBackASlabOfItsSlotSizeBeforeALargerOne) {
+  detail::PinnedPool pool(64 * 4096);
+  std::byte* small_slab = nullptr;
+  std::byte* large_slab = nullptr;
+  {
+    auto large = pool.lease(4 * 4096, 4, 1, nullptr);
+    auto small = pool.lease(2 * 4096, 2, 1, nullptr);
+    large_slab = large.slot(0);
+    small_slab = small.slot(0);
+  }
+  EXPECT_EQ(pool.lease(2 * 4096, 2, 1, nullptr).slot(0), small_slab);
+  EXPECT_EQ(pool.lease(3 * 4096, 2, 1, nullptr).slot(0), large_slab);
+  EXPECT_EQ(pool.stats().held_bytes, 20u * 4096);  // no slab made for either
+}
+
 TEST(FileSet, KeepsAtMostMaxOpenAndChecksIdentityOnReopen) {
   TempDir dir;
   auto set = FileSet::create(2);

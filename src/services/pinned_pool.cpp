@@ -57,15 +57,21 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
   lease._slot_bytes = slot_bytes;
   lease._pin_in = pin_in;
   const bool gpu = pin_in != nullptr;
+  const std::uint64_t want_bytes = slot_bytes * wanted;
+  // A slab last leased in slots of this size whole, then the most slots: a GPU slab of another
+  // slot size is registered again (puts and gets of different sizes, one after another, would
+  // re-pin the same slabs each time).
+  const auto rank = [&](const Slab& s) {
+    return std::pair(s.slot_bytes == slot_bytes && s.buffer.size() >= want_bytes,
+                     s.buffer.size());
+  };
   for (;;) {
-    // An idle slab of the right kind that holds at least the minimum: the most slots first.
+    // An idle slab of the right kind that holds at least the minimum, the best ranked.
     Slab* best = nullptr;
     for (auto& s : _slabs)
-      if (!s.leased && s.gpu == gpu &&
-          s.buffer.size() >= slot_bytes * min_slots &&
-          (!best || s.buffer.size() > best->buffer.size()))
+      if (!s.leased && s.gpu == gpu && s.buffer.size() >= slot_bytes * min_slots &&
+          (!best || rank(s) > rank(*best)))
         best = &s;
-    const std::uint64_t want_bytes = slot_bytes * wanted;
     if (best && best->buffer.size() >= want_bytes) {
       lease._slots = wanted;
     } else {
@@ -84,11 +90,11 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
             std::min<std::uint64_t>(wanted, best->buffer.size() / slot_bytes));
     }
     if (best) {
-      if (gpu && best->pinned_slot_bytes != slot_bytes) {
+      if (best->slot_bytes != slot_bytes) {
         // Registrations of another slot size could put one copy across two: made again.
-        best->buffer.unpin();
-        best->pinned_slot_bytes = slot_bytes;
-        best->pinned_slots.assign(best->buffer.size() / slot_bytes, false);
+        if (gpu) best->buffer.unpin();
+        best->slot_bytes = slot_bytes;
+        best->pinned_slots.assign(gpu ? best->buffer.size() / slot_bytes : 0, false);
       }
       best->leased = true;
       lease._slab = best;
@@ -117,7 +123,7 @@ unsigned PinnedPool::prefill(std::uint64_t slot_bytes, unsigned slots, unsigned 
     try {
       slab.buffer.fault_in(0, bytes);
       if (pin_in) {
-        slab.pinned_slot_bytes = slot_bytes;
+        slab.slot_bytes = slot_bytes;
         slab.pinned_slots.assign(slots, false);
         for (unsigned i = 0; i < slots; ++i) {
           slab.buffer.pin_range(i * slot_bytes, slot_bytes, *pin_in);

@@ -27,9 +27,9 @@ class PinnedPool {
     HostBuffer buffer;
     bool gpu = false;  // its slots are pinned (as far as they were used) for GPU copies
     bool leased = false;
-    // The layout of its registrations: slots of this size, which of them are pinned. A lease
-    // of another slot size has them made again (at lease time: no copy uses the slab then).
-    std::uint64_t pinned_slot_bytes = 0;
+    // The slot size of its last lease and, for a GPU slab, which of those slots are pinned. A
+    // lease of another slot size has them made again (at lease time: no copy uses the slab then).
+    std::uint64_t slot_bytes = 0;
     std::vector<bool> pinned_slots;
   };
 
