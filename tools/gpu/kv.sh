@@ -175,12 +175,16 @@ kv_fleet_stage() {
   rm -rf /tmp/kvbench
 }
 
-# Warm gets of vLLM's layout at 128 blocks a call, built at each commit carried in .before/ (the
-# CLI alone from each `git archive --prefix=ferry-COMMIT/ COMMIT | gzip > .before/COMMIT.tar.gz`),
-# then at the working tree: where a change made them slower, one call of a few minutes.
+# Warm gets at 128 blocks a call, built at each commit carried in .before/ (the CLI alone from
+# each `git archive --prefix=ferry-COMMIT/ COMMIT | gzip > .before/COMMIT.tar.gz`), then at the
+# working tree: one piece of 2 MiB, the same block in 2 and in 64 pieces of one buffer, and vLLM's
+# per-layer pages (which isolates what a many-piece get costs: the bounce path itself, the number
+# of pieces, or the layout's separate tensors); then the working tree at 1,024 a call. Where a
+# change made them slower, one call of a few minutes.
 kv_bisect_stage() {
   local v="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
-  local tarball name cli
+  local common="--device cuda:0 --rounds 3 --path staged --sizes 2M"
+  local tarball name cli shape
   mkdir -p /tmp/kvbench
   for tarball in .before/*.tar.gz ""; do
     if [ -n "$tarball" ]; then
@@ -199,9 +203,16 @@ kv_bisect_stage() {
       name="working tree"
       cli="$ferry"
     fi
-    log "ferry kv bench at $name: vLLM 64 x 32 KiB, 128 blocks per call, staged"
-    "$cli" kv bench /tmp/kvbench --device cuda:0 --bytes 1G --rounds 3 --path staged $v \
-      --batch 128 2>&1 | grep -v "^layout" | tee -a "$OUT/summary.txt" || status=1
+    for shape in "--pieces 1" "--pieces 2" "--pieces 64" "$v"; do
+      log "ferry kv bench at $name: 128 blocks per call, staged, $shape"
+      "$cli" kv bench /tmp/kvbench $common $shape --bytes 1G --batch 128 2>&1 | grep -v "^layout" |
+        tee -a "$OUT/summary.txt" || status=1
+    done
+  done
+  for shape in "--pieces 1" "--pieces 2" "$v"; do
+    log "ferry kv bench at the working tree: 1024 blocks per call, staged, $shape"
+    "$ferry" kv bench /tmp/kvbench $common $shape --bytes 2G --batch 1024 2>&1 |
+      grep -v "^layout" | tee -a "$OUT/summary.txt" || status=1
   done
   rm -rf /tmp/kvbench
 }
