@@ -11,15 +11,15 @@
 #include "ferry/transfer.hpp"
 #include "kv/transfer_block_group.hpp"
 #include "transfer/backend.hpp"
+#include "transfer/staged/staged_settings.hpp"
 
 namespace ferry::detail::kv {
 namespace {
 
 // Device bounce memory for a batch's multi-piece blocks, per device, kept between batches. The
-// batch goes in groups that fill it whole one after another where a get reads the page cache
-// (copies bound by the CPU, which a second transfer at once would only compete for), else in
-// groups of half of it, two in flight (the next group's I/O runs while the last one drains, is
-// verified and scattered).
+// batch goes in groups of half of it, two in flight (the next group's I/O runs while the last
+// one drains, is verified and scattered), each group on its share of the workers: two transfers
+// at once, each with all of them, would only compete for the cores.
 constexpr std::uint64_t kBounceBytes = 256ull << 20;
 constexpr std::size_t kFlights = 2;
 
@@ -192,14 +192,16 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
              concat(_slabs.name(b->slab), ": block at offset ", b->offset, ": ", e.what()));
     }
   };
-  // Overlapped: the next group is submitted before this one is finished (the core's staging
-  // pool bounds both).
+  // The next group is submitted before this one is finished (the core's staging pool bounds
+  // both), the workers shared between them.
   const bool buffered = !writing && reads_buffered(blocks);
-  const bool overlap = !buffered;
   const std::vector<std::span<BlockRequest* const>> groups =
-      cut_groups(blocks, direct, overlap ? kBounceBytes / kFlights : kBounceBytes);
+      cut_groups(blocks, direct, kBounceBytes / kFlights);
+  const std::size_t flights = groups.size() > 1 ? kFlights : 1;
+  const unsigned all_threads = wanted_settings(options(nullptr)).threads;
+  const unsigned threads = std::max<unsigned>(1, all_threads / static_cast<unsigned>(flights));
   try {
-    reserve_bounce(groups, direct, overlap && groups.size() > 1 ? kFlights : 1);
+    reserve_bounce(groups, direct, flights);
   } catch (const std::exception& e) {
     for (BlockRequest* b : blocks)
       fail(*b, BlockOutcome::io_error, concat("no device bounce buffer: ", e.what()));
@@ -207,14 +209,10 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   }
   std::unique_ptr<Flight> previous;
   for (std::size_t k = 0; k < groups.size(); ++k) {
-    if (previous && !overlap) {
-      guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
-      previous.reset();
-    }
     std::unique_ptr<Flight> current;
-    const std::size_t flight = overlap ? k % kFlights : 0;
     guarded(groups[k], [&] {
-      current = start_group(groups[k], writing, direct, buffered, after_event, flight);
+      current = start_group(groups[k], writing, direct, buffered, after_event, k % flights,
+                            threads);
     });
     if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
     previous = std::move(current);
@@ -233,6 +231,7 @@ bool TransferBlockIo::reads_buffered(std::span<BlockRequest* const> blocks) cons
 
 TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event) const {
   TransferOptions o = options(g.writing ? after_event : nullptr);
+  o.threads = g.threads;
   if (g.writing) return o;
   // Gets of blocks all in the page cache read through it (far faster than the device); else
   // around it, whatever the residency of the rest of the slabs. With page-cache DMA on, through
@@ -280,7 +279,7 @@ void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
 
 std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     std::span<BlockRequest* const> blocks, bool writing, bool direct, bool buffered,
-    void* after_event, std::size_t flight) {
+    void* after_event, std::size_t flight, unsigned threads) {
   auto f = std::make_unique<Flight>();
   Group& g = f->g;
   g.blocks = blocks;
@@ -288,6 +287,7 @@ std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
   g.direct = direct;
   g.buffered = buffered;
   g.flight = flight;
+  g.threads = threads;
   place_in_bounce(g);
   if (writing) bounce_copies(g, true, after_event);
   TransferOptions o = group_options(g, after_event);

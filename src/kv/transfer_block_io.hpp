@@ -62,9 +62,9 @@ class TransferBlockIo final : public BlockIo {
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
   // The blocks in groups, one submission each; blocks of several pieces go through a device
   // bounce buffer (cuFile: any block but one piece of GPU memory; staged: pieces all on one GPU,
-  // where its kernels run). Puts and gets from the device start a group (gather, submit) before
-  // finishing the one before it (wait, verify, scatter); gets from the page cache go one group
-  // at a time (see kBounceBytes).
+  // where its kernels run). Each group is started (gathered, submitted) before the one before
+  // it is finished (waited for, verified, scattered), the core's workers shared between the two
+  // (see kBounceBytes).
   struct Group;
   struct Flight;
   bool reads_buffered(std::span<BlockRequest* const> blocks) const;
@@ -74,7 +74,7 @@ class TransferBlockIo final : public BlockIo {
                       std::size_t flights);
   std::unique_ptr<Flight> start_group(std::span<BlockRequest* const> blocks, bool writing,
                                       bool direct, bool buffered, void* after_event,
-                                      std::size_t flight);
+                                      std::size_t flight, unsigned threads);
   void finish_group(Flight& f, void* after_event);
   bool through_bounce(const BlockRequest& r, bool direct);
   bool kernels_usable(int ordinal);
