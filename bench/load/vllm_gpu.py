@@ -286,7 +286,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--states", default="warm,cold")
     parser.add_argument("--budget-s", type=float, default=480.0)
-    parser.add_argument("--log-dir", help="keep each start's whole log here (FORMAT-STATE-tpN.log)")
+    parser.add_argument("--log-dir", help="keep each start's whole log here (FORMAT-STATE-tpN.log, ':' as '-')")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the untimed first start that fills the kernel caches")
     parser.add_argument("--kv-spec", action="store_true")
@@ -345,7 +345,8 @@ def main() -> None:
             slowest = max(slowest, time.monotonic() - began)
             if args.log_dir:  # vLLM's whole log of the start, for where its time went
                 os.makedirs(args.log_dir, exist_ok=True)
-                with open(os.path.join(args.log_dir, f"{fmt}-{state}-tp{args.tp}.log"), "w") as f:
+                name = fmt.replace(":", "-")  # the device tool returns no file with ':' in its name
+                with open(os.path.join(args.log_dir, f"{name}-{state}-tp{args.tp}.log"), "w") as f:
                     f.write(done.stdout + done.stderr)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()
                            if l.startswith("RESULT ")), None)

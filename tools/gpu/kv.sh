@@ -177,9 +177,10 @@ kv_fleet_stage() {
 
 # Warm gets at 128 blocks a call, built at each commit carried in .before/ (the CLI alone from
 # each `git archive --prefix=ferry-COMMIT/ COMMIT | gzip > .before/COMMIT.tar.gz`), then at the
-# working tree: one piece of 2 MiB, the same block in 2 and in 64 pieces of one buffer, and vLLM's
-# per-layer pages (which isolates what a many-piece get costs: the bounce path itself, the number
-# of pieces, or the layout's separate tensors); then the working tree at 1,024 a call. Where a
+# working tree: one piece of 2 MiB beside vLLM's per-layer pages, and for the working tree the
+# same block in 2 and in 64 pieces of one buffer too (which isolates what a many-piece get costs:
+# the bounce path itself, the number of pieces, or the layout's separate tensors); then the
+# working tree at 1,024 a call. Where a
 # change made them slower, one call of a few minutes.
 kv_bisect_stage() {
   local v="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
@@ -203,7 +204,9 @@ kv_bisect_stage() {
       name="working tree"
       cli="$ferry"
     fi
-    for shape in "--pieces 1" "--pieces 2" "--pieces 64" "$v"; do
+    local shapes=("--pieces 1" "$v")  # a commit's: one piece beside vLLM's pages
+    [ -n "$tarball" ] || shapes=("--pieces 1" "--pieces 2" "--pieces 64" "$v")
+    for shape in "${shapes[@]}"; do
       log "ferry kv bench at $name: 128 blocks per call, staged, $shape"
       "$cli" kv bench /tmp/kvbench $common $shape --bytes 1G --batch 128 2>&1 | grep -v "^layout" |
         tee -a "$OUT/summary.txt" || status=1
