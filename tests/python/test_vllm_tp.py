@@ -6,7 +6,7 @@ between the ranks (group_slices too, each rank receiving only its slices), slice
 rank's slices, each_rank_reads_all everything. Where vLLM shards otherwise than ferry's rule (one
 KV head for two ranks: vLLM copies it to both), "slices" and "group_slices" stop with an error,
 never wrong weights, and "auto" loads again through process_group (every rank, saying so), its
-weights equal."""
+weights equal. No tp_mode is auto; no tp_mode with an engine option is process_group."""
 import json
 import os
 import socket
@@ -111,16 +111,23 @@ def test_tensor_parallel_modes(tmp_path):
                     assert "k_proj" in row[mode]["error"] or "qkv_proj" in row[mode]["error"]
                     assert f"tp_mode \"{mode}\"" in row[mode]["error"]
                     assert "tp_mode \"process_group\"" in row[mode]["error"]
-                # auto: the slices read, found not to fit, then the load through the group.
-                assert row["auto"].get("equal") is True, row["auto"]
-                assert row["auto"]["tp_mode"] == "process_group"
-                assert 0 < row["auto"]["slices_bytes_read"] < total
+                # auto (and the default): the slices read, found not to fit, then the load
+                # through the group.
+                for mode in ("auto", "default"):
+                    assert row[mode].get("equal") is True, row[mode]
+                    assert row[mode]["tp_mode"] == "process_group"
+                    assert 0 < row[mode]["slices_bytes_read"] < total
         else:
             for rank, row in enumerate(rows):
-                for mode in ("slices", "auto"):
+                for mode in ("slices", "auto", "default"):
                     assert row[mode].get("equal") is True, (folder.name, rank, mode, row[mode])
                     assert row[mode]["tp_mode"] == "slices"
                     assert row[mode]["bytes_read"] < total
-                assert row["auto"]["slices_bytes_read"] is None
-    for text in logs:
-        assert text.count("tp_mode auto: vLLM shards this model otherwise") == 1, text[-3000:]
+                for mode in ("auto", "default"):
+                    assert row[mode]["slices_bytes_read"] is None
+        # With an engine option, which slices' reader does not take: the group's load.
+        for row in rows:
+            assert row["default_with_threads"].get("equal") is True, row["default_with_threads"]
+            assert row["default_with_threads"]["tp_mode"] == "process_group"
+    for text in logs:  # auto's and the default's load of the one-KV-head model
+        assert text.count("tp_mode auto: vLLM shards this model otherwise") == 2, text[-3000:]

@@ -12,6 +12,9 @@ import vllm_helpers  # noqa: F401  (VLLM_TARGET_DEVICE=cpu)
 import torch
 
 MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
+# Each mode's model_loader_extra_config, and the defaults: no tp_mode, then with an engine option.
+CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
+           "default": {}, "default_with_threads": {"threads": 2}}
 
 
 def build(folder, load_format, extra=None):
@@ -58,9 +61,9 @@ def main() -> None:
         reference, _ = build(folder, "safetensors")
         shards = {n: list(p.shape) for n, p in reference.items()}
         rows = {"shapes": shards}
-        for mode in MODES:
+        for mode, extra in CONFIGS.items():
             try:
-                params, last = build(folder, "ferry", {"tp_mode": mode, "group_bytes": 32 << 10})
+                params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10})
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
                               "tp_mode": last["tp_mode"],
                               "slices_bytes_read": last.get("slices_bytes_read")}

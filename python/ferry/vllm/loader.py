@@ -68,6 +68,10 @@ class FerryModelLoader(BaseModelLoader):
         if self.tp_mode is not None and self.tp_mode not in TP_MODES:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
                              f"{self.tp_mode!r} is not one of {list(TP_MODES)}")
+        if self.tp_mode is None:
+            # auto (slices where they fit: the fastest at TP 4, docs/vllm.md); process_group
+            # where engine options are given, which slices' tensor reader does not take.
+            self.tp_mode = "process_group" if self.options else "auto"
         if self.tp_mode in ("slices", "auto") and self.options:
             raise ValueError("model_loader_extra_config for load format ferry: tp_mode "
                              f"\"{self.tp_mode}\" reads slices with ferry's tensor reader, which "
