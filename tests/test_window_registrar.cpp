@@ -95,8 +95,8 @@ TEST(WindowRegistrar, RegistrationsWaitForTheStoresTransfers) {
     busy.emplace(r);
     rec.busy = true;
     r.request({0, 0});
-    // Well within kQuietWait: nothing may have run yet (a late thread only delays it further).
-    std::this_thread::sleep_for(WindowRegistrar::kQuietWait / 10);
+    // Well within the longest wait: nothing may have run yet (a late thread only delays it).
+    std::this_thread::sleep_for(WindowRegistrar::Waits{}.longest / 10);
     EXPECT_EQ(rec.count(), 0u);
     rec.busy = false;
     busy.reset();
@@ -106,7 +106,30 @@ TEST(WindowRegistrar, RegistrationsWaitForTheStoresTransfers) {
   EXPECT_FALSE(rec.busy_seen);
 }
 
-// A store that is never idle still has its windows registered, after kQuietWait each.
+// A transfer that just ended: registrations wait for the store to stay quiet for a while (the
+// engine's own work after a load runs then), not for the first instant it is idle.
+TEST(WindowRegistrar, RegistrationsWaitForAQuietStoreNotAnIdleInstant) {
+  Recorder rec;
+  WindowRegistrar r(rec.callback(), {std::chrono::seconds(60), std::chrono::seconds(120)});
+  {
+    const WindowRegistrar::Busy busy(r);
+    r.request({0, 0});
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(rec.count(), 0u);
+  EXPECT_EQ(r.pending(), 1u);
+}  // stops with it still queued
+
+// A store quiet since before the request: its registration does not wait.
+TEST(WindowRegistrar, AQuietStoreRegistersAtOnce) {
+  Recorder rec;
+  WindowRegistrar r(rec.callback(), {std::chrono::seconds(60), std::chrono::seconds(120)});
+  r.request({1, 2});
+  wait_until_idle(r);
+  EXPECT_EQ(rec.count(), 1u);
+}
+
+// A store that is never idle still has its windows registered, after the longest wait each.
 TEST(WindowRegistrar, ATransferThatNeverEndsDelaysRegistrationsOnly) {
   Recorder rec;
   WindowRegistrar r(rec.callback());

@@ -6,8 +6,8 @@
 
 namespace ferry::detail::kv {
 
-WindowRegistrar::WindowRegistrar(RegisterOne register_one)
-    : _register_one(std::move(register_one)) {}
+WindowRegistrar::WindowRegistrar(RegisterOne register_one, Waits waits)
+    : _register_one(std::move(register_one)), _waits(waits) {}
 
 WindowRegistrar::~WindowRegistrar() {
   {
@@ -71,16 +71,25 @@ WindowRegistrar::Busy::Busy(WindowRegistrar& r) : _registrar(r) {
 WindowRegistrar::Busy::~Busy() {
   {
     std::lock_guard lock(_registrar._mutex);
-    --_registrar._busy;
+    if (--_registrar._busy == 0) _registrar._idle_since = Clock::now();
   }
   _registrar._changed.notify_all();
+}
+
+void WindowRegistrar::wait_for_quiet(std::unique_lock<std::mutex>& lock) {
+  const Clock::time_point give_up = Clock::now() + _waits.longest;
+  while (!_stopping) {
+    const Clock::time_point now = Clock::now(), quiet_from = _idle_since + _waits.quiet;
+    if (now >= give_up || (_busy == 0 && now >= quiet_from)) return;
+    _changed.wait_until(lock, _busy == 0 ? std::min(give_up, quiet_from) : give_up);
+  }
 }
 
 void WindowRegistrar::run() {
   std::unique_lock lock(_mutex);
   for (;;) {
     _changed.wait(lock, [this] { return _stopping || !_queued.empty(); });
-    _changed.wait_for(lock, kQuietWait, [this] { return _stopping || _busy == 0; });
+    wait_for_quiet(lock);
     if (_stopping) return;
     const Window w = _queued.front();
     _queued.pop_front();

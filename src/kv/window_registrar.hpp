@@ -9,8 +9,11 @@
 //
 // Registering contends with the store's own transfers (the driver serialises its registration
 // with their copies' submissions: a get of 2 GiB took 0.27 s instead of 0.15 while windows were
-// registered beside it), so each registration waits until no transfer is Busy, for at most
-// kQuietWait: a store that is never idle still gets its windows registered.
+// registered beside it) and, likely, with the engine's work right after a load (inside vLLM,
+// with 88 ms of registration after the first get, its first token came 50 ms later than the
+// staged store's, its load job only 12 ms later), so each registration
+// waits until no transfer has been Busy for Waits::quiet, for at most Waits::longest: a store
+// that is never quiet still gets its windows registered.
 #pragma once
 
 #include <chrono>
@@ -29,15 +32,21 @@
 
 namespace ferry::detail::kv {
 
+// How long a registration waits (outside the class: a default argument of its constructor).
+struct RegistrarWaits {
+  std::chrono::milliseconds quiet{100};    // an engine's step after a load: tens of ms
+  std::chrono::milliseconds longest{500};  // the most a registration waits for quiet
+};
+
 class WindowRegistrar {
  public:
   using Window = std::pair<int, std::uint64_t>;  // (slab, window index)
   // Registers one window; returns "" where it did, else why not (kept for refusal()).
   using RegisterOne = std::function<std::string(const Window&)>;
 
-  static constexpr std::chrono::milliseconds kQuietWait{500};
+  using Waits = RegistrarWaits;
 
-  explicit WindowRegistrar(RegisterOne register_one);
+  explicit WindowRegistrar(RegisterOne register_one, Waits waits = {});
   ~WindowRegistrar();  // waits for the registration running, drops those queued
   WindowRegistrar(const WindowRegistrar&) = delete;
   WindowRegistrar& operator=(const WindowRegistrar&) = delete;
@@ -66,9 +75,13 @@ class WindowRegistrar {
   };
 
  private:
+  using Clock = std::chrono::steady_clock;
   void run();
+  // Until no transfer has been Busy for _waits.quiet (or _waits.longest passed, or stopping).
+  void wait_for_quiet(std::unique_lock<std::mutex>& lock);
 
   RegisterOne _register_one;
+  Waits _waits;
   mutable std::mutex _mutex;
   std::condition_variable _changed;
   std::deque<Window> _queued;
@@ -77,6 +90,7 @@ class WindowRegistrar {
   std::map<Window, unsigned> _held;
   std::map<Window, std::string> _refused;
   unsigned _busy = 0;
+  Clock::time_point _idle_since = Clock::time_point::min();  // when _busy last fell to 0
   bool _stopping = false;
   std::thread _thread;  // last: joined before the rest goes
 };
