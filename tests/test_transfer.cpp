@@ -16,9 +16,9 @@
 #include "ferry/loaded_checkpoint.hpp"
 #include "ferry/transfer.hpp"
 #include "platform/file.hpp"
-#include "test_support.hpp"
 #include "services/pinned_pool.hpp"
 #include "services/worker_pool.hpp"
+#include "test_support.hpp"
 
 namespace ferry {
 namespace {

@@ -17,7 +17,7 @@ namespace ferry::detail::kv {
 struct TransferBlockIo::Group {
   std::span<BlockRequest* const> blocks;
   bool writing = false, direct = false;
-  bool buffered = false;  // a get through the page cache (reads_buffered: probed once a batch)
+  bool buffered = false;   // a get through the page cache (reads_buffered: probed once a batch)
   std::size_t flight = 0;  // which part of the bounce buffers (0 .. kFlights - 1)
   unsigned threads = 0;    // the core's workers for its submission
   std::vector<std::uintptr_t> bounce;

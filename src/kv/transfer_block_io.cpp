@@ -211,8 +211,8 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   for (std::size_t k = 0; k < groups.size(); ++k) {
     std::unique_ptr<Flight> current;
     guarded(groups[k], [&] {
-      current = start_group(groups[k], writing, direct, buffered, after_event, k % flights,
-                            threads);
+      current =
+          start_group(groups[k], writing, direct, buffered, after_event, k % flights, threads);
     });
     if (previous) guarded(previous->g.blocks, [&] { finish_group(*previous, after_event); });
     previous = std::move(current);
@@ -237,9 +237,7 @@ TransferOptions TransferBlockIo::group_options(const Group& g, void* after_event
   // around it, whatever the residency of the rest of the slabs. With page-cache DMA on, through
   // it: the pages the read leaves there are what later gets copy straight from (a get around it
   // would leave every window cold, and page-cache DMA would never serve a block).
-  o.io = g.buffered       ? IoMode::Buffered
-         : _host.direct() ? IoMode::Direct
-                          : IoMode::Auto;
+  o.io = g.buffered ? IoMode::Buffered : _host.direct() ? IoMode::Direct : IoMode::Auto;
   return o;
 }
 

@@ -11,9 +11,9 @@
 // with their copies' submissions: a get of 2 GiB took 0.27 s instead of 0.15 while windows were
 // registered beside it) and, likely, with the engine's work right after a load (inside vLLM,
 // with 88 ms of registration after the first get, its first token came 50 ms later than the
-// staged store's, its load job only 12 ms later), so each registration
-// waits until no transfer has been Busy for Waits::quiet, for at most Waits::longest: a store
-// that is never quiet still gets its windows registered.
+// staged store's, its load job only 12 ms later), so each registration waits until no transfer
+// has been Busy for Waits::quiet, for at most Waits::longest: a store that is never quiet still
+// gets its windows registered.
 #pragma once
 
 #include <chrono>
@@ -85,7 +85,7 @@ class WindowRegistrar {
   mutable std::mutex _mutex;
   std::condition_variable _changed;
   std::deque<Window> _queued;
-  std::set<Window> _pending;            // queued or running
+  std::set<Window> _pending;  // queued or running
   std::optional<Window> _running;
   std::map<Window, unsigned> _held;
   std::map<Window, std::string> _refused;

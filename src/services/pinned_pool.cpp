@@ -62,8 +62,7 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
   // slot size is registered again (puts and gets of different sizes, one after another, would
   // re-pin the same slabs each time).
   const auto rank = [&](const Slab& s) {
-    return std::pair(s.slot_bytes == slot_bytes && s.buffer.size() >= want_bytes,
-                     s.buffer.size());
+    return std::pair(s.slot_bytes == slot_bytes && s.buffer.size() >= want_bytes, s.buffer.size());
   };
   for (;;) {
     // An idle slab of the right kind that holds at least the minimum, the best ranked.
