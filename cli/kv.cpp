@@ -225,7 +225,8 @@ void add_bench(CLI::App& kv) {
         "KV bench on %s, %s memory, batches of %s, %u piece%s per block (GB/s, medians of %u "
         "rounds alternating with the raw I/O; put is durable; raw = the same bytes, a batch's "
         "blocks on 16 threads, O_DIRECT and fdatasync per batch; cold = page cache dropped; "
-        "warm = slabs in the page cache, raw warm = buffered reads of them)\n",
+        "warm = slabs in the page cache, 3 passes a round without page-cache DMA, raw warm = "
+        "buffered reads of them)\n",
         root.c_str(), device.c_str(),
         batch_bytes.empty() ? (std::to_string(batch) + " blocks").c_str()
                             : (batch_bytes + " bytes").c_str(),
