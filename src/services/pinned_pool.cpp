@@ -59,8 +59,8 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
   const bool gpu = pin_in != nullptr;
   const std::uint64_t want_bytes = slot_bytes * wanted;
   // A slab last leased in slots of this size whole, then the most slots: a GPU slab of another
-  // slot size is registered again (puts and gets of different sizes, one after another, would
-  // re-pin the same slabs each time).
+  // slot size is registered again (puts and gets, whose slots differ by a page, or transfers of
+  // two chunk sizes, one after another, would re-pin the same slabs each time).
   const auto rank = [&](const Slab& s) {
     return std::pair(s.slot_bytes == slot_bytes && s.buffer.size() >= want_bytes, s.buffer.size());
   };

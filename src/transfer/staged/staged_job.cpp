@@ -51,7 +51,7 @@ void Job::operator()() {
 
 void Job::lease_staging(PinnedPool::Lease& lease, Stopwatch& clock, Staging& staging) {
   const Device* pin = _run->gpus.empty() ? nullptr : &_run->gpus.front();
-  lease = staging_pool().lease(slot_bytes(_run->settings.chunk),
+  lease = staging_pool().lease(slot_bytes(_run->settings.chunk, _t.direction),
                                _run->settings.slots, 1,
                                pin ? &device_context(pin->index) : nullptr);
   // The first slot now (a job that cannot pin even that is lost, as one without staging); the

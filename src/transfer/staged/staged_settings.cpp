@@ -16,8 +16,8 @@ constexpr std::uint64_t kSpreadPieces = 4;  // pieces per worker spread_chunk ai
 
 }  // namespace
 
-std::uint64_t slot_bytes(std::uint64_t chunk) {
-  const std::uint64_t slack = 2 * kDirectAlignment;
+std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction) {
+  const std::uint64_t slack = (direction == Direction::FileToMemory ? 2 : 1) * kDirectAlignment;
   return (chunk + slack + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
 }
 
@@ -35,7 +35,7 @@ StagedSettings wanted_settings(const TransferOptions& o) {
 
 StagedSettings fit_staging(const TransferOptions& o, Direction direction, StagedSettings s) {
   const auto fits = [&] {
-    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk) <= o.staging_bytes;
+    return std::uint64_t{s.slots} * s.threads * slot_bytes(s.chunk, direction) <= o.staging_bytes;
   };
   while (s.threads > 1 && !fits()) --s.threads;
   while (s.slots > 1 && !fits()) --s.slots;

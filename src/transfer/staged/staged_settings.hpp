@@ -23,9 +23,8 @@ struct StagedSettings {
 };
 
 // A slot holds a chunk and room for an unaligned head (the data sits at the file offset's
-// distance from the page below it) and the tail an O_DIRECT read rounds up: a write's slot has
-// that room too, so that puts and gets of one chunk share the staging pool's pinned slots.
-std::uint64_t slot_bytes(std::uint64_t chunk);
+// distance from the page below it) and, for reads, the tail an O_DIRECT read rounds up.
+std::uint64_t slot_bytes(std::uint64_t chunk, Direction direction);
 
 StagedSettings wanted_settings(const TransferOptions& o);
 

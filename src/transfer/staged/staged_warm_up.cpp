@@ -57,7 +57,7 @@ WarmUpReport warm_up(const Device& device, const TransferOptions& options,
     context = &detail::device_context(device.index);
   }
   WarmUpReport report;
-  const std::uint64_t slot = detail::slot_bytes(s.chunk);
+  const std::uint64_t slot = detail::slot_bytes(s.chunk, Direction::FileToMemory);
   report.slabs = detail::staging_pool().prefill(slot, s.slots, s.threads, context);
   report.staging_bytes = std::uint64_t{report.slabs} * s.slots * slot;  // slot: whole pages
   report.pinned = context != nullptr && report.slabs > 0;
