@@ -7,7 +7,8 @@ about `group_bytes`, the next group loading while vLLM's `model.load_weights` co
 With tensor parallelism the ranks read each byte once between them and share it over vLLM's
 process group (whole tensors, or each rank receiving only its slices), or each reads only its
 slices (checked, with "auto": reloaded through the process group where vLLM shards otherwise),
-or each reads everything (`tp_mode`, see tp.py).
+or each reads everything (`tp_mode`, see tp.py; the default is "auto", or "process_group"
+where engine options are given).
 Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob

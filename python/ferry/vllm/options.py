@@ -8,7 +8,7 @@ LOADER_OPTIONS = {
     "chunk_bytes": (int, str), "page_cache_pin": (int, str), "io": str, "backend": str,
     "allow_compat": bool, "cache_device_memory": bool,
     "group_bytes": int,  # how much the loader reads ahead of model.load_weights (bytes)
-    "tp_mode": str,  # process_group, slices, group_slices, each_rank_reads_all or auto (ferry.vllm.tp)
+    "tp_mode": str,  # auto (default), process_group, slices, group_slices, each_rank_reads_all
 }
 
 # ferry.KVStore's options (the KV tier and spec add root and capacity_bytes).
