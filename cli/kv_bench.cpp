@@ -33,7 +33,7 @@ using kv_bench::warm;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-constexpr unsigned kWarmPasses = 3;  // warm gets per round without page-cache DMA
+constexpr unsigned kWarmPasses = 3;  // warm passes a round without page-cache DMA
 
 // Median GB/s of copying `bytes` between pinned host memory and the device, each way.
 std::pair<double, double> pinned_copies(int ordinal, std::uint64_t bytes) {
@@ -266,21 +266,19 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
               target.fill(std::vector<std::byte>(pattern.size()));  // each pass's bytes checked
             }
             const KVStats before = store.stats();
-            if (o.page_cache_pin == 0) {
-              // Several passes a round: one pass of 1 GiB takes 30-70 ms, and one pass a round
-              // moved by 10% between identical builds.
-              for (unsigned p = 0; p < kWarmPasses; ++p) {
-                if (p > 0) {
-                  check();
-                  target.fill(std::vector<std::byte>(pattern.size()));
-                }
-                warm_s.push_back(run(false, r, row.warm_times, nullptr, 1.0 / kWarmPasses));
+            // Without page-cache DMA several passes a round: one pass of 1 GiB takes 30-70 ms,
+            // and one pass a round moved by 10% between identical builds. With it, one: the
+            // next pass would find its windows registered.
+            const unsigned passes = o.page_cache_pin ? 1 : kWarmPasses;
+            for (unsigned p = 0; p < passes; ++p) {
+              if (p > 0) {
+                check();
+                target.fill(std::vector<std::byte>(pattern.size()));
               }
-              row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
-              return;
+              warm_s.push_back(run(false, r, row.warm_times, nullptr, 1.0 / passes));
             }
-            warm_s.push_back(run(false, r, row.warm_times));
             row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
+            if (o.page_cache_pin == 0) return;
             // The warm pass asked for its windows' registrations; they run in the background.
             while (store.stats().page_cache_windows_pending > 0)
               std::this_thread::sleep_for(std::chrono::milliseconds(1));

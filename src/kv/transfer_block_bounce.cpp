@@ -76,7 +76,8 @@ std::vector<std::span<BlockRequest* const>> TransferBlockIo::cut_groups(
   std::size_t start = 0;
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const std::uint64_t n = through_bounce(*blocks[i], direct) ? round_up(request_bytes(*blocks[i])) : 0;
+    const std::uint64_t n =
+        through_bounce(*blocks[i], direct) ? round_up(request_bytes(*blocks[i])) : 0;
     if (i > start && need + n > group_bytes) {
       groups.push_back(blocks.subspan(start, i - start));
       start = i;
@@ -120,7 +121,8 @@ void TransferBlockIo::place_in_bounce(Group& g) {
     BlockRequest& r = *g.blocks[i];
     if (through_bounce(r, g.direct)) {
       g.bounce[i] = base[gpu_of(r)] + at[i];
-      g.views[i] = {{reinterpret_cast<void*>(g.bounce[i]), request_bytes(r), Device::cuda(gpu_of(r))}};
+      g.views[i] = {
+          {reinterpret_cast<void*>(g.bounce[i]), request_bytes(r), Device::cuda(gpu_of(r))}};
       if (r.pieces.size() > 1)
         add_route_reason(
             r, concat("its ", r.pieces.size(), " pieces ",
