@@ -191,12 +191,12 @@ TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
   }
 }
 
-// A call larger than the device bounce buffer (256 MiB) moves in several groups: puts and gets
-// from the device two in flight (128 MiB each), gets from the page cache one after another.
-// Bit-exact both ways, sync and async; blocks whose slab bytes were flipped fail their checksum
-// alone, their pieces untouched.
+// A call larger than the device bounce buffer moves in groups of 128 MiB, three in flight, each
+// bounce part taken again by later groups. Bit-exact both ways, from the device and from the page
+// cache, sync and async; blocks whose slab bytes were flipped fail their checksum alone, their
+// pieces untouched.
 TEST_P(GpuKvLayouts, ACallOfSeveralGroupsRoundTripsAndCorruptBlocksFailAlone) {
-  const KvLayout l = vllm_layout(32, 160, 16, 8, 128, 2);  // 160 x 2 MiB: 3 groups
+  const KvLayout l = vllm_layout(32, 420, 16, 8, 128, 2);  // 420 x 2 MiB: 7 groups
   ASSERT_EQ(l.block_bytes(), 2u << 20);
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sync");

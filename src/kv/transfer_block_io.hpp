@@ -62,9 +62,9 @@ class TransferBlockIo final : public BlockIo {
   void move_gpu(std::vector<BlockRequest*>& blocks, bool writing, void* after_event);
   // The blocks in groups, one submission each; blocks of several pieces go through a device
   // bounce buffer (cuFile: any block but one piece of GPU memory; staged: pieces all on one GPU,
-  // where its kernels run). Each group is started (gathered, submitted) before the one before
-  // it is finished (waited for, verified, scattered), the core's workers shared between the two
-  // (see kBounceBytes).
+  // where its kernels run). Each group is started (gathered, submitted) before the ones before
+  // it are finished (waited for, verified, scattered), the core's workers shared between them
+  // (see kFlights).
   struct Group;
   struct Flight;
   bool reads_buffered(std::span<BlockRequest* const> blocks) const;

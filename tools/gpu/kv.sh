@@ -175,59 +175,63 @@ kv_fleet_stage() {
   rm -rf /tmp/kvbench
 }
 
-# Warm gets at 128 blocks a call, built at each commit carried in .before/ (the CLI alone from
-# each `git archive --prefix=ferry-COMMIT/ COMMIT | gzip > .before/COMMIT.tar.gz`), then at the
-# working tree: one piece of 2 MiB beside vLLM's per-layer pages, and for the working tree the
-# same block in 2 and in 64 pieces of one buffer too (which isolates what a many-piece get costs:
-# the bounce path itself, the number of pieces, or the layout's separate tensors); then the
-# working tree at 1,024 a call. Where a
-# change made them slower, one call of a few minutes.
+# The CLI of each tree carried in .before/ (`git archive --prefix=ferry-NAME/ COMMIT | gzip >
+# .before/NAME.tar.gz`, or a patched copy of one), built in /tmp/bisect/build-NAME: a stage of its
+# own, so a first call can build them while a second, on the warm machine, measures.
+kv_bisect_builds() {
+  local tarball name
+  for tarball in .before/*.tar.gz; do
+    [ -f "$tarball" ] || continue
+    name=$(basename "$tarball" .tar.gz)
+    [ -x "/tmp/bisect/build-$name/cli/ferry" ] && continue
+    log "build ferry_cli at $name"
+    rm -rf "/tmp/bisect/$name" && mkdir -p "/tmp/bisect/$name"
+    tar -xzf "$tarball" -C "/tmp/bisect/$name" --strip-components=1
+    cmake -S "/tmp/bisect/$name" -B "/tmp/bisect/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DFERRY_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+      -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
+      -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build-$name.log" 2>&1
+    ninja -C "/tmp/bisect/build-$name" ferry_cli >>"$OUT/build-$name.log" 2>&1 ||
+      { tail -20 "$OUT/build-$name.log"; status=1; }
+  done
+}
+
+# Each tree of .before/ beside the working tree, in one call on one GPU (kv_bisect_builds first,
+# where not built yet): one piece of 2 MiB and vLLM's per-layer pages at 1,024 blocks a call
+# (2 GiB: many groups), vLLM's pages at 128 (two groups). Where a change made them slower or
+# faster, one call of a few minutes.
 kv_bisect_stage() {
   local v="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
   local common="--device cuda:0 --rounds 3 --path staged --sizes 2M"
-  local tarball name cli shape
+  local tarball name cli run
+  kv_bisect_builds
   mkdir -p /tmp/kvbench
   for tarball in .before/*.tar.gz ""; do
     if [ -n "$tarball" ]; then
-      [ -f "$tarball" ] || continue  # none carried: the working tree alone
       name=$(basename "$tarball" .tar.gz)
-      rm -rf "/tmp/bisect/$name" && mkdir -p "/tmp/bisect/$name"
-      tar -xzf "$tarball" -C "/tmp/bisect/$name" --strip-components=1
-      cmake -S "/tmp/bisect/$name" -B "/tmp/bisect/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DFERRY_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
-        -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
-        -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build-$name.log" 2>&1
-      ninja -C "/tmp/bisect/build-$name" ferry_cli >>"$OUT/build-$name.log" 2>&1 ||
-        { tail -20 "$OUT/build-$name.log"; status=1; continue; }
       cli="/tmp/bisect/build-$name/cli/ferry"
+      [ -x "$cli" ] || continue
     else
       name="working tree"
       cli="$ferry"
     fi
-    local shapes=("--pieces 1" "$v")  # a commit's: one piece beside vLLM's pages
-    [ -n "$tarball" ] || shapes=("--pieces 1" "--pieces 2" "--pieces 64" "$v")
-    for shape in "${shapes[@]}"; do
-      log "ferry kv bench at $name: 128 blocks per call, staged, $shape"
-      "$cli" kv bench /tmp/kvbench $common $shape --bytes 1G --batch 128 2>&1 | grep -v "^layout" |
+    for run in "--pieces 1 --bytes 2G --batch 1024" "$v --bytes 2G --batch 1024" \
+               "$v --bytes 1G --batch 128"; do
+      log "ferry kv bench at $name: staged, $run"
+      "$cli" kv bench /tmp/kvbench $common $run 2>&1 | grep -v "^layout" |
         tee -a "$OUT/summary.txt" || status=1
     done
-  done
-  for shape in "--pieces 1" "--pieces 2" "$v"; do
-    log "ferry kv bench at the working tree: 1024 blocks per call, staged, $shape"
-    "$ferry" kv bench /tmp/kvbench $common $shape --bytes 2G --batch 1024 2>&1 |
-      grep -v "^layout" | tee -a "$OUT/summary.txt" || status=1
   done
   rm -rf /tmp/kvbench
 }
 
 # A GPU batch's groups in flight (a short check after a change there): the GPU KV tests (page-cache
-# DMA's too: its windows registered in the background), then vLLM's layout beside one piece at
-# 1,024 and 128 blocks per call, as the store opens by default, and with page-cache DMA at 1,024
-# (the first get beside the later ones).
+# DMA's too: its windows registered in the background), then vLLM's layout with page-cache DMA at
+# 1,024 blocks a call (the first get beside the later ones). kvbisect measures the rest.
 kv_groups_stage() {
   run_test_binaries test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache
-  kv_one_beside_vllm kvgroups 1024 128
   log "ferry kv bench: vLLM 64 x 32 KiB, 1024 blocks per call, page-cache DMA on"
+  mkdir -p /tmp/kvbench
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --bytes 2G --rounds 3 --path staged \
     --layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128 --batch 1024 \
     --page-cache-pin 8G --json "$OUT/kvgroups-vllm-1024-dma.json" 2>&1 |
