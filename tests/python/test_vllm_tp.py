@@ -125,6 +125,10 @@ def test_tensor_parallel_modes(tmp_path):
                     assert row[mode]["bytes_read"] < total
                 for mode in ("auto", "default"):
                     assert row[mode]["slices_bytes_read"] is None
+                # Nothing on vLLM's device group: with NCCL, torch would start a communicator
+                # there whose buffers stay on the GPU (vLLM's KV cache the smaller for them).
+                for mode in ("slices", "auto", "default", "each_rank_reads_all"):
+                    assert row[mode]["device_group_calls"] == [], (folder.name, mode, row[mode])
         # With an engine option, which slices' reader does not take: the group's load.
         for row in rows:
             assert row["default_with_threads"].get("equal") is True, row["default_with_threads"]

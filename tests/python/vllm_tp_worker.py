@@ -1,7 +1,8 @@
 """One rank of test_vllm_tp: vLLM's tensor-parallel group of `ranks` processes over gloo on the
 CPU, each model built with TP through load_format "safetensors" and through "ferry" in every
 tp_mode; prints one line "RESULT {json}" with, per model and mode, whether every parameter is
-equal bit for bit, the bytes this rank read, or the error raised.
+equal bit for bit, the bytes this rank read, the collectives it issued on vLLM's device group,
+or the error raised.
 
     python vllm_tp_worker.py RANK RANKS PORT FOLDER [FOLDER...]
 """
@@ -36,6 +37,26 @@ def build(folder, load_format, extra=None):
     return params, getattr(loader, "last_load", {})
 
 
+def watch_device_group():
+    """A list the names of torch.distributed collectives issued on vLLM's tensor-parallel
+    device group are appended to (with NCCL, the first makes torch start a communicator there,
+    whose buffers stay on the GPU)."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+    device_group = parallel_state.get_tp_group().device_group
+    calls = []
+    for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                 "reduce_scatter_tensor", "all_to_all_single", "barrier", "gather", "scatter"):
+        original = getattr(dist, name)
+
+        def watched(*args, _original=original, _name=name, **kwargs):
+            if kwargs.get("group") is device_group or any(a is device_group for a in args):
+                calls.append(_name)
+            return _original(*args, **kwargs)
+        setattr(dist, name, watched)
+    return calls
+
+
 def same(a, b) -> bool:
     return a.keys() == b.keys() and all(
         a[n].dtype == b[n].dtype and a[n].shape == b[n].shape and
@@ -56,6 +77,7 @@ def main() -> None:
         parallel_state.initialize_model_parallel(ranks, 1)
     import ferry.vllm
     ferry.vllm.register()
+    device_group_calls = watch_device_group()
     out = {}
     for folder in sys.argv[4:]:
         reference, _ = build(folder, "safetensors")
@@ -63,10 +85,12 @@ def main() -> None:
         rows = {"shapes": shards}
         for mode, extra in CONFIGS.items():
             try:
+                device_group_calls.clear()
                 params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10})
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
                               "tp_mode": last["tp_mode"],
-                              "slices_bytes_read": last.get("slices_bytes_read")}
+                              "slices_bytes_read": last.get("slices_bytes_read"),
+                              "device_group_calls": list(device_group_calls)}
             except Exception as e:  # noqa: BLE001 - reported to the test
                 rows[mode] = {"error": f"{type(e).__name__}: {e}"}
         out[folder] = rows

@@ -184,7 +184,7 @@ class FerryModelLoader(BaseModelLoader):
         """tp_mode "auto" after its slices load: where vLLM took elements a rank did not read,
         on any rank, every rank loads again through process_group (over every parameter)."""
         bad = slices_not_taken(model)
-        if not any_rank(bool(bad), tp_group()[2]):
+        if not any_rank(bool(bad)):
             return loaded
         first = self.last_load
         shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")

@@ -56,12 +56,17 @@ def choose_mode(requested, ranks: int, quantized: bool = False) -> str:
     return requested or "process_group"
 
 
-def any_rank(flag: bool, group) -> bool:
-    """Whether `flag` holds on any rank of the torch process group (every rank calls it)."""
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any rank of vLLM's tensor-parallel group (every rank calls it).
+    Over the group's CPU (gloo) group: a collective on its device group makes torch start an
+    NCCL communicator there that vLLM itself does not use, whose buffers stay on each GPU for
+    the server's life, so vLLM's KV cache comes out smaller than after another load format."""
     import torch.distributed as dist
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    from vllm.distributed import parallel_state
+    if not parallel_state.model_parallel_is_initialized():
+        return flag
+    group = parallel_state.get_tp_group().cpu_group
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
 
