@@ -153,13 +153,15 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
   EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
 }
 
-// A lease for a GPU pins each slot as it is first made ready (one registration per slot), and a
-// later lease of the same slab with another slot size registers it again in its own slots (never
-// twice over one page, which the driver refuses): copies out of every slot land exactly.
-TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainForAnotherSlotSize) {
-  detail::PinnedPool pool(16 << 20);  // room for a second slab beside the first
+// A lease for a GPU pins each slot as it is first made ready (one registration per slot). A later
+// lease of smaller slots takes the slab's slots as they are registered (no registration again, its
+// slots as far apart as the slab's); one of larger slots has the slab registered again in its own
+// (never twice over one page, which the driver refuses). Copies out of every slot land exactly.
+TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainOnlyForLargerSlots) {
+  constexpr std::uint64_t kMiB = 1 << 20, kPage = 4096;
+  detail::PinnedPool pool(5 * kMiB);  // one slab of four 1 MiB slots, no room for a second
   const auto* pin = &detail::device_context(0);
-  auto gpu = detail::allocate_device_memory(context, 4 << 20);
+  auto gpu = detail::allocate_device_memory(context, 2 * kMiB);
   const auto copy_out = [&](std::byte* slot, std::uint64_t size, std::uint64_t seed) {
     const auto bytes = test::random_bytes(size, seed);
     std::memcpy(slot, bytes.data(), size);
@@ -169,17 +171,26 @@ TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainForAnotherSlotSize) 
     FERRY_CU(cuStreamSynchronize, nullptr);
     EXPECT_EQ(test::read_device(gpu.get(), size), bytes) << size << " bytes, seed " << seed;
   };
-  for (std::uint64_t slot_bytes : {std::uint64_t{1} << 20, std::uint64_t{3} << 19,
-                                   std::uint64_t{1} << 20}) {
-    auto lease = pool.lease(slot_bytes, 4, 1, pin);
-    ASSERT_EQ(lease.slots(), 4u);
+  struct Step {
+    std::uint64_t slot_bytes;
+    unsigned slots;
+    std::uint64_t stride;
+  };
+  // A page of room per slot from the first; the 1.25 MiB lease carves the slab again (3 fit).
+  for (const Step& step : {Step{kMiB, 4, kMiB + kPage}, Step{kMiB / 2, 4, kMiB + kPage},
+                           Step{kMiB + kPage, 4, kMiB + kPage}, Step{5 * kMiB / 4, 3, 5 * kMiB / 4},
+                           Step{kMiB, 3, 5 * kMiB / 4}}) {
+    auto lease = pool.lease(step.slot_bytes, 4, 1, pin);
+    ASSERT_EQ(lease.slots(), step.slots) << step.slot_bytes;
+    EXPECT_EQ(lease.slot_bytes(), step.slot_bytes);
     EXPECT_TRUE(lease.pinned());
-    for (unsigned i : {0u, 2u, 1u, 3u, 0u}) {  // any order, and again
+    EXPECT_EQ(static_cast<std::uint64_t>(lease.slot(1) - lease.slot(0)), step.stride);
+    for (unsigned i : {0u, 2u, 1u, 0u}) {  // any order, and again
       lease.ready(i);
-      copy_out(lease.slot(i), lease.slot_bytes(), slot_bytes + i);
+      copy_out(lease.slot(i), lease.slot_bytes(), step.slot_bytes + i);
     }
   }
-  EXPECT_LE(pool.stats().high_water, std::uint64_t{16} << 20);
+  EXPECT_EQ(pool.stats().high_water, 4 * (kMiB + kPage));  // the one slab
 }
 
 // Many small extents of GPU memory at unaligned offsets and sizes, grouped into shared slots

@@ -26,6 +26,7 @@ PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& other) noexcept {
     _pin_in = other._pin_in;
     _slots = std::exchange(other._slots, 0);
     _slot_bytes = other._slot_bytes;
+    _stride = other._stride;
   }
   return *this;
 }
@@ -37,8 +38,8 @@ PinnedPool::Lease::~Lease() {
 void PinnedPool::Lease::pin_slot(unsigned i) {
   // Faulted in here, on this worker, not inside the driver's registration, which other workers'
   // first slots queue behind.
-  _slab->buffer.fault_in(i * _slot_bytes, _slot_bytes);
-  _slab->buffer.pin_range(i * _slot_bytes, _slot_bytes, *_pin_in);
+  _slab->buffer.fault_in(i * _stride, _stride);
+  _slab->buffer.pin_range(i * _stride, _stride, *_pin_in);
   _slab->pinned_slots[i] = true;
 }
 
@@ -57,46 +58,57 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
   lease._slot_bytes = slot_bytes;
   lease._pin_in = pin_in;
   const bool gpu = pin_in != nullptr;
-  const std::uint64_t want_bytes = slot_bytes * wanted;
-  // A slab last leased in slots of this size whole, then the most slots: a GPU slab of another
-  // slot size is registered again (puts and gets, whose slots differ by a page, or transfers of
-  // two chunk sizes, one after another, would re-pin the same slabs each time).
+  // A GPU slab whose slots hold this lease's is taken as it is registered; anything else is
+  // carved (and registered) again in slots of this size.
+  const auto kept = [&](const Slab& s) {
+    return gpu ? s.slot_bytes >= slot_bytes : s.slot_bytes == slot_bytes;
+  };
+  const auto capacity = [&](const Slab& s) {
+    return s.buffer.size() / (kept(s) ? s.slot_bytes : slot_bytes);
+  };
+  // A slab kept as it is with every slot wanted, then the most slots: a GPU slab carved again
+  // is registered again.
   const auto rank = [&](const Slab& s) {
-    return std::pair(s.slot_bytes == slot_bytes && s.buffer.size() >= want_bytes, s.buffer.size());
+    return std::pair(kept(s) && capacity(s) >= wanted, capacity(s));
+  };
+  // A new GPU slab's slots: a page of room where the bound lets every wanted slot have it.
+  const auto new_stride = [&](std::uint64_t room) {
+    const std::uint64_t roomy = slot_bytes + kPage;
+    return gpu && room / roomy >= wanted ? roomy : slot_bytes;
   };
   for (;;) {
     // An idle slab of the right kind that holds at least the minimum, the best ranked.
     Slab* best = nullptr;
     for (auto& s : _slabs)
-      if (!s.leased && s.gpu == gpu && s.buffer.size() >= slot_bytes * min_slots &&
-          (!best || rank(s) > rank(*best)))
+      if (!s.leased && s.gpu == gpu && capacity(s) >= min_slots && (!best || rank(s) > rank(*best)))
         best = &s;
-    if (best && best->buffer.size() >= want_bytes) {
+    if (best && capacity(*best) >= wanted) {
       lease._slots = wanted;
     } else {
       // A new slab, as large as fits beside the others once idle slabs are freed.
-      free_idle_locked(want_bytes, best);
+      free_idle_locked((slot_bytes + (gpu ? kPage : 0)) * wanted, best);
       const std::uint64_t room = _bound > _held ? _bound - _held : 0;
-      const auto fits = static_cast<unsigned>(std::min<std::uint64_t>(wanted, room / slot_bytes));
-      if (fits >= min_slots && (!best || fits * slot_bytes > best->buffer.size())) {
-        _slabs.push_back({HostBuffer(fits * slot_bytes, nullptr), gpu, false, 0, {}});
-        _held += fits * slot_bytes;
+      const std::uint64_t stride = new_stride(room);
+      const auto fits = static_cast<unsigned>(std::min<std::uint64_t>(wanted, room / stride));
+      if (fits >= min_slots && (!best || fits > capacity(*best))) {
+        _slabs.push_back({HostBuffer(fits * stride, nullptr), gpu, false, stride,
+                          std::vector<bool>(gpu ? fits : 0, false)});
+        _held += fits * stride;
         _high_water = std::max(_high_water, _held);
         best = &_slabs.back();
       }
-      if (best)
-        lease._slots = static_cast<unsigned>(
-            std::min<std::uint64_t>(wanted, best->buffer.size() / slot_bytes));
+      if (best) lease._slots = static_cast<unsigned>(std::min<std::uint64_t>(wanted, capacity(*best)));
     }
     if (best) {
-      if (best->slot_bytes != slot_bytes) {
-        // Registrations of another slot size could put one copy across two: made again.
+      if (!kept(*best)) {
+        // Registrations of other slots could put one copy across two: made again.
         if (gpu) best->buffer.unpin();
         best->slot_bytes = slot_bytes;
         best->pinned_slots.assign(gpu ? best->buffer.size() / slot_bytes : 0, false);
       }
       best->leased = true;
       lease._slab = best;
+      lease._stride = best->slot_bytes;
       _leased += best->buffer.size();
       break;
     }

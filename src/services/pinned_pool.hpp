@@ -8,7 +8,11 @@
 // A slab for a GPU is pinned slot by slot as its lease first uses each (Lease::ready): in a fresh
 // process a worker starts reading once its first slot is pinned, instead of every worker
 // waiting for all of its staging (the driver serialises pinning, and the copies other workers
-// queue meanwhile wait for it).
+// queue meanwhile wait for it). Its slots stay registered as they are for any later lease of
+// slots no larger (a lease's slots may lie further apart than its slot size), and a new one is
+// made with a page of room per slot: a read's slot is a page longer than a write's of the same
+// chunk (the O_DIRECT tail), so a process's first get after its puts, or a transfer of smaller
+// chunks, registers nothing again.
 #pragma once
 
 #include <condition_variable>
@@ -27,8 +31,9 @@ class PinnedPool {
     HostBuffer buffer;
     bool gpu = false;  // its slots are pinned (as far as they were used) for GPU copies
     bool leased = false;
-    // The slot size of its last lease and, for a GPU slab, which of those slots are pinned. A
-    // lease of another slot size has them made again (at lease time: no copy uses the slab then).
+    // The size of its slots (their stride) and, for a GPU slab, which are pinned. A lease of
+    // larger slots (or, on the host, of another size) has them made again (at lease time: no
+    // copy uses the slab then).
     std::uint64_t slot_bytes = 0;
     std::vector<bool> pinned_slots;
   };
@@ -45,8 +50,9 @@ class PinnedPool {
 
     unsigned slots() const noexcept { return _slots; }
     std::uint64_t slot_bytes() const noexcept { return _slot_bytes; }
-    // Page-aligned, slot_bytes() long; pinned once ready(i) returned.
-    std::byte* slot(unsigned i) const noexcept { return _slab->buffer.data() + i * _slot_bytes; }
+    // Page-aligned, slot_bytes() long (the slab's slots may be longer); pinned once ready(i)
+    // returned.
+    std::byte* slot(unsigned i) const noexcept { return _slab->buffer.data() + i * _stride; }
     // Pins slot i (one registration per slot, so no copy spans two) where the lease is for a
     // GPU and it is not yet (throws CudaError); cheap once it is.
     void ready(unsigned i) {
@@ -64,6 +70,7 @@ class PinnedPool {
     const PrimaryContext* _pin_in = nullptr;
     unsigned _slots = 0;
     std::uint64_t _slot_bytes = 0;
+    std::uint64_t _stride = 0;  // the slab's slots
   };
 
   struct Stats {
