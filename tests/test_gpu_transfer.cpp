@@ -8,15 +8,15 @@
 #include <cstring>
 
 #include "cuda/cuda_resources.hpp"
-#include "shim/gds_mode.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/tensor_reader.hpp"
 #include "ferry/transfer.hpp"
+#include "services/pinned_pool.hpp"
 #include "shim/cuda_driver.hpp"
+#include "shim/gds_mode.hpp"
 #include "staging_limit.hpp"
 #include "test_support.hpp"
-#include "services/pinned_pool.hpp"
 
 namespace ferry {
 namespace {

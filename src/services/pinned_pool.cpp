@@ -97,7 +97,8 @@ PinnedPool::Lease PinnedPool::lease(std::uint64_t slot_bytes, unsigned wanted, u
         _high_water = std::max(_high_water, _held);
         best = &_slabs.back();
       }
-      if (best) lease._slots = static_cast<unsigned>(std::min<std::uint64_t>(wanted, capacity(*best)));
+      if (best)
+        lease._slots = static_cast<unsigned>(std::min<std::uint64_t>(wanted, capacity(*best)));
     }
     if (best) {
       if (!kept(*best)) {
