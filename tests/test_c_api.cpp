@@ -7,7 +7,6 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "ferry/ferry.h"
 #include "ferry/tensor_digest.hpp"
 #include "gguf_bytes.hpp"
+#include "test_latch.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -448,7 +448,6 @@ TEST(CApiTransfer, BadArgumentsAreStatusesNotCrashes) {
   ferry_file_set_free(set);
 }
 
-
 // The KV store's C ABI against its own callbacks and a free beside work in flight.
 struct CKvStore {
   TempDir dir;
@@ -520,14 +519,15 @@ TEST(CApiKv, TicketWaitAndResultInsideTheTicketsOwnCallback) {
     in->result_status = ferry_kv_ticket_result(own, 0, &in->result, nullptr);
     const uint64_t key = 2;
     ferry_kv_ticket* inner = nullptr;
-    in->inner_status = ferry_kv_put_async(in->s->store, &key, &in->s->one, 1, nullptr, nullptr,
-                                          nullptr, &inner);
+    in->inner_status =
+        ferry_kv_put_async(in->s->store, &key, &in->s->one, 1, nullptr, nullptr, nullptr, &inner);
     if (in->inner_status != FERRY_STATUS_OK) return;
     int ready = 0;
     in->inner_status = ferry_kv_ticket_wait(inner, -1, &ready);
     ferry_kv_ticket_result(inner, 0, nullptr, nullptr);
     ferry_kv_result r{-1, -1};
-    if (ferry_kv_ticket_result(inner, 0, &r, nullptr) == FERRY_STATUS_OK) in->inner_result = r.status;
+    if (ferry_kv_ticket_result(inner, 0, &r, nullptr) == FERRY_STATUS_OK)
+      in->inner_result = r.status;
     ferry_kv_ticket_free(inner);
   };
   const uint64_t key = 1;
@@ -552,7 +552,7 @@ TEST(CApiKv, TicketWaitAndResultInsideTheTicketsOwnCallback) {
 TEST(CApiKv, FreeWaitsForABatchInFlight) {
   CKvStore s;
   struct Held {
-    std::latch inside{1}, release{1};
+    ferry::test::Latch inside{1}, release{1};
   } held;
   const auto callback = [](void* user, const ferry_kv_result*, size_t) {
     auto* h = static_cast<Held*>(user);

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
-#include <latch>
 #include <optional>
 #include <string>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "ferry/error.hpp"
 #include "kv/call_gate.hpp"
 #include "kv_test_support.hpp"
+#include "test_latch.hpp"
 
 namespace ferry::test {
 namespace {
@@ -52,7 +52,7 @@ class HeldCall {
  private:
   std::string _name;
   std::atomic<bool> _taken{false};
-  std::latch _entered{1}, _release{1};
+  Latch _entered{1}, _release{1};
 };
 
 struct EntryPoint {
@@ -146,13 +146,13 @@ TEST(KvLifetime, ACallbackClosingItsStoreIsRefusedNothingAndReleasesTheFiles) {
   auto store = open_store(dir);
   const auto bytes = kv_bytes(3, kBlock);
   bool refused_inside = false;
-  KVTicket t = store.put_async({3}, {{KVPiece{const_cast<std::byte*>(bytes.data()), kBlock}}}, {},
-                               [&](const std::vector<KVResult>& r) {
-                                 EXPECT_TRUE(r.at(0).ok());
-                                 store.close();
-                                 refused_inside = refused_as_closed(
-                                     [&] { (void)store.lookup(std::vector<KVKey>{3}); });
-                               });
+  KVTicket t = store.put_async(
+      {3}, {{KVPiece{const_cast<std::byte*>(bytes.data()), kBlock}}}, {},
+      [&](const std::vector<KVResult>& r) {
+        EXPECT_TRUE(r.at(0).ok());
+        store.close();
+        refused_inside = refused_as_closed([&] { (void)store.lookup(std::vector<KVKey>{3}); });
+      });
   t.wait();
   EXPECT_TRUE(refused_inside);
   EXPECT_TRUE(t.results().at(0).ok());
@@ -196,7 +196,7 @@ TEST(KvLifetime, TicketMethodsInsideTheirOwnCallbackReturnTheFinalResults) {
   std::vector<std::byte> out(kBlock);
   for (const bool is_put : {true, false}) {
     KVTicket ticket;
-    std::latch assigned(1);
+    Latch assigned(1);
     bool checked = false;
     const auto callback = [&](const std::vector<KVResult>& r) {
       assigned.wait();
@@ -227,7 +227,7 @@ TEST(KvLifetime, CallbacksStartAndAwaitMoreBatchesWhileEveryWorkerIsInACallback)
   TempDir dir;
   auto store = open_store(dir);
   ASSERT_TRUE(put_one(store, 100, kv_bytes(100, kBlock)).ok());
-  std::latch both_inside(2);  // the store runs batches on two threads
+  Latch both_inside(2);  // the store runs batches on two threads
   std::vector<std::vector<std::byte>> sources{kv_bytes(1, kBlock), kv_bytes(2, kBlock)};
   std::vector<std::vector<std::byte>> back(2, std::vector<std::byte>(kBlock));
   std::atomic<int> done{0};
@@ -255,7 +255,6 @@ TEST(KvLifetime, CallbacksStartAndAwaitMoreBatchesWhileEveryWorkerIsInACallback)
   EXPECT_EQ(back, sources);
   EXPECT_EQ(store.lookup(std::vector<KVKey>{11, 12}), 2u);
 }
-
 
 // A FIFO, a directory or a device (a symlink to /dev/zero) in place of any file of a store:
 // writers and readers refuse it, naming the file, instead of waiting on a FIFO's open forever
