@@ -219,7 +219,8 @@ class FanoutLoader {
     for (const FanoutRound& round : _plan->rounds)
       _split.push_back(
           detail::split_round(round, _sources, _bases, _scratch, _n, _direct_file_bytes));
-    for (const detail::RoundReads& r : _split) stats.bytes_from_registered_page_cache += r.direct_bytes;
+    for (const detail::RoundReads& r : _split)
+      stats.bytes_from_registered_page_cache += r.direct_bytes;
     for (const detail::MappedSource& s : _sources)
       stats.page_cache_register_seconds += s.register_seconds;
     // Copy streams per GPU for them: --copy-streams, else 4 (a rank's share of a round is cut in
@@ -297,9 +298,11 @@ class FanoutLoader {
       }
       for (unsigned r = 0; r < _n && _direct; ++r)
         if (!_split[k].direct[r].empty()) _copied[k][r] = _direct->queue(r, _split[k].direct[r]);
+      // Round 0's pipeline times count from its submission's start, not from its return: the
+      // reads may be done before submit_round returns.
+      if (k == 0) _round0_submitted = since(_started);
       Submitted current = submit_round(_split[k].staged);
       mark("round " + std::to_string(k) + " submitted");
-      if (k == 0) _round0_submitted = since(_started);
       if (k > 0) finish(previous, k - 1);
       previous = std::move(current);
     }
@@ -471,13 +474,13 @@ class FanoutLoader {
   std::unique_ptr<detail::Collective> _collective;
   detail::EngineSettings _settings;
   std::shared_ptr<const FanoutPlan> _plan;
-  std::vector<std::uintptr_t> _bases;    // per rank: its destination
-  std::vector<void*> _base_pointers;     // the same, as pointers
-  std::vector<std::uintptr_t> _scratch;  // per rank: its scratch banks, or 0
+  std::vector<std::uintptr_t> _bases;          // per rank: its destination
+  std::vector<void*> _base_pointers;           // the same, as pointers
+  std::vector<std::uintptr_t> _scratch;        // per rank: its scratch banks, or 0
   std::vector<detail::MappedSource> _sources;  // per file: its registered mapping, or why none
   std::vector<std::uint64_t> _direct_file_bytes;
-  std::vector<detail::RoundReads> _split;        // per round: direct copies and staged reads
-  std::optional<detail::DirectCopies> _direct;   // declared after the memory: drained first
+  std::vector<detail::RoundReads> _split;       // per round: direct copies and staged reads
+  std::optional<detail::DirectCopies> _direct;  // declared after the memory: drained first
   bool _per_device = false;
   bool _at_tail = false;
   TransferOptions _transfer;  // of every submission
