@@ -83,15 +83,30 @@ std::uint64_t parse_size(const std::string& text) {
   return n << shift;
 }
 
+// "a,b,c" -> {"a", "b", "c"} (empty items kept: their parser names them).
+std::vector<std::string> comma_separated(const std::string& text) {
+  std::vector<std::string> items;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    items.push_back(text.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
+}
+
 // `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
 void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
   std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
   if (!json.empty()) json_file.emplace(json);
   const KVFleetBenchRow r = run_kv_fleet_bench(o);
+  std::string memory = o.device.to_string();
+  for (std::size_t i = 1; i < o.writer_devices.size(); ++i)
+    memory += "," + o.writer_devices[i].to_string();
   std::printf(
-      "KV fleet bench on %s, %s memory: %u writer processes on one namespace, %llu blocks of "
+      "KV fleet bench on %s, %s memory%s: %u writer processes on one namespace, %llu blocks of "
       "%llu KiB each, %llu per put (durable), medians of %u rounds\n",
-      utf8_of(o.root).c_str(), o.device.to_string().c_str(), r.writers,
+      utf8_of(o.root).c_str(), memory.c_str(),
+      o.writer_devices.size() > 1 ? " (writer w on the (w mod n)-th)" : "", r.writers,
       static_cast<unsigned long long>(r.blocks_per_writer),
       static_cast<unsigned long long>(r.block_bytes >> 10),
       static_cast<unsigned long long>(r.batch), r.rounds);
@@ -112,27 +127,27 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
               static_cast<unsigned long long>(r.blocks_read), r.reader_get_gbps,
               static_cast<unsigned long long>(r.store_blocks));
   if (json_file)
-    json_file->write_and_close(
-        nlohmann::json{{"writers", r.writers},
-                       {"block_bytes", r.block_bytes},
-                       {"blocks_per_writer", r.blocks_per_writer},
-                       {"batch", r.batch},
-                       {"rounds", r.rounds},
-                       {"one_writer_put_gbps", r.one_writer_put_gbps},
-                       {"fleet_put_gbps", r.fleet_put_gbps},
-                       {"writer_put_gbps", r.writer_put_gbps},
-                       {"raw_one_writer_gbps", r.raw_one_writer_gbps},
-                       {"raw_fleet_gbps", r.raw_fleet_gbps},
-                       {"lookups", r.lookups},
-                       {"lookup_p50_us", r.lookup_p50_us},
-                       {"lookup_p99_us", r.lookup_p99_us},
-                       {"idle_lookup_p50_us", r.idle_lookup_p50_us},
-                       {"idle_lookup_p99_us", r.idle_lookup_p99_us},
-                       {"blocks_read", r.blocks_read},
-                       {"reader_get_gbps", r.reader_get_gbps},
-                       {"store_blocks", r.store_blocks}}
-            .dump(2) +
-        "\n");
+    json_file->write_and_close(nlohmann::json{{"writers", r.writers},
+                                              {"memory", memory},
+                                              {"block_bytes", r.block_bytes},
+                                              {"blocks_per_writer", r.blocks_per_writer},
+                                              {"batch", r.batch},
+                                              {"rounds", r.rounds},
+                                              {"one_writer_put_gbps", r.one_writer_put_gbps},
+                                              {"fleet_put_gbps", r.fleet_put_gbps},
+                                              {"writer_put_gbps", r.writer_put_gbps},
+                                              {"raw_one_writer_gbps", r.raw_one_writer_gbps},
+                                              {"raw_fleet_gbps", r.raw_fleet_gbps},
+                                              {"lookups", r.lookups},
+                                              {"lookup_p50_us", r.lookup_p50_us},
+                                              {"lookup_p99_us", r.lookup_p99_us},
+                                              {"idle_lookup_p50_us", r.idle_lookup_p50_us},
+                                              {"idle_lookup_p99_us", r.idle_lookup_p99_us},
+                                              {"blocks_read", r.blocks_read},
+                                              {"reader_get_gbps", r.reader_get_gbps},
+                                              {"store_blocks", r.store_blocks}}
+                                   .dump(2) +
+                               "\n");
 }
 
 void add_bench(CLI::App& kv) {
@@ -145,7 +160,9 @@ void add_bench(CLI::App& kv) {
   auto* bench = kv.add_subcommand(
       "bench", "Put/get throughput per block size beside raw O_DIRECT and pinned copies");
   bench->add_option("root", root, "a scratch directory on the storage to measure")->required();
-  bench->add_option("--device", device, "cpu or cuda:N (default cpu)");
+  bench->add_option("--device", device,
+                    "cpu or cuda:N (default cpu); with --writers also a list (cuda:0,cuda:1): "
+                    "writer w's memory on the (w mod n)-th");
   bench->add_option("--sizes", sizes, "block sizes, comma-separated (default 256K,1M,4M,16M)");
   bench->add_option("--bytes", bytes, "bytes moved per size and path (default 1G)");
   bench->add_option("--batch", batch, "blocks per put/get call (default 16)")
@@ -193,13 +210,15 @@ void add_bench(CLI::App& kv) {
   bench->callback([] {
     KVBenchOptions o;
     o.root = path_from_utf8(root);
-    o.device = Device::parse(device);
+    for (const std::string& d : comma_separated(device))
+      o.writer_devices.push_back(Device::parse(d));
+    o.device = o.writer_devices.front();
+    FERRY_EXPECT(o.writer_devices.size() == 1 || writers > 0, std::invalid_argument, "--device ",
+                 device, ": a list of devices is for a fleet's writers (--writers N)");
+    if (o.writer_devices.size() == 1) o.writer_devices.clear();
     o.block_sizes.clear();
-    for (std::size_t at = 0; at <= sizes.size();) {
-      const std::size_t comma = std::min(sizes.find(',', at), sizes.size());
-      o.block_sizes.push_back(parse_size(sizes.substr(at, comma - at)));
-      at = comma + 1;
-    }
+    for (const std::string& size : comma_separated(sizes))
+      o.block_sizes.push_back(parse_size(size));
     o.bytes = parse_size(bytes);
     o.batch = batch;
     if (!batch_bytes.empty()) o.batch_bytes = parse_size(batch_bytes);

@@ -46,6 +46,10 @@ struct KVBenchOptions {
   std::uint64_t page_cache_pin = 0;
   // Where not 0: the fleet bench (kv_fleet_bench.hpp) with this many writer processes instead.
   unsigned writers = 0;
+  // The fleet's writers' memory where they are on several devices (`--device cuda:0,cuda:1`, as
+  // a node's engine instances each have a GPU): writer w's on writer_devices[w % size]; empty:
+  // every writer's on `device`.
+  std::vector<Device> writer_devices;
 };
 
 // Where one pass's time went (seconds, the mean of the rounds), from KVStats.

@@ -58,6 +58,12 @@ struct Plan {
   kv_bench::PieceLayout layout;
 };
 
+// The device writer w's memory is on.
+const Device& device_of(const Plan& p, unsigned w) {
+  const auto& list = p.o.writer_devices;
+  return list.empty() ? p.o.device : list[w % list.size()];
+}
+
 KVStoreOptions fleet_options(const Plan& p) {
   KVStoreOptions options;
   options.fleet_writers = p.o.writers;
@@ -113,7 +119,7 @@ char command(int fd) {
   try {
     if (command(in) != 'o') std::_Exit(0);
     KVStore store = KVStore::open(p.root, p.ns, p.capacity, p.block, fleet_options(p));
-    kv_bench::BatchMemory source(p.o.device, p.block, p.batch, p.layout);
+    kv_bench::BatchMemory source(device_of(p, w), p.block, p.batch, p.layout);
     source.fill(pattern_of(p, w));
     std::vector<std::vector<KVPiece>> pieces(p.batch);
     for (std::uint64_t b = 0; b < p.batch; ++b) pieces[b] = source.block(b);

@@ -125,6 +125,33 @@ TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
   EXPECT_NE(status, 0) << out;
 }
 
+// `--device A,B` puts writer w's memory on the (w mod 2)-th device (a node's engine instances
+// each on a GPU of its own); a list without --writers is refused, naming the option.
+TEST(KvCli, BenchFleetWritersTakeTheListedDevicesInTurn) {
+  TempDir dir;
+  const std::string json = (dir / "fleet.json").string();
+  auto [status, out] = run_cli("kv bench " + (dir / "scratch").string() +
+                               " --writers 2 --device cpu,cpu --sizes 64K --bytes 256K --batch 4 "
+                               "--rounds 1 --json " +
+                               json);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("cpu,cpu memory (writer w on the (w mod n)-th): 2 writer processes"),
+            std::string::npos)
+      << out;
+  std::ifstream rows(json);
+  EXPECT_EQ(nlohmann::json::parse(rows).at("memory"), "cpu,cpu");
+  std::tie(status, out) =
+      run_cli("kv bench " + (dir / "scratch").string() + " --device cpu,cpu --sizes 64K");
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("--device cpu,cpu: a list of devices is for a fleet's writers"),
+            std::string::npos)
+      << out;
+  std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() +
+                                  " --writers 2 --device cpu,gpu7 --sizes 64K");
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("gpu7"), std::string::npos) << out;
+}
+
 // A namespace whose manifest.json is gone (its journal and slabs are there) is reported as
 // damaged by stats and verify, which fail; before, verify said "verified 0 blocks, 0 bad" (exit
 // 0) and stats "no KV stores".

@@ -162,10 +162,15 @@ kv_fleet_stage() {
   run_test_binaries test_kv_fleet test_kv_cli
   mkdir -p /tmp/kvbench
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
-  for device in cuda:0 cpu; do
+  # Every writer on GPU 0, each on a GPU of its own where there are four (a node's engines), and
+  # from host memory.
+  local devices=cuda:0 all
+  all=$(python3 -c "import torch; n = torch.cuda.device_count(); print(','.join(f'cuda:{i}' for i in range(4)) if n >= 4 else '')")
+  [ -n "$all" ] && devices="cuda:0 $all"
+  for device in $devices cpu; do
     log "ferry kv bench --writers 4 ($device memory, vLLM's layout, 128 blocks per put)"
     "$ferry" kv bench /tmp/kvbench --device "$device" $vllm --writers 4 --batch 128 --bytes 512M \
-      --rounds 3 --json "$OUT/kv-fleet-${device/:/}.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+      --rounds 3 --json "$OUT/kv-fleet-${device//[:,]/}.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
   log "ferry kv bench: host memory beside raw O_DIRECT (one piece of 2 MiB; vLLM's layout)"
   "$ferry" kv bench /tmp/kvbench --device cpu --sizes 2M --batch 128 --bytes 1G --rounds 5 2>&1 |
