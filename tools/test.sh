@@ -13,6 +13,11 @@ cufile_include=$($python -c 'import importlib.util as u; print(u.find_spec("nvid
 # build takes them from the cache instead of compiling them a second time.
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/build-ccache} CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 
+# vLLM's venv (4.3 GB from PyPI) downloads while the builds below compile; its tests wait for it.
+mkdir -p build-logs
+tools/test_vllm.sh --venv-only >build-logs/vllm-venv.log 2>&1 &
+vllm_venv=$!
+
 echo "== sanitizers (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=ON \
   -DPython3_EXECUTABLE=$python >/dev/null
@@ -70,6 +75,7 @@ echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to t
 tools/windows_check.sh build/cli/ferry
 
 echo "== ferry inside the real vLLM 0.33 (CPU venv outside the tree; tools/test_vllm.sh)"
+wait $vllm_venv || { cat build-logs/vllm-venv.log; exit 1; }
 FERRY_WHEEL=$(ls build/wheel/ferry_tensors-*.whl) tools/test_vllm.sh
 
 echo "== tests"

@@ -3,6 +3,8 @@
 # (FERRY_VLLM_VENV, default /tmp/ferry-vllm-venv) with vllm==0.33.0 for the CPU (made once, reused
 # while it holds that vllm), ferry installed into it with `pip install .` (the extension builds for
 # the venv's Python; vLLM brings torch 2.14), then pytest. About 4.3 GB downloaded the first time.
+#   tools/test_vllm.sh [PYTEST ARGS]   the venv where missing, ferry into it, the tests
+#   tools/test_vllm.sh --venv-only     only the venv (tools/test.sh makes it while it compiles)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${FERRY_VLLM_VENV:-/tmp/ferry-vllm-venv}
@@ -15,6 +17,7 @@ if ! "$venv/bin/python" -c 'import sys, vllm; sys.exit(vllm.__version__ != "0.33
   "$venv/bin/pip" install -q --disable-pip-version-check vllm==0.33.0
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check pytest xxhash
+[ "${1:-}" = --venv-only ] && exit 0
 # FERRY_WHEEL: a wheel of this tree already built for the venv's Python (tools/test.sh's).
 echo "== ferry into $venv (${FERRY_WHEEL:-pip install .})"
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
