@@ -13,6 +13,14 @@ cufile_include=$($python -c 'import importlib.util as u; print(u.find_spec("nvid
 # build takes them from the cache instead of compiling them a second time.
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/build-ccache} CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 
+# The disk is shared with whatever else the machine runs, and a full one fails tests far from the
+# cause (a CI run lost two Windows tests to "Disk full"): each stage says how much is left, and
+# the builds nothing later reads are removed once their tests passed (FERRY_KEEP_BUILDS=1 keeps
+# them for incremental rebuilds).
+free_space() { echo "   (free: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail /tmp | tail -1 | tr -d ' ') in /tmp)"; }
+drop_build() { [ -n "${FERRY_KEEP_BUILDS:-}" ] || rm -rf "$1"; free_space; }
+free_space
+
 # vLLM's venv (4.3 GB from PyPI) downloads while the builds below compile; its tests wait for it.
 mkdir -p build-logs
 tools/test_vllm.sh --venv-only >build-logs/vllm-venv.log 2>&1 &
@@ -25,6 +33,7 @@ cmake --build build-asan
 # The Python package's tests load the extension into an uninstrumented interpreter: not here.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 FERRY_SKIP_PACKAGE_TESTS=1 \
   ctest --test-dir build-asan --output-on-failure -j2
+drop_build build-asan
 
 echo "== ThreadSanitizer: the transfer core's tests, the KV store's lifetime under close and callbacks, its background registration of page-cache windows"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$python \
@@ -38,6 +47,7 @@ TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_transfer_pipeline
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_engine
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_kv_lifetime
 TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_window_registrar
+drop_build build-tsan
 
 echo "== fuzzing the safetensors, GGUF, index and KV journal readers (30 s each; tools/fuzz_long.sh: longer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
@@ -52,6 +62,7 @@ for target in safetensors gguf index kv_journal; do
     -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -3
   rm -rf "$corpus"
 done
+drop_build build-fuzz
 
 echo "== the Python package"
 # Built once as a wheel: tools/test_vllm.sh installs the same one into vLLM's venv.
@@ -73,6 +84,7 @@ cmake --build build
 
 echo "== Windows: mingw-w64 cross build, its tests under Wine, --hash equal to this build's"
 tools/windows_check.sh build/cli/ferry
+free_space
 
 echo "== ferry inside the real vLLM 0.33 (CPU venv outside the tree; tools/test_vllm.sh)"
 wait $vllm_venv || { cat build-logs/vllm-venv.log; exit 1; }
