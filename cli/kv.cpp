@@ -152,11 +152,11 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
 
 void add_bench(CLI::App& kv) {
   static std::string root, device = "cpu", sizes = "256K,1M,4M,16M", bytes = "1G", json,
-                           batch_bytes, page_cache_pin, layout, dtype = "bf16";
+                           batch_bytes, page_cache_pin, layout, dtype = "bf16", group_bytes;
   static unsigned layers = 32, block_tokens = 16, kv_heads = 8, head_dim = 128;
   static std::vector<std::string> paths;
   static std::uint64_t batch = 16;
-  static unsigned pieces = 1, rounds = 3, writers = 0;
+  static unsigned pieces = 1, rounds = 3, writers = 0, group_flights = 0, group_threads = 0;
   auto* bench = kv.add_subcommand(
       "bench", "Put/get throughput per block size beside raw O_DIRECT and pinned copies");
   bench->add_option("root", root, "a scratch directory on the storage to measure")->required();
@@ -206,6 +206,17 @@ void add_bench(CLI::App& kv) {
                    "writer and all at once), prefix lookups while they write, a reader's gets "
                    "of their blocks (one block size; --bytes per writer)")
       ->check(CLI::Range(1u, 64u));
+  // KVGpuGroups: how GPU blocks in pieces move through the device bounce buffer.
+  bench->add_option("--group-bytes", group_bytes,
+                    "GPU blocks in pieces: bytes per group through the device bounce buffer "
+                    "(default 128M)");
+  bench->add_option("--group-flights", group_flights, "groups moving at once (default 3)")
+      ->check(CLI::Range(1u, 16u));
+  bench
+      ->add_option("--group-threads", group_threads,
+                   "the transfer core's workers per group (default: half of them where a batch "
+                   "has several groups)")
+      ->check(CLI::Range(1u, 256u));
   bench->add_option("--json", json, "also write the rows to this file");
   bench->callback([] {
     KVBenchOptions o;
@@ -237,6 +248,9 @@ void add_bench(CLI::App& kv) {
                   layout.c_str(), layers, block_tokens, kv_heads, head_dim, dtype.c_str(),
                   static_cast<unsigned long long>(kv_layout_block_bytes(o)));
     if (!page_cache_pin.empty()) o.page_cache_pin = parse_size(page_cache_pin);
+    if (!group_bytes.empty()) o.gpu_groups.bytes = parse_size(group_bytes);  // 0 is refused
+    o.gpu_groups.flights = group_flights;
+    o.gpu_groups.threads = group_threads;
     for (const auto& p : paths) o.paths.push_back(parse_kv_path(p));
     o.writers = writers;
     if (writers > 0) return print_fleet_bench(o, json);
@@ -344,6 +358,10 @@ void add_bench(CLI::App& kv) {
                       {"pinned_d2h_gbps", r.pinned_d2h_gbps},
                       {"pinned_h2d_gbps", r.pinned_h2d_gbps},
                       {"page_cache_pin", o.page_cache_pin},
+                      {"gpu_groups",
+                       {{"bytes", o.gpu_groups.bytes},
+                        {"flights", o.gpu_groups.flights},
+                        {"threads", o.gpu_groups.threads}}},
                       {"get_warm_registered_gbps", r.get_warm_registered_gbps},
                       {"page_cache_register_seconds", r.page_cache_register_seconds},
                       {"page_cache_dma_share", r.page_cache_dma_share},

@@ -160,6 +160,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   options.allow_compat = true;
   options.checkpoint_on_close = false;
   options.page_cache_pin_bytes = o.page_cache_pin;
+  options.gpu_groups = o.gpu_groups;
   BatchMemory source(o.device, block, batch, layout), target(o.device, block, batch, layout);
   std::vector<std::byte> pattern(block * batch);
   for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);

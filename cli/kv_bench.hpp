@@ -50,6 +50,8 @@ struct KVBenchOptions {
   // a node's engine instances each have a GPU): writer w's on writer_devices[w % size]; empty:
   // every writer's on `device`.
   std::vector<Device> writer_devices;
+  // KVStoreOptions::gpu_groups for the stores measured (zeros: ferry's choice).
+  KVGpuGroups gpu_groups;
 };
 
 // Where one pass's time went (seconds, the mean of the rounds), from KVStats.

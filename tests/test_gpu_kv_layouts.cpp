@@ -191,6 +191,41 @@ TEST_P(GpuKvLayouts, EveryEngineLayoutRoundTripsBitExact) {
   }
 }
 
+// KVGpuGroups (`ferry kv bench --group-bytes ...`): groups of an odd size, one worker each, two
+// moving at once; and the whole call in one group on 16 workers: bit-exact both ways, from the
+// device and from the page cache.
+TEST_P(GpuKvLayouts, GroupSizesFromTheOptionsRoundTripBitExact) {
+  const KvLayout l = vllm_layout(32, 40, 16, 8, 128, 2);  // 40 x 2 MiB
+  for (const KVGpuGroups groups : {KVGpuGroups{3ull << 20, 2, 1}, KVGpuGroups{1ull << 30, 1, 16}}) {
+    SCOPED_TRACE(std::to_string(groups.bytes) + " bytes a group");
+    TempDir dir;
+    KVStoreOptions options;
+    options.gpu_path = GetParam().path;
+    options.allow_compat = true;
+    if (GetParam().page_cache) options.page_cache_pin_bytes = 1ull << 30;
+    options.gpu_groups = groups;
+    auto store = KVStore::open(dir.path(), kv_namespace("groups"), l.num_blocks * l.block_bytes(),
+                               l.block_bytes(), options);
+    Tensors source = tensors(l, 11);
+    std::vector<KVKey> keys;
+    KVBlockList from;
+    for (std::size_t b = 0; b < l.num_blocks; ++b) {
+      keys.push_back(700 + b);
+      from.push_back(source.pieces(l, b));
+    }
+    for (const KVResult& r : run(store, true, false, keys, from)) ASSERT_TRUE(r.ok()) << r.message;
+    for (bool cached : {false, true}) {
+      if (cached) warm(dir);
+      Tensors target = tensors(l, 0);
+      KVBlockList to;
+      for (std::size_t b = 0; b < l.num_blocks; ++b) to.push_back(target.pieces(l, b));
+      for (const KVResult& r : run(store, false, false, keys, to)) ASSERT_TRUE(r.ok()) << r.message;
+      for (std::size_t b = 0; b < l.num_blocks; ++b)
+        ASSERT_EQ(block_bytes(l, target, b), block_bytes(l, source, b)) << b;
+    }
+  }
+}
+
 // A call larger than the device bounce buffer moves in groups of 128 MiB, three in flight, each
 // bounce part taken again by later groups. Bit-exact both ways, from the device and from the page
 // cache, sync and async; blocks whose slab bytes were flipped fail their checksum alone, their

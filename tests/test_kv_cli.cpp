@@ -91,6 +91,32 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   EXPECT_NE(out.find("\"4Q\" is not a size"), std::string::npos) << out;
 }
 
+// The device bounce buffer's groups (KVGpuGroups) from the command line: kept in the rows (host
+// memory has no groups, so only the echo is checked here; test_gpu_kv_layouts moves blocks with
+// them); out-of-range values are refused.
+TEST(KvCli, BenchTakesTheGpuGroupsAndRefusesBadOnes) {
+  TempDir dir;
+  const std::string json = (dir / "rows.json").string();
+  const std::string bench = "kv bench " + (dir / "scratch").string() + " --sizes 4K --bytes 64K " +
+                            "--rounds 1 --batch 4 --pieces 2";
+  auto [status, out] =
+      run_cli(bench + " --group-bytes 3M --group-flights 2 --group-threads 5" + " --json " + json);
+  ASSERT_EQ(status, 0) << out;
+  std::ifstream rows(json);
+  const auto parsed = nlohmann::json::parse(rows);
+  ASSERT_EQ(parsed.size(), 1u) << parsed.dump();
+  EXPECT_EQ(parsed[0]["gpu_groups"]["bytes"], 3u << 20) << parsed.dump();
+  EXPECT_EQ(parsed[0]["gpu_groups"]["flights"], 2u) << parsed.dump();
+  EXPECT_EQ(parsed[0]["gpu_groups"]["threads"], 5u) << parsed.dump();
+  const std::pair<const char*, const char*> bad[] = {{" --group-bytes 0", "\"0\" is not a size"},
+                                                     {" --group-flights 17", "--group-flights"},
+                                                     {" --group-threads 0", "--group-threads"}};
+  for (const auto& [flag, error] : bad) {
+    std::tie(status, out) = run_cli(bench + flag);
+    EXPECT_NE(status, 0) << flag << ": " << out;
+    EXPECT_NE(out.find(error), std::string::npos) << flag << ": " << out;
+  }
+}
 
 // `--writers 3`: three writer processes on one namespace, a reader following them; the reader
 // gets every writer's blocks back bit-exact (the bench fails otherwise) and its index holds all

@@ -432,6 +432,17 @@ TEST(KvStore, OpenRefusesBadArgumentsAndMismatchedStores) {
   KVNamespace bad_rank = kv_namespace();
   bad_rank.tp_rank = 2;
   EXPECT_THROW(KVStore::open(dir.path(), bad_rank, 1 * kMiB, 4096), std::invalid_argument);
+  for (const KVGpuGroups groups : {KVGpuGroups{0, 17, 0}, KVGpuGroups{0, 0, 257}}) {
+    KVStoreOptions too_many;
+    too_many.gpu_groups = groups;
+    try {
+      KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096, too_many);
+      FAIL() << "gpu_groups " << groups.flights << " flights, " << groups.threads
+             << " threads were accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("gpu_groups"), std::string::npos) << e.what();
+    }
+  }
   { auto store = KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 4096); }
   try {
     KVStore::open(dir.path(), kv_namespace(), 1 * kMiB, 8192);

@@ -7,7 +7,7 @@
 #   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/load/run_bench.py)
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
 #     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout,
-#     kvfleet, kvgroups, kvbisect-build, kvbisect (.before/NAME.tar.gz each), stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
+#     kvfleet, kvgroups, kvsweep (group shapes), kvbisect-build, kvbisect (.before/NAME.tar.gz each), stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
 #     firstload-tests, firstload, firstload-cold, firstload4 (2+ GPUs); `build vllm` builds only
 #     what tools/vllm_gpu_run.sh needs.
 #   The device tool caps one call at 10 minutes: split them (`build tests warm`, then `tmpfs
@@ -72,6 +72,7 @@ want kvdma && kv_dma
 want kvfleet && kv_fleet_stage
 want kvlayout && kv_layout_stage
 want kvgroups && kv_groups_stage
+want kvsweep && kv_sweep_stage
 want kvbisect-build && kv_bisect_builds
 want kvbisect && kv_bisect_stage
 want stream && { stream_tests; stream_bench; }

@@ -62,6 +62,17 @@ enum class KVPath {
 // "auto" | "staged" | "direct"; throws std::invalid_argument otherwise.
 KVPath parse_kv_path(std::string_view text);
 
+// How GPU gets and puts of blocks in pieces (vLLM's per-layer pages) move through a device
+// bounce buffer: in groups of about `bytes` (a larger block alone), `flights` of them moving at
+// once, each on `threads` of the transfer core's workers. 0: ferry's choice (128 MiB, 3, half
+// the workers where the batch has several groups). For measuring (`ferry kv bench
+// --group-bytes ...`); the bounce buffer takes `bytes` x `flights` of each GPU's memory.
+struct KVGpuGroups {
+  std::uint64_t bytes = 0;
+  unsigned flights = 0;
+  unsigned threads = 0;
+};
+
 struct KVStoreOptions {
   KVPath gpu_path = KVPath::Auto;
   bool allow_compat = false;           // KVPath::Direct may run in cuFile's compatibility mode
@@ -84,6 +95,7 @@ struct KVStoreOptions {
   // checkpoint, its slots the only ones it writes and evicts) and every call first folds in the
   // other shares' commits. Readers take the count from the store (leave it 0).
   unsigned fleet_writers = 0;
+  KVGpuGroups gpu_groups;
 };
 
 // One memory span of a block. A block is one span or a list of per-layer pieces, gathered

@@ -210,6 +210,10 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
   FERRY_EXPECT(options.fleet_writers != 1 && options.fleet_writers <= 256, std::invalid_argument,
                "KV store at ", root.string(), ": fleet_writers ", options.fleet_writers,
                " must be 0 (one writer) or 2 to 256");
+  FERRY_EXPECT(options.gpu_groups.flights <= 16 && options.gpu_groups.threads <= 256,
+               std::invalid_argument, "KV store at ", root.string(), ": gpu_groups flights ",
+               options.gpu_groups.flights, " and threads ", options.gpu_groups.threads,
+               " must be at most 16 and 256 (0: ferry's choice)");
   auto impl = std::make_unique<Impl>();
   impl->ns = ns;
   impl->options = options;
@@ -265,6 +269,7 @@ KVStore KVStore::open(const fs::path& root, const KVNamespace& ns, std::uint64_t
                                             impl->slots_per_slab * impl->slot_bytes, writable);
   auto io = std::make_unique<TransferBlockIo>(*impl->slabs, impl->slot_bytes, writable,
                                               options.gpu_path, options.allow_compat);
+  io->set_groups(options.gpu_groups);
   if (options.page_cache_pin_bytes > 0)
     io->enable_page_cache(options.page_cache_pin_bytes, impl->slot_bytes,
                           impl->slots_per_slab * impl->slot_bytes);

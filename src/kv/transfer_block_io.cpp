@@ -198,10 +198,13 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
   // them all), the workers shared between them.
   const bool buffered = !writing && reads_buffered(blocks);
   const std::vector<std::span<BlockRequest* const>> groups =
-      cut_groups(blocks, direct, kGroupBytes);
-  const std::size_t flights = std::min(groups.size(), kFlights);
+      cut_groups(blocks, direct, _groups.bytes ? _groups.bytes : kGroupBytes);
+  const std::size_t flights =
+      std::min(groups.size(), _groups.flights ? std::size_t{_groups.flights} : kFlights);
   const unsigned all_threads = wanted_settings(options(nullptr)).threads;
-  const unsigned threads = std::max<unsigned>(1, groups.size() > 1 ? all_threads / 2 : all_threads);
+  const unsigned threads =
+      _groups.threads ? _groups.threads
+                      : std::max<unsigned>(1, groups.size() > 1 ? all_threads / 2 : all_threads);
   try {
     reserve_bounce(groups, direct, flights);
   } catch (const std::exception& e) {

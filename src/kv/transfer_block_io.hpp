@@ -43,6 +43,8 @@ class TransferBlockIo final : public BlockIo {
   // `threads`: the core's workers per batch (0: its default, one per core up to 16).
   TransferBlockIo(SlabFiles& slabs, std::uint64_t slot_bytes, bool writable, KVPath path,
                   bool allow_compat, bool host_through_core = false, unsigned threads = 0);
+  // KVStoreOptions::gpu_groups (its zeros: the defaults).
+  void set_groups(const KVGpuGroups& groups) { _groups = groups; }
   // Page-cache DMA for gets (KVStoreOptions::page_cache_pin_bytes) over slabs of `slab_bytes`.
   void enable_page_cache(std::uint64_t budget_bytes, std::uint64_t slot_bytes,
                          std::uint64_t slab_bytes);
@@ -64,7 +66,7 @@ class TransferBlockIo final : public BlockIo {
   // bounce buffer (cuFile: any block but one piece of GPU memory; staged: pieces all on one GPU,
   // where its kernels run). Each group is started (gathered, submitted) before the ones before
   // it are finished (waited for, verified, scattered), the core's workers shared between them
-  // (see kFlights).
+  // (see kFlights; KVGpuGroups changes the sizes).
   struct Group;
   struct Flight;
   bool reads_buffered(std::span<BlockRequest* const> blocks) const;
@@ -111,6 +113,7 @@ class TransferBlockIo final : public BlockIo {
   bool _allow_compat;
   bool _host_through_core;
   unsigned _threads;
+  KVGpuGroups _groups;
   std::shared_ptr<FileSet>
       _files;         // the slabs for the transfer core, opened at the first GPU batch
   std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared

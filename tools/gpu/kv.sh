@@ -230,6 +230,29 @@ kv_bisect_stage() {
   rm -rf /tmp/kvbench
 }
 
+# Warm gets of vLLM's layout (64 x 32 KiB) at 1,024 blocks a call under several group shapes
+# (KVGpuGroups: bytes, flights, workers each), beside one-piece blocks of the same size, in one
+# build: which shape closes the gap to one piece (0.75 x at the default, 128 MiB x 3 on half the
+# workers). Each row's JSON keeps its shape.
+kv_sweep_stage() {
+  mkdir -p /tmp/kvbench
+  local common=(--device cuda:0 --bytes 2G --rounds 3 --path staged --batch 1024)
+  log "ferry kv bench: one piece of 2 MiB, 1024 blocks per call"
+  "$ferry" kv bench /tmp/kvbench "${common[@]}" --sizes 2M --json "$OUT/kvsweep-one-piece.json" \
+    2>&1 | tee -a "$OUT/summary.txt" || status=1
+  local shape bytes flights threads
+  for shape in ${KV_SWEEP_SHAPES:-128M,3,0 128M,3,16 128M,2,0 256M,3,0 256M,2,16 512M,2,16 64M,4,0}; do
+    IFS=, read -r bytes flights threads <<<"$shape"
+    local flags=(--group-bytes "$bytes" --group-flights "$flights")
+    [ "$threads" != 0 ] && flags+=(--group-threads "$threads")
+    log "ferry kv bench: vLLM layout, 1024 blocks per call, groups $bytes x $flights, workers ${threads/#0/default}"
+    "$ferry" kv bench /tmp/kvbench "${common[@]}" --layout vllm --layers 32 --block-tokens 16 \
+      --kv-heads 8 --head-dim 128 "${flags[@]}" --json "$OUT/kvsweep-vllm-$bytes-$flights-$threads.json" \
+      2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
+  rm -rf /tmp/kvbench
+}
+
 # A GPU batch's groups in flight (a short check after a change there): the GPU KV tests (page-cache
 # DMA's too: its windows registered in the background), then vLLM's layout with page-cache DMA at
 # 1,024 blocks a call (the first get beside the later ones). kvbisect measures the rest.
