@@ -18,9 +18,9 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
-import torch.distributed as dist
 
 from . import _ferry
+from ._collectives import Collectives, TorchCollectives
 from ._dtypes import engine_device, normalize_device, tensor_table, torch_dtype, torch_shape
 from ._open import open_checkpoint
 
@@ -29,14 +29,6 @@ from ._open import open_checkpoint
 # (name, shape) -> one of those. Names a dict or callable leaves out follow `default`.
 Spec = Union[None, int, Tuple[int, List[int]]]
 Shard = Union[None, str, Dict[str, Spec], Callable[[str, List[int]], Spec]]
-
-
-def _global_rank(group, rank: int) -> int:
-    if group is None or group is dist.group.WORLD:
-        return rank
-    if hasattr(dist, "get_global_rank"):
-        return dist.get_global_rank(group, rank)
-    return dist.distributed_c10d._get_global_rank(group, rank)  # torch < 2.0
 
 
 def _specs(checkpoint, shard: Shard) -> Tuple[str, Dict[str, Optional[Tuple[int, List[int]]]]]:
@@ -67,28 +59,23 @@ def _specs(checkpoint, shard: Shard) -> Tuple[str, Dict[str, Optional[Tuple[int,
     return "replicate", chosen
 
 
-def _collective_device(group, device: torch.device) -> torch.device:
-    backend = dist.get_backend(group)
-    return device if backend == "nccl" else torch.device("cpu")
+def _handles(works: List[Any]) -> List[Any]:
+    """The collectives' handles among `works` (which also keep their tensors alive)."""
+    return [w for w in works if not isinstance(w, torch.Tensor)]
 
 
-def _check_agreement(plan, group, device: torch.device, label: str) -> None:
+def _check_agreement(plan, coll: Collectives, device: torch.device, label: str) -> None:
     """Every rank raises the same error when the ranks' plans differ (never a hang on a later
     collective whose sizes disagree). One small all_reduce (MAX of the digest and of its negation
     gives the largest and the smallest): the collective a serving engine has run already, so its
     connections are up; the ranks' digests are gathered only to word the error."""
-    side = _collective_device(group, device)
     digest, nbytes = plan.digest() & 0x7FFFFFFFFFFFFFFF, plan.read_bytes
-    extremes = torch.tensor([digest, nbytes, -digest, -nbytes], dtype=torch.int64, device=side)
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
-    high_digest, high_bytes, low_digest, low_bytes = extremes.tolist()
+    high_digest, high_bytes, low_digest, low_bytes = coll.max_of(
+        [digest, nbytes, -digest, -nbytes], device)
     if high_digest == -low_digest and high_bytes == -low_bytes:
         return
-    world = dist.get_world_size(group)
-    mine = torch.tensor([digest, nbytes], dtype=torch.int64, device=side)
-    seen = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(seen, mine, group=group)  # every rank is here: all saw the extremes differ
-    digests = [tuple(int(x) for x in s.cpu()) for s in seen]
+    # every rank is here: all saw the extremes differ
+    digests = coll.every_rank([digest, nbytes], device)
     detail = ", ".join(f"rank {r}: plan {d[0]:016x}, {d[1]} bytes" for r, d in enumerate(digests))
     raise ValueError(f"{label}: the ranks disagree on the checkpoint or its slice plan "
                      f"(different files, sizes or shard specs): {detail}")
@@ -99,19 +86,19 @@ def _check_agreement(plan, group, device: torch.device, label: str) -> None:
 _WARM_GATHER_BYTES = 16 << 20
 
 
-def _connect_ring(group, device: torch.device, gather_bytes: int, works: List[Any]) -> None:
+def _connect_ring(coll: Collectives, device: torch.device, gather_bytes: int,
+                  works: List[Any]) -> None:
     """NCCL (2.22 on) connects a communicator's ring on the first collective that runs on it, and
     CUDA loads a kernel at its first launch; a warm-up all_reduce of a few bytes may have taken
     another algorithm (tree) and protocol. One all-gather shaped like round 0's (at most 16 MiB
     per rank), queued while round 0's reads run, pays for both then, not at round 0's gather
     (broadcasts take the same ring)."""
-    if dist.get_backend(group) != "nccl" or dist.get_world_size(group) < 2:
+    if not coll.on_gpu or coll.world < 2:
         return
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
     per_rank = max(1, min(gather_bytes or _WARM_GATHER_BYTES, _WARM_GATHER_BYTES))
-    region = torch.zeros(world * per_rank, dtype=torch.uint8, device=device)
-    works.append(dist.all_gather_into_tensor(region, region[rank * per_rank:(rank + 1) * per_rank],
-                                             group=group, async_op=True))
+    region = torch.zeros(coll.world * per_rank, dtype=torch.uint8, device=device)
+    works.append(coll.all_gather_into(region,
+                                      region[coll.rank * per_rank:(coll.rank + 1) * per_rank]))
     works.append(region)  # alive until waited for
 
 
@@ -121,10 +108,11 @@ class _Timeline:
     known host time. Observation only: a stream of its own waits for the collectives, so the
     load's own streams are ordered as without it."""
 
-    def __init__(self, device: torch.device, nccl: bool):
+    def __init__(self, device: torch.device, coll: Collectives):
         self.began = time.perf_counter()
         self.marks: List[List[Any]] = []
-        self._gpu = nccl and device.type == "cuda"
+        self._coll = coll
+        self._gpu = coll.on_gpu and device.type == "cuda"
         self._device = device
         self._events: List[Tuple[str, Any]] = []
         self._reference = None
@@ -146,12 +134,9 @@ class _Timeline:
         """Notes when `works` (collectives) finish on the GPU."""
         if self._reference is None:
             return
-        with torch.cuda.stream(self._stream):
-            for work in works:
-                if not isinstance(work, torch.Tensor):
-                    work.wait()
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(self._stream)
+        self._coll.order(self._stream, _handles(works))
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self._stream)
         self._events.append((name, event))
 
     def result(self) -> List[List[Any]]:
@@ -162,7 +147,7 @@ class _Timeline:
         return sorted(out, key=lambda m: m[1])
 
 
-def _scatter(plan, k, rank, group, memory, scratch, works) -> None:
+def _scatter(plan, k, coll: Collectives, memory, scratch, works) -> None:
     """Round k's tensors split along an inner dimension: each is broadcast from the rank that read
     it (its scratch) and every rank copies its columns out. A broadcast runs on the group's ring,
     which the engine's own collectives have connected already; point-to-point sends would make
@@ -171,6 +156,7 @@ def _scatter(plan, k, rank, group, memory, scratch, works) -> None:
     scatters = plan.scatters(k)
     if not scatters:
         return
+    rank = coll.rank
     inbox_bytes = sum(rows * row_bytes for reader, _, rows, row_bytes, _ in scatters if reader != rank)
     inbox = torch.empty(inbox_bytes, dtype=torch.uint8, device=memory.device) if inbox_bytes else None
     received, waits, at = [], [], 0
@@ -188,13 +174,12 @@ def _scatter(plan, k, rank, group, memory, scratch, works) -> None:
         else:
             whole = inbox[at:at + n]
             at += n
-        waits.append(dist.broadcast(whole, src=_global_rank(group, reader), group=group, async_op=True))
+        waits.append(coll.broadcast(whole, reader))
         if reader == rank:
             place(whole, rows, row_bytes, parts)  # already here
         else:
             received.append((whole, rows, row_bytes, parts))
-    for work in waits:  # NCCL: the current stream waits (the host does not); gloo: done
-        work.wait()
+    coll.wait(waits)  # NCCL: the current stream waits (the host does not); gloo: done
     for whole, rows, row_bytes, parts in received:
         place(whole, rows, row_bytes, parts)
     works += waits
@@ -207,16 +192,14 @@ def _start_round(plan, k, rank, device, memory, scratch, engine):
                                      memory.data_ptr(), scratch.data_ptr(), **engine)
 
 
-def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading,
+def _run_rounds(plan, coll: Collectives, device, memory, scratch, stats, engine, reading,
                 timeline):
     """The rounds, round 0's reads started already (`reading`)."""
-    nccl = dist.get_backend(group) == "nccl"
+    rank, world = coll.rank, coll.world
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
 
     def settle(k):  # round k's exchanges are done (its scratch bank can be refilled)
-        for work in pending[k]:
-            if not isinstance(work, torch.Tensor):
-                work.wait()
+        coll.wait(_handles(pending[k]))
         pending[k] = []
         # NCCL's wait only orders the current stream; ferry's copies run on streams of its own,
         # so the host waits until the sends out of that bank are done.
@@ -238,33 +221,30 @@ def _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine
         timeline.mark(f"round {k} read")
         reading = following
         works: List[Any] = []
-        _scatter(plan, k, rank, group, memory, scratch, works)
+        _scatter(plan, k, coll, memory, scratch, works)
         offset, per_rank = plan.gather(k)
         if world > 1 and per_rank > 0:
             region = memory[offset:offset + world * per_rank]
             own = region[rank * per_rank:(rank + 1) * per_rank]
-            if nccl:  # in place, as NCCL allows
-                works.append(dist.all_gather_into_tensor(region, own, group=group, async_op=True))
-            else:
-                works.append(dist.all_gather(list(region.chunk(world)), own.clone(), group=group,
-                                             async_op=True))
+            works.append(coll.all_gather_into(region, own))
         pending.append(works)
         timeline.mark(f"round {k} exchanges queued")
         timeline.exchanged(f"round {k} exchanged", works)
     for works in pending:
-        for work in works:
-            if not isinstance(work, torch.Tensor):
-                work.wait()
+        coll.wait(_handles(works))
 
 
 def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = None,
                  names: Optional[Iterable[str]] = None, round_bytes: int = 0,
                  return_stats: bool = False, **engine):
-    """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc."""
-    group = process_group if process_group is not None else dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc.
+    `process_group`: a torch.distributed process group (None: the default one), or the
+    Collectives of a communicator the caller holds (ferry._collectives)."""
+    coll = (process_group if isinstance(process_group, Collectives)
+            else TorchCollectives(process_group))
+    rank, world = coll.rank, coll.world
     target = torch.device(normalize_device(device))
-    timeline = _Timeline(target, dist.get_backend(group) == "nccl")
+    timeline = _Timeline(target, coll)
     checkpoint = open_checkpoint(path)
     label = str(path)
     rule, specs = _specs(checkpoint, shard)
@@ -284,9 +264,9 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     timeline.mark("round 0 started")
     warm: List[Any] = []
     try:
-        _check_agreement(plan, group, target, label)
+        _check_agreement(plan, coll, target, label)
         timeline.mark("plans agreed")
-        _connect_ring(group, target, plan.gather(0)[1] if plan.rounds else 0, warm)
+        _connect_ring(coll, target, plan.gather(0)[1] if plan.rounds else 0, warm)
         timeline.mark("ring connect queued")
     except BaseException:
         if reading is not None:
@@ -299,11 +279,8 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
              "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
     try:
         timeline.exchanged("ring connected", warm)
-        _run_rounds(plan, rank, world, group, device, memory, scratch, stats, engine, reading,
-                    timeline)
-        for work in warm:
-            if not isinstance(work, torch.Tensor):
-                work.wait()
+        _run_rounds(plan, coll, device, memory, scratch, stats, engine, reading, timeline)
+        coll.wait(_handles(warm))
         timeline.mark("exchanges waited")
     except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
         raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "

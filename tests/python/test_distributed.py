@@ -18,6 +18,8 @@ if not dist.is_available() or not dist.is_gloo_available():
 import torch.multiprocessing as mp  # noqa: E402
 from safetensors.torch import load_file as reference_load, save_file  # noqa: E402
 
+from ferry._collectives import TorchCollectives  # noqa: E402
+
 
 def llama_like(path):
     g = torch.Generator().manual_seed(3)
@@ -57,6 +59,44 @@ def expected_slice(name, tensor, rank, world, shard):
     return torch.tensor_split(tensor, world, dim)[rank]
 
 
+class _RecordingCollectives(TorchCollectives):
+    """TorchCollectives on the default group that records the interface's calls, and any
+    torch.distributed collective issued outside them (a load must run every collective through
+    the interface: that is what lets it run on a communicator the caller holds, as vLLM's)."""
+
+    def __init__(self):
+        super().__init__(dist.group.WORLD)
+        self.calls, self.outside, self._inside = [], [], False
+        for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"):
+            original = getattr(dist, name)
+
+            def watched(*args, _original=original, _name=name, **kwargs):
+                if not self._inside:
+                    self.outside.append(_name)
+                return _original(*args, **kwargs)
+            setattr(dist, name, watched)
+
+    def _call(self, name, *args):
+        self.calls.append(name)
+        self._inside = True
+        try:
+            return getattr(super(), name)(*args)
+        finally:
+            self._inside = False
+
+    def broadcast(self, tensor, src):
+        return self._call("broadcast", tensor, src)
+
+    def all_gather_into(self, region, own):
+        return self._call("all_gather_into", region, own)
+
+    def max_of(self, values, device):
+        return self._call("max_of", values, device)
+
+    def every_rank(self, values, device):
+        return self._call("every_rank", values, device)
+
+
 def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
     try:
         # NVLink multicast stays off in every process (see ferry/_distributed.py).
@@ -88,6 +128,12 @@ def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
                        for n, (_, _, _, s) in plan.items()}
             ferry.torch.load_into(targets, path, process_group=dist.group.WORLD, shard=shard)
             got, stats = targets, None
+        elif mode == "collectives":
+            recorder = _RecordingCollectives()
+            got, stats = load_sharded(path, device, recorder, shard, return_stats=True,
+                                      round_bytes=512)
+            assert recorder.outside == [], recorder.outside
+            assert {"max_of", "broadcast", "all_gather_into"} <= set(recorder.calls), recorder.calls
         else:
             got, stats = load_sharded(path, device, dist.group.WORLD, shard, return_stats=True,
                                       round_bytes=512)
@@ -160,6 +206,12 @@ def test_explicit_slice_plan_with_uneven_sizes(tmp_path):
 def test_load_into_sharded_targets(tmp_path):
     outcomes, _ = run_group(tmp_path, 2, "tensor_parallel", mode="load_into")
     assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+
+
+def test_a_load_runs_every_collective_through_the_collectives_it_is_given(tmp_path):
+    outcomes, path = run_group(tmp_path, 2, "tensor_parallel", mode="collectives")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+    assert sum(int(o.split()[1]) for o in outcomes) == checkpoint_bytes(path)
 
 
 def test_ranks_that_disagree_all_fail_with_the_same_error(tmp_path):
