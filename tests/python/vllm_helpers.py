@@ -7,6 +7,19 @@ import numpy as np
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
+def _as_on_a_cpu_without_amx() -> None:
+    """PyPI's vLLM wheel has no CPU kernels (vllm._C). On a CPU with AMX (Sapphire Rapids and
+    later) vLLM's post-processing of loaded weights packs small GEMMs' weights with one of them
+    (convert_weight_packed) and fails; elsewhere it keeps them as loaded. These tests compare
+    the weights the loaders leave, so vLLM runs here as on a CPU without AMX, whatever this
+    machine has."""
+    import torch
+    torch.cpu._is_amx_tile_supported = lambda: False
+
+
+_as_on_a_cpu_without_amx()
+
+
 def offloading_config(extra, page_bytes, layers=2, engine_id="ferry-test", rank=0, world=1):
     from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
                                            OffloadingGroupConfig, OffloadingModelConfig,
