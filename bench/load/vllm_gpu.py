@@ -11,7 +11,8 @@ transformers' LlamaForCausalLM built on the meta device), written once as safete
         [--budget-s 480]
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
-(process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is process_group).
+(process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is the loader's
+default), "ferry:MODE:COMMUNICATOR" also {"tp_communicator": COMMUNICATOR} (torch or vllm).
 --budget-s: a format is skipped (and said so) when the slowest start so far would end past it.
 
 --kv-spec (instead of the load formats): time to first token of a --kv-tokens (+1) prompt (random
@@ -106,7 +107,11 @@ def child(folder: str, load_format: str, tp: int) -> None:
         return
     from vllm import LLM, SamplingParams
     name, _, mode = load_format.partition(":")
-    extra = {"model_loader_extra_config": {"tp_mode": mode}} if mode else {}
+    mode, _, communicator = mode.partition(":")
+    config = {"tp_mode": mode} if mode else {}
+    if communicator:
+        config["tp_communicator"] = communicator
+    extra = {"model_loader_extra_config": config} if config else {}
     started = time.perf_counter()
     llm = LLM(model=folder, load_format=name, tensor_parallel_size=tp,
               skip_tokenizer_init=True, enforce_eager=True, gpu_memory_utilization=0.85,

@@ -129,6 +129,18 @@ def test_tensor_parallel_modes(tmp_path):
                 # there whose buffers stay on the GPU (vLLM's KV cache the smaller for them).
                 for mode in ("slices", "auto", "default", "each_rank_reads_all"):
                     assert row[mode]["device_group_calls"] == [], (folder.name, mode, row[mode])
+        # The group's load runs on torch's communicator of the device group unless told
+        # otherwise; vLLM's own NCCL communicator does not exist on the CPU, which the error says.
+        for row in rows:
+            for mode in ("process_group", "torch_communicator"):
+                assert row[mode].get("equal") is True, row[mode]
+                assert "broadcast" in row[mode]["device_group_calls"] or \
+                    "all_gather" in row[mode]["device_group_calls"], row[mode]
+            error = row["vllm_communicator"].get("error", "")
+            assert "tp_communicator \"vllm\"" in error and "VLLM_DISABLE_PYNCCL" in error, error
+            assert "tp_communicator \"torch\"" in error, error
+            error = row["no_such_communicator"].get("error", "")
+            assert "'mpi' is not one of ['torch', 'vllm']" in error, error
         # With an engine option, which slices' reader does not take: the group's load.
         for row in rows:
             assert row["default_with_threads"].get("equal") is True, row["default_with_threads"]

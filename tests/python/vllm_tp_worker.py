@@ -14,8 +14,12 @@ import torch
 
 MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 # Each mode's model_loader_extra_config, and the defaults: no tp_mode, then with an engine option.
+# The communicators: torch's named (the default), vLLM's (none on the CPU), one that is not.
 CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
-           "default": {}, "default_with_threads": {"threads": 2}}
+           "default": {}, "default_with_threads": {"threads": 2},
+           "torch_communicator": {"tp_mode": "process_group", "tp_communicator": "torch"},
+           "vllm_communicator": {"tp_mode": "process_group", "tp_communicator": "vllm"},
+           "no_such_communicator": {"tp_mode": "process_group", "tp_communicator": "mpi"}}
 
 
 def build(folder, load_format, extra=None):

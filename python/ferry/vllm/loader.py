@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
-from .tp import (TP_MODES, any_rank, check_slices_taken, choose_mode, group_slice_weights,
-                 group_weights, slice_weights, slices_not_taken, tp_group)
+from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, check_slices_taken, choose_mode,
+                 group_collectives, group_slice_weights, group_weights, slice_weights,
+                 slices_not_taken, tp_group)
 
 logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 
@@ -69,6 +70,10 @@ class FerryModelLoader(BaseModelLoader):
         if self.tp_mode is not None and self.tp_mode not in TP_MODES:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
                              f"{self.tp_mode!r} is not one of {list(TP_MODES)}")
+        self.tp_communicator = self.options.pop("tp_communicator", "torch")
+        if self.tp_communicator not in TP_COMMUNICATORS:
+            raise ValueError(f"model_loader_extra_config for load format ferry: tp_communicator "
+                             f"{self.tp_communicator!r} is not one of {list(TP_COMMUNICATORS)}")
         if self.tp_mode is None:
             # auto (slices where they fit: the fastest at TP 4, docs/vllm.md); process_group
             # where engine options are given, which slices' tensor reader does not take.
@@ -134,19 +139,21 @@ class FerryModelLoader(BaseModelLoader):
             device = _model_device(model)
         checkpoint = ferry.Checkpoint.open(path)
         names = checkpoint.names()
-        rank, ranks, group = tp_group()
+        rank, ranks = tp_group()
         mode = choose_mode(tp_mode or self.tp_mode, ranks, model_config.quantization is not None)
         self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
         if mode in ("slices", "group_slices") and model_config.quantization is not None:
             raise ValueError(f"load format ferry: tp_mode \"{mode}\" reads unquantized "
                              f"checkpoints; this model is {model_config.quantization} (use "
                              "tp_mode \"process_group\")")
+        if mode in ("process_group", "group_slices"):
+            collectives = group_collectives(self.tp_communicator, device)
         if mode == "process_group":
-            weights = group_weights(path, device, group,
+            weights = group_weights(path, device, collectives,
                                     ferry.torch._groups(checkpoint, self.group_bytes),
                                     self.last_load, **self.options)
         elif mode == "group_slices":
-            weights = group_slice_weights(path, device, rank, ranks, group,
+            weights = group_slice_weights(path, device, rank, ranks, collectives,
                                           ferry.torch._groups(checkpoint, self.group_bytes),
                                           self.last_load, **self.options)
         elif mode == "slices":

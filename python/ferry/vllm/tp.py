@@ -2,11 +2,17 @@
 the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_extra_config
 `tp_mode`).
 
-- "process_group" (the default with more than one rank): the group reads each byte once between
-  them (each rank its share, with ferry's engine onto its GPU) and shares it over vLLM's own
-  process group (the TP group's device group: NCCL on GPUs, gloo on the CPU), through
-  ferry.torch's group load (ferry._distributed); every rank then holds whole tensors, a group of
-  about `group_bytes` at a time, the next group loading while vLLM consumes this one.
+- "process_group" (the default where engine options are given): the group reads each byte once between
+  them (each rank its share, with ferry's engine onto its GPU) and shares it over vLLM's
+  tensor-parallel group, through ferry.torch's group load (ferry._distributed); every rank then
+  holds whole tensors, a group of about `group_bytes` at a time, the next group loading while
+  vLLM consumes this one. `tp_communicator` says which communicator carries the bytes: "torch"
+  (the default): torch's on the group's device group (NCCL on GPUs, gloo on the CPU), which
+  torch starts at the first collective there and keeps for the server's life (about 0.9 GiB per
+  GPU, which vLLM's KV cache then lacks); "vllm": the NCCL communicator vLLM already holds for the
+  group (no new one, no memory; an error where vLLM has none, e.g. on the CPU). Not yet measured
+  on GPUs, so not the default: vLLM's communicator is shared with vLLM, which must issue no
+  collective on it while the load runs (it does not in its weight loaders).
 - "slices": each rank reads only the bytes of its slices (ferry's tensor-parallel rule for
   Llama/Qwen/Mistral names: q/k/v, gate/up, embeddings and lm_head by rows), into tensors of the
   checkpoint's full shape whose other elements are NaN; a tensor split by columns (o_proj and
@@ -31,19 +37,84 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
+from ferry._collectives import Collectives, TorchCollectives
+
 TP_MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
+# Where "process_group" and "group_slices" exchange bytes (model_loader_extra_config
+# `tp_communicator`): torch's NCCL communicator on the group's device group, which torch starts
+# at the first collective there and keeps (about 0.9 GiB per GPU for the server's life), or the
+# NCCL communicator vLLM already holds for the group.
+TP_COMMUNICATORS = ("torch", "vllm")
 # Slices are filled around with NaN, so only dtypes that have one are sliced.
 _SLICED_DTYPES = {"F16", "BF16", "F32", "F64"}
 
 
 def tp_group():
-    """(rank, ranks, torch process group) of vLLM's tensor-parallel group; (0, 1, None) when
-    vLLM's model parallelism is not set up (a single process)."""
+    """(rank, ranks) in vLLM's tensor-parallel group; (0, 1) when vLLM's model parallelism is
+    not set up (a single process)."""
     from vllm.distributed import parallel_state
     if not parallel_state.model_parallel_is_initialized():
-        return 0, 1, None
+        return 0, 1
     group = parallel_state.get_tp_group()
-    return group.rank_in_group, group.world_size, group.device_group
+    return group.rank_in_group, group.world_size
+
+
+class VllmNccl(Collectives):
+    """The exchanges over vLLM's own NCCL communicator of the tensor-parallel group (its
+    PyNcclCommunicator, made when vLLM started, over the group's CPU group); the agreements over
+    the CPU (gloo) group. A load starts no communicator of its own. As torch's NCCL process group
+    does, each collective runs on a stream of its own after the work queued so far on the
+    current stream, and `wait` makes the current stream wait for it: vLLM's copies on the
+    current stream do not queue behind a collective that waits for a slower rank."""
+
+    def __init__(self, communicator, cpu_group):
+        self._comm = communicator
+        self.rank, self.world, self.on_gpu = communicator.rank, communicator.world_size, True
+        self._host = TorchCollectives(cpu_group)
+        self._stream = torch.cuda.Stream(communicator.device)
+
+    def _run(self, collective, tensor: torch.Tensor):
+        self._stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        collective(self._stream)
+        done = torch.cuda.Event()
+        done.record(self._stream)
+        return done
+
+    def broadcast(self, tensor, src):
+        return self._run(lambda stream: self._comm.broadcast(tensor, src, stream=stream), tensor)
+
+    def all_gather_into(self, region, own):
+        return self._run(lambda stream: self._comm.all_gather(region, own, stream=stream), region)
+
+    def max_of(self, values, device):
+        return self._host.max_of(values, device)
+
+    def every_rank(self, values, device):
+        return self._host.every_rank(values, device)
+
+    def wait(self, handles):
+        for done in handles:
+            done.wait()  # the current stream waits
+
+
+def group_collectives(communicator: str, device) -> Collectives:
+    """The collectives of a "process_group" or "group_slices" load on vLLM's tensor-parallel
+    group (`communicator`: one of TP_COMMUNICATORS)."""
+    from vllm.distributed import parallel_state
+    group = parallel_state.get_tp_group()
+    if communicator == "torch":
+        return TorchCollectives(group.device_group)
+    comm = getattr(group.device_communicator, "pynccl_comm", None)
+    if comm is None or comm.disabled or not str(device).startswith("cuda"):
+        why = ("vLLM runs without one here (VLLM_DISABLE_PYNCCL, no NCCL library, or not on "
+               "GPUs)" if comm is None or comm.disabled else f"the load is onto {device}")
+        raise ValueError(f"load format ferry: tp_communicator \"vllm\" uses vLLM's NCCL "
+                         f"communicator of the tensor-parallel group, and {why}; use "
+                         "tp_communicator \"torch\"")
+    if torch.device(device) != comm.device:
+        raise ValueError(f"load format ferry: tp_communicator \"vllm\": vLLM's communicator is "
+                         f"on {comm.device}, the load onto {device}")
+    return VllmNccl(comm, group.cpu_group)
 
 
 def choose_mode(requested, ranks: int, quantized: bool = False) -> str:
@@ -87,14 +158,14 @@ def _prefetched(items: List, load, device: str) -> Iterator:
             yield item, result
 
 
-def group_weights(path: str, device: str, process_group, groups: List[List[str]],
+def group_weights(path: str, device: str, collectives, groups: List[List[str]],
                   stats: Dict, **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """tp_mode "process_group": every tensor whole on every rank, each byte read once by the
     group. `stats["bytes_read"]` counts this rank's reads."""
     from ferry._distributed import load_sharded
 
     def load(names):
-        return load_sharded(path, device, process_group, None, names=names, return_stats=True,
+        return load_sharded(path, device, collectives, None, names=names, return_stats=True,
                             **engine)
 
     for names, (tensors, loaded) in _prefetched(groups, load, device):
@@ -111,7 +182,7 @@ def _nan_outside(full: torch.Tensor, piece) -> None:
     full.narrow(dim, end, full.shape[dim] - end).fill_(float("nan"))
 
 
-def group_slice_weights(path: str, device: str, rank: int, ranks: int, process_group,
+def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectives,
                         groups: List[List[str]], stats: Dict,
                         **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """tp_mode "group_slices": this rank's slices from the group's load (each byte read once by
@@ -131,7 +202,7 @@ def group_slice_weights(path: str, device: str, rank: int, ranks: int, process_g
         return dim, [plan[r][name][2] - plan[r][name][1] for r in range(ranks)]
 
     def load(names):
-        parts, loaded = load_sharded(path, device, process_group, spec, names=names,
+        parts, loaded = load_sharded(path, device, collectives, spec, names=names,
                                      return_stats=True, **engine)
         out = {}
         for name in names:
