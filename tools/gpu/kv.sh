@@ -233,7 +233,8 @@ kv_bisect_stage() {
 # Warm gets of vLLM's layout (64 x 32 KiB) at 1,024 blocks a call under several group shapes
 # (KVGpuGroups: bytes, flights, workers each), beside one-piece blocks of the same size, in one
 # build: which shape closes the gap to one piece (0.75 x at the default, 128 MiB x 3 on half the
-# workers). Each row's JSON keeps its shape.
+# workers). Each row's JSON keeps its shape; KV_SWEEP_SHAPES="BYTES,FLIGHTS,WORKERS ..." (0
+# workers: the default) replaces the list.
 kv_sweep_stage() {
   mkdir -p /tmp/kvbench
   local common=(--device cuda:0 --bytes 2G --rounds 3 --path staged --batch 1024)
@@ -241,7 +242,10 @@ kv_sweep_stage() {
   "$ferry" kv bench /tmp/kvbench "${common[@]}" --sizes 2M --json "$OUT/kvsweep-one-piece.json" \
     2>&1 | tee -a "$OUT/summary.txt" || status=1
   local shape bytes flights threads
-  for shape in ${KV_SWEEP_SHAPES:-128M,3,0 128M,3,16 128M,2,0 256M,3,0 256M,2,16 512M,2,16 64M,4,0}; do
+  # The last: the whole call in one group on every worker, as one piece's blocks go (is the gap
+  # the groups' pipeline, or the bounce and scatter themselves?).
+  local shapes="128M,3,0 128M,3,16 128M,3,5 128M,2,0 256M,3,0 256M,2,16 512M,2,16 64M,4,0 2G,1,16"
+  for shape in ${KV_SWEEP_SHAPES:-$shapes}; do
     IFS=, read -r bytes flights threads <<<"$shape"
     local flags=(--group-bytes "$bytes" --group-flights "$flights")
     [ "$threads" != 0 ] && flags+=(--group-threads "$threads")
