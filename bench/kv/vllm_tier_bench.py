@@ -91,7 +91,13 @@ def main():
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per tier job")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiers", default="fs,ferry")
+    parser.add_argument("--ferry-calls", type=int, default=0,
+                        help="store calls per direction the ferry tier runs at once before it "
+                             "merges waiting jobs (default: its own; 1000: every job its own call)")
     args = parser.parse_args()
+    if args.ferry_calls:
+        import ferry.vllm.tier
+        ferry.vllm.tier._CALLS = args.ferry_calls
     from vllm.v1.kv_offload.base import make_offload_key
     block = int(args.block_mib * (1 << 20)) // 4096 * 4096
     data = np.random.default_rng(0).integers(0, 256, (args.blocks, block), dtype=np.uint8)

@@ -201,3 +201,63 @@ def test_tier_config_errors(tmp_path):
         SecondaryTierFactory.create_secondary_tier(
             {"type": "ferry", "root": str(tmp_path), "capacity_bytes": 1 << 30,
              "threads_typo": 3}, view, spec)
+
+
+def test_jobs_waiting_behind_running_calls_go_as_one_call(tmp_path):
+    """Two store calls per direction run at once; jobs submitted meanwhile go together as one
+    call when one ends (a job whose keys are already in that call waits for the next). Every
+    job's result and bytes are its own."""
+    import ferry.vllm
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    ferry.vllm.register()
+    chunks = 16
+    spec = TieringOffloadingSpec(offloading_config({"cpu_bytes_to_use": chunks * CHUNK}, PAGE))
+    primary = np.zeros((chunks, CHUNK), dtype=np.uint8)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "ferry", "root": str(tmp_path), "capacity_bytes": 64 * CHUNK},
+        memoryview(primary), spec)
+    store, held, calls = tier._store, [], []
+    real_put, real_get = store.put_async, store.get_async
+
+    def gated(real):  # the first two calls wait until released; later ones run at once
+        def call(keys, blocks, callback):
+            calls.append(len(keys))
+            if len(calls) <= 2:
+                held.append(lambda: real(keys, blocks, callback=callback))
+            else:
+                real(keys, blocks, callback=callback)
+        return call
+
+    store.put_async, store.get_async = gated(real_put), gated(real_get)
+    keys = [offload_key(i) for i in range(chunks)]
+    rng = np.random.default_rng(7)
+    primary[:] = rng.integers(0, 256, primary.shape, dtype=np.uint8)
+    want = primary.copy()
+    ctx = ReqContext("merge")
+    # 8 jobs of 2 chunks; job 7 repeats job 6's keys (so it cannot join job 6's call).
+    jobs = [TransferJob(j, keys[2 * j:2 * j + 2], np.arange(2 * j, 2 * j + 2, dtype=np.int32),
+                        False, ctx) for j in range(7)]
+    jobs.append(TransferJob(7, keys[12:14], np.arange(12, 14, dtype=np.int32), False, ctx))
+    for job in jobs:
+        tier.submit_store(job)
+    assert calls == [2, 2] and tier.has_pending_work()
+    for release in held:
+        release()
+    tier.drain_jobs()
+    # Jobs 2-6 together after the first call ended; job 7 (job 6's keys) after the second.
+    assert calls == [2, 2, 10, 2], calls
+    results = {r.job_id: r for r in tier.get_finished_jobs()}
+    assert sorted(results) == list(range(8)) and all(r.success for r in results.values())
+
+    store.put_async, store.get_async = real_put, real_get
+    primary[:] = 0
+    for j in range(7):
+        tier.submit_load(TransferJob(100 + j, keys[2 * j:2 * j + 2],
+                                     np.arange(2 * j, 2 * j + 2, dtype=np.int32), True, ctx))
+    tier.drain_jobs()
+    results = {r.job_id: r for r in tier.get_finished_jobs()}
+    assert sorted(results) == list(range(100, 107)) and all(r.success for r in results.values())
+    assert np.array_equal(primary[:14], want[:14])
+    tier.shutdown()

@@ -25,6 +25,9 @@ from ._compat import LookupResult, SecondaryTierManager, job_result
 from .keys import TRAILER, KeyTrailers
 from .options import STORE_OPTIONS, capacity, check
 
+# Store calls per direction at once; the jobs waiting behind them go as one call.
+_CALLS = 2
+
 try:
     from vllm.v1.kv_offload.base import Medium
 except ImportError:  # pragma: no cover
@@ -67,7 +70,9 @@ class FerryTierManager(SecondaryTierManager):
                               **namespace(offloading_spec, self._block, "vllm-tier"), **options)
         self._lock = threading.Condition()
         self._finished: collections.deque = collections.deque()
-        self._in_flight = 0
+        self._in_flight = 0  # jobs submitted and not finished
+        self._waiting = {True: collections.deque(), False: collections.deque()}  # by storing
+        self._calls = {True: 0, False: 0}  # store calls running, by storing
         self._closed = False
 
     def on_new_request(self, req_context):
@@ -79,11 +84,50 @@ class FerryTierManager(SecondaryTierManager):
     def _blocks(self, job) -> List[torch.Tensor]:
         return [self._chunks[i] for i in _compat.job_chunk_ids(job)]
 
-    def _submit(self, job, storing: bool) -> None:
+    def _result(self, job, ok: List[bool], storing: bool):
         keys = list(job.keys)
-        ferry_keys = [kv_key(k) for k in keys]
+        if all(ok):
+            return job_result(job.job_id, True, transfer_bytes=self._block * len(keys))
+        if storing or not any(ok):
+            return job_result(job.job_id, False)
+        # a partial promotion: the keys that loaded are kept, the rest recomputed
+        return job_result(job.job_id, False,
+                          successful_keys=tuple(k for k, g in zip(keys, ok) if g),
+                          transfer_bytes=self._block * sum(ok))
+
+    def _submit(self, job, storing: bool) -> None:
+        """Up to _CALLS store calls per direction run at once; jobs submitted meanwhile wait and
+        go together as one call when one ends (a job's keys never twice in one call): a store
+        call has a fixed cost (its syncs, a batch's start), and vLLM submits a request's chunks
+        as jobs of a few blocks each (32 jobs of 16 blocks, each its own call: loads at 1.28-1.38
+        GB/s; merged: 1.48-1.62; docs/vllm.md)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the ferry tier was shut down")
+            self._in_flight += 1
+            self._waiting[storing].append(job)
+            calls = self._take_calls(storing)
+        for jobs in calls:
+            self._start(jobs, storing)
+
+    def _take_calls(self, storing: bool) -> List[list]:
+        """Under the lock: the waiting jobs of one direction cut into the calls that may start."""
+        calls = []
+        waiting = self._waiting[storing]
+        while waiting and self._calls[storing] < _CALLS:
+            jobs, seen = [], set()
+            while waiting and not seen.intersection(waiting[0].keys):
+                seen.update(waiting[0].keys)
+                jobs.append(waiting.popleft())
+            self._calls[storing] += 1
+            calls.append(jobs)
+        return calls
+
+    def _start(self, jobs: list, storing: bool) -> None:
+        keys = [k for job in jobs for k in job.keys]
         trailers = KeyTrailers(keys, "cpu", storing)
-        blocks = [[chunk, trailers.piece(i)] for i, chunk in enumerate(self._blocks(job))]
+        chunks = [c for job in jobs for c in self._blocks(job)]
+        blocks = [[chunk, trailers.piece(i)] for i, chunk in enumerate(chunks)]
         good = ("ok", "already_present") if storing else ("ok",)
 
         def done(results) -> None:
@@ -91,36 +135,34 @@ class FerryTierManager(SecondaryTierManager):
             if not storing:  # a block of another key under the same 64-bit hash: a failed key
                 for i in trailers.mismatched([i for i, g in enumerate(ok) if g]):
                     ok[i] = False
-                    _compat.logger.warning("ferry tier: job %d: the block stored under key %s's "
-                                           "hash belongs to another key", job.job_id,
-                                           bytes(keys[i]).hex())
-            if all(ok):
-                result = job_result(job.job_id, True, transfer_bytes=self._block * len(keys))
-            elif storing or not any(ok):
-                result = job_result(job.job_id, False)
-            else:  # a partial promotion: the keys that loaded are kept, the rest recomputed
-                result = job_result(job.job_id, False,
-                                    successful_keys=tuple(k for k, g in zip(keys, ok) if g),
-                                    transfer_bytes=self._block * sum(ok))
-            with self._lock:
-                self._finished.append(result)
-                self._in_flight -= 1
-                self._lock.notify_all()
+                    _compat.logger.warning("ferry tier: the block stored under key %s's hash "
+                                           "belongs to another key", bytes(keys[i]).hex())
+            self._finish(jobs, ok, storing)
 
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the ferry tier was shut down")
-            self._in_flight += 1
         try:
             if storing:
-                self._store.put_async(ferry_keys, blocks, callback=done)
+                self._store.put_async([kv_key(k) for k in keys], blocks, callback=done)
             else:
-                self._store.get_async(ferry_keys, blocks, callback=done)
+                self._store.get_async([kv_key(k) for k in keys], blocks, callback=done)
         except Exception:  # vLLM's manager takes failures as results, never as exceptions
-            _compat.logger.exception("ferry tier: job %d could not start", job.job_id)
-            with self._lock:
-                self._in_flight -= 1
-                self._finished.append(job_result(job.job_id, False))
+            _compat.logger.exception("ferry tier: jobs %s could not start",
+                                     [job.job_id for job in jobs])
+            self._finish(jobs, [False] * len(keys), storing)
+
+    def _finish(self, jobs: list, ok: List[bool], storing: bool) -> None:
+        results, at = [], 0
+        for job in jobs:
+            n = len(job.keys)
+            results.append(self._result(job, ok[at:at + n], storing))
+            at += n
+        with self._lock:
+            self._finished.extend(results)
+            self._in_flight -= len(jobs)
+            self._calls[storing] -= 1
+            calls = self._take_calls(storing)
+            self._lock.notify_all()
+        for next_jobs in calls:
+            self._start(next_jobs, storing)
 
     def submit_store(self, job_metadata) -> None:
         self._submit(job_metadata, storing=True)
