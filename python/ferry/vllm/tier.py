@@ -124,22 +124,24 @@ class FerryTierManager(SecondaryTierManager):
         return calls
 
     def _start(self, jobs: list, storing: bool) -> None:
+        """One store call for `jobs` (from a submit, or from the callback of a call that ended:
+        whatever fails here becomes the jobs' failed results, never an exception)."""
         keys = [k for job in jobs for k in job.keys]
-        trailers = KeyTrailers(keys, "cpu", storing)
-        chunks = [c for job in jobs for c in self._blocks(job)]
-        blocks = [[chunk, trailers.piece(i)] for i, chunk in enumerate(chunks)]
         good = ("ok", "already_present") if storing else ("ok",)
-
-        def done(results) -> None:
-            ok = [r.status in good for r in results]
-            if not storing:  # a block of another key under the same 64-bit hash: a failed key
-                for i in trailers.mismatched([i for i, g in enumerate(ok) if g]):
-                    ok[i] = False
-                    _compat.logger.warning("ferry tier: the block stored under key %s's hash "
-                                           "belongs to another key", bytes(keys[i]).hex())
-            self._finish(jobs, ok, storing)
-
         try:
+            trailers = KeyTrailers(keys, "cpu", storing)
+            chunks = [c for job in jobs for c in self._blocks(job)]
+            blocks = [[chunk, trailers.piece(i)] for i, chunk in enumerate(chunks)]
+
+            def done(results) -> None:
+                ok = [r.status in good for r in results]
+                if not storing:  # another key's block under the same 64-bit hash: a failed key
+                    for i in trailers.mismatched([i for i, g in enumerate(ok) if g]):
+                        ok[i] = False
+                        _compat.logger.warning("ferry tier: the block stored under key %s's hash "
+                                               "belongs to another key", bytes(keys[i]).hex())
+                self._finish(jobs, ok, storing)
+
             if storing:
                 self._store.put_async([kv_key(k) for k in keys], blocks, callback=done)
             else:
