@@ -246,8 +246,9 @@ def test_jobs_waiting_behind_running_calls_go_as_one_call(tmp_path):
     for release in held:
         release()
     tier.drain_jobs()
-    # Jobs 2-6 together after the first call ended; job 7 (job 6's keys) after the second.
-    assert calls == [2, 2, 10, 2], calls
+    # Jobs 2-6 together when one call ended, job 7 (job 6's keys) when the other did (the two
+    # calls are made on the store's threads, in either order).
+    assert calls[:2] == [2, 2] and sorted(calls[2:]) == [2, 10], calls
     results = {r.job_id: r for r in tier.get_finished_jobs()}
     assert sorted(results) == list(range(8)) and all(r.success for r in results.values())
 
