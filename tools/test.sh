@@ -50,19 +50,19 @@ TSAN_OPTIONS="halt_on_error=1" build-tsan/tests/test_window_registrar
 drop_build build-tsan
 
 echo "== fuzzing the safetensors, GGUF, index and KV journal readers (30 s each; tools/fuzz_long.sh: longer)"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_safetensors fuzz_gguf fuzz_index fuzz_kv_journal
+CC=clang CXX=clang++ cmake -S . -B build-fuzz-smoke -G Ninja -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF >/dev/null
+cmake --build build-fuzz-smoke --target fuzz_safetensors fuzz_gguf fuzz_index fuzz_kv_journal
 for target in safetensors gguf index kv_journal; do
   corpus=$(mktemp -d)
   seeds=fuzz/corpus
   [ $target != safetensors ] && seeds=fuzz/corpus_$target
   seconds=30
   cp "$seeds"/* "$corpus"/
-  build-fuzz/fuzz/fuzz_$target -max_total_time=$seconds -print_final_stats=1 \
+  build-fuzz-smoke/fuzz/fuzz_$target -max_total_time=$seconds -print_final_stats=1 \
     -artifact_prefix="$corpus/" "$corpus" 2>&1 | tail -3
   rm -rf "$corpus"
 done
-drop_build build-fuzz
+drop_build build-fuzz-smoke  # not build-fuzz: tools/fuzz_long.sh grows its corpus there
 
 echo "== the Python package"
 # Built once as a wheel: tools/test_vllm.sh installs the same one into vLLM's venv.
