@@ -12,7 +12,7 @@ transformers' LlamaForCausalLM built on the meta device), written once as safete
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
 (process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is the loader's
-default), "ferry:MODE:COMMUNICATOR" also {"tp_communicator": COMMUNICATOR} (torch or vllm).
+default), "ferry:MODE:COMMUNICATOR" also {"tp_communicator": COMMUNICATOR} (auto, torch or vllm).
 --budget-s: a format is skipped (and said so) when the slowest start so far would end past it.
 
 --kv-spec (instead of the load formats): time to first token of a --kv-tokens (+1) prompt (random

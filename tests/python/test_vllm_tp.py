@@ -84,6 +84,9 @@ def test_tensor_parallel_modes(tmp_path):
     # vLLM's log says what each rank did (ferry's lines go where vLLM's go).
     for rank, text in enumerate(logs):
         assert f"ferry: tp_mode process_group, rank {rank} of 2 read " in text, text[-3000:]
+        assert "(collectives on torch's communicator)" in text, text[-3000:]
+        assert "tp_communicator auto: torch's communicator on the group's device group, as " \
+            "vLLM runs without one here (VLLM_DISABLE_PYNCCL" in text, text[-3000:]
         assert "Loading weights took" in text
     for folder in folders:
         total = tensor_bytes(folder)
@@ -129,21 +132,38 @@ def test_tensor_parallel_modes(tmp_path):
                 # there whose buffers stay on the GPU (vLLM's KV cache the smaller for them).
                 for mode in ("slices", "auto", "default", "each_rank_reads_all"):
                     assert row[mode]["device_group_calls"] == [], (folder.name, mode, row[mode])
-        # The group's load runs on torch's communicator of the device group unless told
-        # otherwise; vLLM's own NCCL communicator does not exist on the CPU, which the error says.
+        # The group's load runs on vLLM's own NCCL communicator where it has one (auto, the
+        # default) or when told to (vllm); on the CPU there is none: auto takes torch's
+        # communicator of the device group (the log says why), vllm is an error saying so.
         for row in rows:
             for mode in ("process_group", "torch_communicator"):
                 assert row[mode].get("equal") is True, row[mode]
+                assert row[mode]["tp_communicator"] == "torch", row[mode]
                 assert "broadcast" in row[mode]["device_group_calls"] or \
                     "all_gather" in row[mode]["device_group_calls"], row[mode]
             error = row["vllm_communicator"].get("error", "")
             assert "tp_communicator \"vllm\"" in error and "VLLM_DISABLE_PYNCCL" in error, error
             assert "tp_communicator \"torch\"" in error, error
             error = row["no_such_communicator"].get("error", "")
-            assert "'mpi' is not one of ['torch', 'vllm']" in error, error
+            assert "'mpi' is not one of ['auto', 'torch', 'vllm']" in error, error
         # With an engine option, which slices' reader does not take: the group's load.
         for row in rows:
             assert row["default_with_threads"].get("equal") is True, row["default_with_threads"]
             assert row["default_with_threads"]["tp_mode"] == "process_group"
     for text in logs:  # auto's and the default's load of the one-KV-head model
         assert text.count("tp_mode auto: vLLM shards this model otherwise") == 2, text[-3000:]
+
+
+def test_auto_takes_vllms_communicator_only_where_it_can_carry_the_load():
+    """tp_communicator auto's rule: vLLM's NCCL communicator where vLLM holds an enabled one on
+    the load's GPU (GPU machine: docs/vllm.md), and why not otherwise (then torch's)."""
+    from types import SimpleNamespace
+
+    from ferry.vllm.tp import vllm_communicator_missing
+    on_gpu0 = SimpleNamespace(disabled=False, device=torch.device("cuda", 0))
+    assert vllm_communicator_missing(on_gpu0, "cuda:0") == ""
+    assert "VLLM_DISABLE_PYNCCL" in vllm_communicator_missing(None, "cuda:0")
+    assert "VLLM_DISABLE_PYNCCL" in vllm_communicator_missing(
+        SimpleNamespace(disabled=True, device=torch.device("cuda", 0)), "cuda:0")
+    assert vllm_communicator_missing(on_gpu0, "cpu") == "the load is onto cpu"
+    assert "on cuda:0, the load onto cuda:1" in vllm_communicator_missing(on_gpu0, "cuda:1")

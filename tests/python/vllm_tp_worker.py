@@ -14,7 +14,8 @@ import torch
 
 MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 # Each mode's model_loader_extra_config, and the defaults: no tp_mode, then with an engine option.
-# The communicators: torch's named (the default), vLLM's (none on the CPU), one that is not.
+# The communicators: torch's named, vLLM's (none on the CPU), one that is not; auto (the default)
+# takes vLLM's where it exists, so torch's here.
 CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
            "default": {}, "default_with_threads": {"threads": 2},
            "torch_communicator": {"tp_mode": "process_group", "tp_communicator": "torch"},
@@ -93,6 +94,7 @@ def main() -> None:
                 params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10})
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
                               "tp_mode": last["tp_mode"],
+                              "tp_communicator": last.get("tp_communicator"),
                               "slices_bytes_read": last.get("slices_bytes_read"),
                               "device_group_calls": list(device_group_calls)}
             except Exception as e:  # noqa: BLE001 - reported to the test

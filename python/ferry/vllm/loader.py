@@ -70,7 +70,7 @@ class FerryModelLoader(BaseModelLoader):
         if self.tp_mode is not None and self.tp_mode not in TP_MODES:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
                              f"{self.tp_mode!r} is not one of {list(TP_MODES)}")
-        self.tp_communicator = self.options.pop("tp_communicator", "torch")
+        self.tp_communicator = self.options.pop("tp_communicator", "auto")
         if self.tp_communicator not in TP_COMMUNICATORS:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_communicator "
                              f"{self.tp_communicator!r} is not one of {list(TP_COMMUNICATORS)}")
@@ -147,7 +147,8 @@ class FerryModelLoader(BaseModelLoader):
                              f"checkpoints; this model is {model_config.quantization} (use "
                              "tp_mode \"process_group\")")
         if mode in ("process_group", "group_slices"):
-            collectives = group_collectives(self.tp_communicator, device)
+            collectives, self.last_load["tp_communicator"] = group_collectives(
+                self.tp_communicator, device)
         if mode == "process_group":
             weights = group_weights(path, device, collectives,
                                     ferry.torch._groups(checkpoint, self.group_bytes),
@@ -178,9 +179,11 @@ class FerryModelLoader(BaseModelLoader):
                 check_slices_taken(model, self.last_load["tp_mode"])
         logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
         if self.last_load.get("ranks", 1) > 1:
-            logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes", self.last_load["tp_mode"],
-                        self.last_load["rank"], self.last_load["ranks"],
-                        self.last_load["bytes_read"])
+            over = self.last_load.get("tp_communicator")
+            logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes%s",
+                        self.last_load["tp_mode"], self.last_load["rank"],
+                        self.last_load["ranks"], self.last_load["bytes_read"],
+                        f" (collectives on {over}'s communicator)" if over else "")
         if loaded is not None and model_config.quantization is None:
             missing = {name for name, _ in model.named_parameters()} - set(loaded)
             if missing:

@@ -9,7 +9,7 @@ LOADER_OPTIONS = {
     "allow_compat": bool, "cache_device_memory": bool,
     "group_bytes": int,  # how much the loader reads ahead of model.load_weights (bytes)
     "tp_mode": str,  # auto (default), process_group, slices, group_slices, each_rank_reads_all
-    "tp_communicator": str,  # torch (default) or vllm: what process_group's exchanges run on
+    "tp_communicator": str,  # auto (default), vllm or torch: what process_group's exchanges run on
 }
 
 # ferry.KVStore's options (the KV tier and spec add root and capacity_bytes).

@@ -6,13 +6,14 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   them (each rank its share, with ferry's engine onto its GPU) and shares it over vLLM's
   tensor-parallel group, through ferry.torch's group load (ferry._distributed); every rank then
   holds whole tensors, a group of about `group_bytes` at a time, the next group loading while
-  vLLM consumes this one. `tp_communicator` says which communicator carries the bytes: "torch"
-  (the default): torch's on the group's device group (NCCL on GPUs, gloo on the CPU), which
-  torch starts at the first collective there and keeps for the server's life (about 0.9 GiB per
-  GPU, which vLLM's KV cache then lacks); "vllm": the NCCL communicator vLLM already holds for the
-  group (no new one, no memory; an error where vLLM has none, e.g. on the CPU). Not yet measured
-  on GPUs, so not the default: vLLM's communicator is shared with vLLM, which must issue no
-  collective on it while the load runs (it does not in its weight loaders).
+  vLLM consumes this one. `tp_communicator` says which communicator carries the bytes: "auto"
+  (the default): vLLM's where it holds one for the group on the load's GPU, else torch's; "vllm":
+  the NCCL communicator vLLM already holds for the group (no new one, no memory; an error where
+  vLLM has none, e.g. on the CPU); "torch": torch's on the group's device group (NCCL on GPUs,
+  gloo on the CPU), which torch starts at the first collective there and keeps for the server's
+  life (0.48 GiB more non-torch memory per GPU at TP 2 on H200, which vLLM's KV cache then
+  lacks). vLLM's communicator is shared with vLLM, which issues no collective on it while its
+  weight loaders run.
 - "slices": each rank reads only the bytes of its slices (ferry's tensor-parallel rule for
   Llama/Qwen/Mistral names: q/k/v, gate/up, embeddings and lm_head by rows), into tensors of the
   checkpoint's full shape whose other elements are NaN; a tensor split by columns (o_proj and
@@ -33,18 +34,21 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   and no error for a model ferry's rule does not fit.
 """
 import concurrent.futures
+import logging
 from typing import Dict, Iterator, List, Tuple
 
 import torch
 
 from ferry._collectives import Collectives, TorchCollectives
 
+logger = logging.getLogger("vllm.ferry.tp")  # see _compat.logger
+
 TP_MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 # Where "process_group" and "group_slices" exchange bytes (model_loader_extra_config
-# `tp_communicator`): torch's NCCL communicator on the group's device group, which torch starts
-# at the first collective there and keeps (about 0.9 GiB per GPU for the server's life), or the
-# NCCL communicator vLLM already holds for the group.
-TP_COMMUNICATORS = ("torch", "vllm")
+# `tp_communicator`): the NCCL communicator vLLM already holds for the group, or torch's on the
+# group's device group, which torch starts at the first collective there and keeps for the
+# server's life; "auto" takes vLLM's where it exists.
+TP_COMMUNICATORS = ("auto", "torch", "vllm")
 # Slices are filled around with NaN, so only dtypes that have one are sliced.
 _SLICED_DTYPES = {"F16", "BF16", "F32", "F64"}
 
@@ -97,24 +101,39 @@ class VllmNccl(Collectives):
             done.wait()  # the current stream waits
 
 
-def group_collectives(communicator: str, device) -> Collectives:
+def vllm_communicator_missing(comm, device) -> str:
+    """Why vLLM's communicator of the group (`comm`, its PyNcclCommunicator or None) cannot carry
+    a load onto `device`; "" where it can."""
+    if comm is None or comm.disabled:
+        return ("vLLM runs without one here (VLLM_DISABLE_PYNCCL, no NCCL library, or not on "
+                "GPUs)")
+    if not str(device).startswith("cuda"):
+        return f"the load is onto {device}"
+    if torch.device(device) != comm.device:
+        return f"vLLM's communicator is on {comm.device}, the load onto {device}"
+    return ""
+
+
+def group_collectives(communicator: str, device) -> Tuple[Collectives, str]:
     """The collectives of a "process_group" or "group_slices" load on vLLM's tensor-parallel
-    group (`communicator`: one of TP_COMMUNICATORS)."""
+    group (`communicator`: one of TP_COMMUNICATORS), and the communicator they run on ("vllm" or
+    "torch"; where "auto" takes torch's, vLLM's log says why)."""
     from vllm.distributed import parallel_state
     group = parallel_state.get_tp_group()
-    if communicator == "torch":
-        return TorchCollectives(group.device_group)
-    comm = getattr(group.device_communicator, "pynccl_comm", None)
-    if comm is None or comm.disabled or not str(device).startswith("cuda"):
-        why = ("vLLM runs without one here (VLLM_DISABLE_PYNCCL, no NCCL library, or not on "
-               "GPUs)" if comm is None or comm.disabled else f"the load is onto {device}")
-        raise ValueError(f"load format ferry: tp_communicator \"vllm\" uses vLLM's NCCL "
-                         f"communicator of the tensor-parallel group, and {why}; use "
-                         "tp_communicator \"torch\"")
-    if torch.device(device) != comm.device:
-        raise ValueError(f"load format ferry: tp_communicator \"vllm\": vLLM's communicator is "
-                         f"on {comm.device}, the load onto {device}")
-    return VllmNccl(comm, group.cpu_group)
+    missing = ""
+    if communicator != "torch":
+        missing = vllm_communicator_missing(
+            getattr(group.device_communicator, "pynccl_comm", None), device)
+        if not missing:
+            return VllmNccl(group.device_communicator.pynccl_comm, group.cpu_group), "vllm"
+        if communicator == "vllm":
+            raise ValueError(f"load format ferry: tp_communicator \"vllm\" uses vLLM's NCCL "
+                             f"communicator of the tensor-parallel group, and {missing}; use "
+                             "tp_communicator \"torch\"")
+    if communicator == "auto":
+        logger.info("ferry: tp_communicator auto: torch's communicator on the group's device "
+                    "group, as %s", missing)
+    return TorchCollectives(group.device_group), "torch"
 
 
 def choose_mode(requested, ranks: int, quantized: bool = False) -> str:
