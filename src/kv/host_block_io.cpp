@@ -88,6 +88,14 @@ std::uint64_t block_checksum(std::span<const BlockSpan> pieces) {
   return hash.digest();
 }
 
+// The split's spans and, where it has a tail, the page it moves through after them: one
+// vectored O_DIRECT call per block (a key trailer's page is no I/O of its own).
+std::vector<BlockSpan> with_tail_page(const DirectSplit& split, std::byte* page) {
+  std::vector<BlockSpan> spans = split.body;
+  if (split.tail.size > 0) spans.push_back({page, kAlign, Device::cpu()});
+  return spans;
+}
+
 std::string direct_reason(const DirectSplit& split, const char* how) {
   return concat("host memory: O_DIRECT ", how, " its pieces (", split.body.size(),
                 " 4 KiB-aligned span(s)",
@@ -272,13 +280,10 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
   } else if (DirectSplit split; split_direct(request, split)) {
     add_route_reason(request, direct_reason(split, "write straight from"));
     request.checksum = block_checksum(request.pieces);
-    if (!split.body.empty())
-      error = transfer_pieces<true>(_slabs, request.slab, split.body, request.offset, true);
-    if (!error && split.tail.size > 0) {  // the last partial page, zero-padded
-      alignas(kAlign) std::byte page[kAlign] = {};
-      std::memcpy(page, split.tail.data, split.tail.size);
-      error = transfer<true>(_slabs, request.slab, page, kAlign, request.offset + split.body_bytes);
-    }
+    alignas(kAlign) std::byte page[kAlign] = {};  // the last partial page, zero-padded
+    std::memcpy(page, split.tail.data, split.tail.size);
+    error = transfer_pieces<true>(_slabs, request.slab, with_tail_page(split, page),
+                                  request.offset, true);
   } else {
     add_route_reason(request,
                      "host memory: gathered into a 4 KiB-aligned bounce buffer (its pieces "
@@ -318,14 +323,10 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
     if (block_checksum(request.pieces) != request.checksum) return mismatch(request, _slabs);
   } else if (DirectSplit split; split_direct(request, split)) {
     add_route_reason(request, direct_reason(split, "read straight into"));
-    int error = split.body.empty() ? 0
-                                   : transfer_pieces<false>(_slabs, request.slab, split.body,
-                                                            request.offset, true);
-    alignas(kAlign) std::byte page[kAlign];
-    if (!error && split.tail.size > 0)  // the last partial page
-      error =
-          transfer<false>(_slabs, request.slab, page, kAlign, request.offset + split.body_bytes);
-    if (error != 0) return fail_request(request, _slabs, error, "read of a block");
+    alignas(kAlign) std::byte page[kAlign];  // the last partial page
+    if (const int error = transfer_pieces<false>(_slabs, request.slab,
+                                                 with_tail_page(split, page), request.offset, true))
+      return fail_request(request, _slabs, error, "read of a block");
     // Checked before the tail is copied out: a block that is all tail never reaches the caller.
     StreamingHash hash;
     for (const BlockSpan& p : split.body) hash.update(p.data, p.size);
