@@ -120,19 +120,18 @@ def group_collectives(communicator: str, device) -> Tuple[Collectives, str]:
     "torch"; where "auto" takes torch's, vLLM's log says why)."""
     from vllm.distributed import parallel_state
     group = parallel_state.get_tp_group()
-    missing = ""
-    if communicator != "torch":
-        missing = vllm_communicator_missing(
-            getattr(group.device_communicator, "pynccl_comm", None), device)
-        if not missing:
-            return VllmNccl(group.device_communicator.pynccl_comm, group.cpu_group), "vllm"
-        if communicator == "vllm":
-            raise ValueError(f"load format ferry: tp_communicator \"vllm\" uses vLLM's NCCL "
-                             f"communicator of the tensor-parallel group, and {missing}; use "
-                             "tp_communicator \"torch\"")
-    if communicator == "auto":
-        logger.info("ferry: tp_communicator auto: torch's communicator on the group's device "
-                    "group, as %s", missing)
+    if communicator == "torch":
+        return TorchCollectives(group.device_group), "torch"
+    missing = vllm_communicator_missing(getattr(group.device_communicator, "pynccl_comm", None),
+                                        device)
+    if not missing:
+        return VllmNccl(group.device_communicator.pynccl_comm, group.cpu_group), "vllm"
+    if communicator == "vllm":
+        raise ValueError(f"load format ferry: tp_communicator \"vllm\" uses vLLM's NCCL "
+                         f"communicator of the tensor-parallel group, and {missing}; use "
+                         "tp_communicator \"torch\"")
+    logger.info("ferry: tp_communicator auto: torch's communicator on the group's device group, "
+                "as %s", missing)
     return TorchCollectives(group.device_group), "torch"
 
 
