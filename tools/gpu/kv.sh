@@ -162,10 +162,10 @@ kv_fleet_stage() {
   run_test_binaries test_kv_fleet test_kv_cli
   mkdir -p /tmp/kvbench
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
-  # Every writer on GPU 0, each on a GPU of its own where there are four (a node's engines), and
-  # from host memory.
+  # Every writer on GPU 0, the writers spread over the GPUs where there are several (writer w on
+  # the (w mod n)-th of up to four: a node's engines), and from host memory.
   local devices=cuda:0 all
-  all=$(python3 -c "import torch; n = torch.cuda.device_count(); print(','.join(f'cuda:{i}' for i in range(4)) if n >= 4 else '')")
+  all=$(python3 -c "import torch; n = min(4, torch.cuda.device_count()); print(','.join(f'cuda:{i}' for i in range(n)) if n >= 2 else '')")
   [ -n "$all" ] && devices="cuda:0 $all"
   for device in $devices cpu; do
     log "ferry kv bench --writers 4 ($device memory, vLLM's layout, 128 blocks per put)"
@@ -242,9 +242,11 @@ kv_sweep_stage() {
   "$ferry" kv bench /tmp/kvbench "${common[@]}" --sizes 2M --json "$OUT/kvsweep-one-piece.json" \
     2>&1 | tee -a "$OUT/summary.txt" || status=1
   local shape bytes flights threads
-  # The last: the whole call in one group on every worker, as one piece's blocks go (is the gap
-  # the groups' pipeline, or the bounce and scatter themselves?).
-  local shapes="128M,3,0 128M,3,16 128M,3,5 128M,2,0 256M,3,0 256M,2,16 512M,2,16 64M,4,0 2G,1,16"
+  # About 100 s a shape on an H200, so three fit one call beside the one-piece row: the default,
+  # the best of the 2026-11-28 sweep, and the whole call in one group on every worker (the
+  # transfer as one piece's, the scatter after it: BENCHMARKS.md). KV_SWEEP_SHAPES for others
+  # (that sweep: 128M,3,16 128M,3,5 128M,2,0 256M,3,0 256M,2,16 64M,4,0).
+  local shapes="128M,3,0 512M,2,16 2G,1,16"
   for shape in ${KV_SWEEP_SHAPES:-$shapes}; do
     IFS=, read -r bytes flights threads <<<"$shape"
     local flags=(--group-bytes "$bytes" --group-flights "$flights")
