@@ -281,7 +281,7 @@ void HostBlockIo::write_one(BlockRequest& request, const std::function<std::byte
     add_route_reason(request, direct_reason(split, "write straight from"));
     request.checksum = block_checksum(request.pieces);
     alignas(kAlign) std::byte page[kAlign] = {};  // the last partial page, zero-padded
-    std::memcpy(page, split.tail.data, split.tail.size);
+    if (split.tail.size > 0) std::memcpy(page, split.tail.data, split.tail.size);
     error = transfer_pieces<true>(_slabs, request.slab, with_tail_page(split, page),
                                   request.offset, true);
   } else {

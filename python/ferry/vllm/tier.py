@@ -98,7 +98,7 @@ class FerryTierManager(SecondaryTierManager):
     def _submit(self, job, storing: bool) -> None:
         """Up to _CALLS store calls per direction run at once; jobs submitted meanwhile wait and
         go together as one call when one ends (a job's keys never twice in one call): a store
-        call has a fixed cost (its syncs, a batch's start), and vLLM submits a request's chunks
+        call has a fixed cost (a batch's start and its slowest block), and vLLM submits a request's chunks
         as jobs of a few blocks each (32 jobs of 16 blocks, each its own call: loads at 1.28-1.38
         GB/s; merged: 1.48-1.62; docs/vllm.md)."""
         with self._lock:
