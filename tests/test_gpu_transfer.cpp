@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "cuda/cuda_resources.hpp"
 #include "ferry/checkpoint.hpp"
@@ -157,6 +158,51 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
 // lease of smaller slots takes the slab's slots as they are registered (no registration again, its
 // slots as far apart as the slab's); one of larger slots has the slab registered again in its own
 // (never twice over one page, which the driver refuses). Copies out of every slot land exactly.
+// TransferOptions::extent_copied: work queued behind each reported extent's event sees its bytes
+// (a device copy of them out, on another stream, read back after the ticket), and every extent
+// that moved whole on one worker's stream is reported (each extent is smaller than a chunk).
+TEST_F(GpuTransfer, WorkQueuedBehindAnExtentsCopiedEventSeesItsBytes) {
+  TempDir dir;
+  constexpr std::uint64_t kExtent = 1 << 20, kExtents = 48;
+  auto bytes = test::random_bytes(kExtent * kExtents, 11);
+  test::write_file(dir / "f.bin", std::string(reinterpret_cast<char*>(bytes.data()), bytes.size()));
+  auto set = FileSet::create();
+  set->add(dir / "f.bin");
+  auto landed = detail::allocate_device_memory(context, bytes.size());
+  auto copied = detail::allocate_device_memory(context, bytes.size());
+  FERRY_CU(cuMemsetD8Async, reinterpret_cast<shim::cu::DevicePtr>(copied.get()), 0, bytes.size(),
+           nullptr);
+  FERRY_CU(cuStreamSynchronize, nullptr);
+  const auto at = [](const std::shared_ptr<void>& m, std::uint64_t e) {
+    return reinterpret_cast<shim::cu::DevicePtr>(m.get()) + e * kExtent;
+  };
+  std::vector<Extent> extents;
+  for (std::uint64_t e = 0; e < kExtents; ++e)
+    extents.push_back(
+        {0, e * kExtent, {{Device::cuda(0), reinterpret_cast<void*>(at(landed, e)), kExtent}}});
+  detail::Stream after;
+  std::mutex mutex;
+  std::vector<bool> reported(kExtents, false);
+  TransferOptions o;
+  o.backend = Backend::Posix;
+  o.interleave = true;
+  o.extent_copied = [&](std::size_t e, void* event) {
+    std::lock_guard lock(mutex);
+    context->make_current();
+    FERRY_CU(cuStreamWaitEvent, after.get(), static_cast<shim::cu::Event>(event), 0);
+    FERRY_CU(cuMemcpyDtoDAsync, at(copied, e), at(landed, e), kExtent, after.get());
+    reported[e] = true;
+  };
+  submit(set, Direction::FileToMemory, extents, o).wait();
+  after.synchronize();
+  std::vector<std::byte> back(bytes.size());
+  FERRY_CU(cuMemcpyDtoH, back.data(), at(copied, 0), bytes.size());
+  for (std::uint64_t e = 0; e < kExtents; ++e) {
+    EXPECT_TRUE(reported[e]) << e;
+    EXPECT_EQ(std::memcmp(back.data() + e * kExtent, bytes.data() + e * kExtent, kExtent), 0) << e;
+  }
+}
+
 TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainOnlyForLargerSlots) {
   constexpr std::uint64_t kMiB = 1 << 20, kPage = 4096;
   detail::PinnedPool pool(5 * kMiB);  // one slab of four 1 MiB slots, no room for a second

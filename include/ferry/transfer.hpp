@@ -84,6 +84,14 @@ struct TransferOptions {
   std::function<void(std::size_t extent, std::uint64_t extent_offset, const std::byte* data,
                      std::uint64_t size)>
       observer;
+  // The staged path only, file -> GPU memory: called on the worker once the copies of an
+  // extent's bytes are all queued, where they all went on that worker's stream of one GPU, with
+  // a CUDA event (CUevent) recorded behind them, valid during the call: work queued behind it
+  // (cuStreamWaitEvent) sees the extent's bytes in GPU memory. After the extent's observer
+  // calls. Not called for an extent whose copies went on several streams or none: wait() orders
+  // those. Lets a caller use each extent as it lands (the KV store scatters a verified block
+  // while later ones are still read). Must not throw.
+  std::function<void(std::size_t extent, void* event)> extent_copied;
 };
 
 struct ExtentStatus {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "shim/cuda_driver.hpp"
 
@@ -30,5 +31,26 @@ struct DeviceCopyScratch {
 // (device_kernels_unavailable says why).
 void queue_device_copies(int ordinal, std::span<const DeviceCopy> copies, shim::cu::Stream stream,
                          DeviceCopyScratch& scratch);
+
+// Copies in parts (a KV block's pieces each) uploaded as one table, each part launched on its own
+// once its bytes are ready: a get's blocks scattered as they land, not after the whole call.
+struct DeviceCopyParts {
+  int ordinal = -1;
+  shim::cu::DevicePtr table = 0;
+  struct Part {
+    std::uint32_t first = 0, count = 0;  // its rows of the table
+    std::uint32_t slices = 0;            // its launch's grid
+  };
+  std::vector<Part> parts;
+};
+
+// Uploads `parts` (all within device `ordinal`'s memory) into `scratch` on `stream`; work queued
+// there before may still read `scratch`'s old table only where it has to grow (then the stream
+// is synchronized first). Throws CudaError where ferry's kernels cannot run.
+DeviceCopyParts upload_copy_parts(int ordinal, std::span<const std::vector<DeviceCopy>> parts,
+                                  shim::cu::Stream stream, DeviceCopyScratch& scratch);
+
+// Queues part `k`'s copies (none where it has no bytes) on `stream`, one launch.
+void queue_copy_part(const DeviceCopyParts& parts, std::size_t k, shim::cu::Stream stream);
 
 }  // namespace ferry::detail

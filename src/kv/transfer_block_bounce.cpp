@@ -46,6 +46,18 @@ const Stream& bounce_stream(int ordinal) {
   return *s;
 }
 
+// A stream per device and flight for a staged get's block-by-block scatters (kept, as above):
+// a group's are waited for without waiting for the next group's.
+const Stream& scatter_stream(int ordinal, std::size_t flight) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<std::pair<int, std::size_t>, std::unique_ptr<Stream>>;
+  std::lock_guard lock(mutex);
+  device_context(ordinal).make_current();
+  auto& s = (*streams)[{ordinal, flight}];
+  if (!s) s = std::make_unique<Stream>();
+  return *s;
+}
+
 }  // namespace
 
 // Each device's bounce buffer grown, before any group moves, to `flights` parts as large as the
@@ -124,10 +136,13 @@ void TransferBlockIo::place_in_bounce(Group& g) {
       g.views[i] = {
           {reinterpret_cast<void*>(g.bounce[i]), request_bytes(r), Device::cuda(gpu_of(r))}};
       if (r.pieces.size() > 1)
-        add_route_reason(
-            r, concat("its ", r.pieces.size(), " pieces ",
-                      g.writing ? "gathered into" : "scattered from",
-                      " one run of a device bounce buffer (one kernel launch per batch)"));
+        add_route_reason(r, concat("its ", r.pieces.size(), " pieces ",
+                                   g.writing ? "gathered into" : "scattered from",
+                                   " one run of a device bounce buffer (",
+                                   g.writing || g.direct
+                                       ? "one kernel launch per batch"
+                                       : "a kernel launch per block as it lands, once verified",
+                                   ")"));
     } else {
       g.views[i].assign(r.pieces.begin(), r.pieces.end());
       if (!g.direct && r.pieces.size() > 1 && gpu_of(r) >= 0 && gatherable(r, gpu_of(r)))
@@ -143,6 +158,7 @@ void TransferBlockIo::bounce_copies(Group& g, bool into_bounce, void* after_even
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     const BlockRequest& r = *g.blocks[i];
     if (!g.bounce[i] || (!into_bounce && r.outcome != BlockOutcome::ok)) continue;
+    if (!into_bounce && !g.scattered.empty() && g.scattered[i]) continue;
     const int ordinal = gpu_of(r);
     const Stream& stream = bounce_stream(ordinal);
     if (into_bounce && after_event && !used[ordinal])
@@ -170,6 +186,49 @@ void TransferBlockIo::bounce_copies(Group& g, bool into_bounce, void* after_even
   for (const auto& [ordinal, table] : tables)
     queue_device_copies(ordinal, table, bounce_stream(ordinal).get(), _copy_scratch[ordinal]);
   for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
+}
+
+void TransferBlockIo::prepare_scatters(Group& g) {
+  std::map<int, std::vector<std::vector<DeviceCopy>>> tables;
+  for (std::size_t i = 0; i < g.blocks.size(); ++i) {
+    const BlockRequest& r = *g.blocks[i];
+    const int ordinal = gpu_of(r);
+    if (!g.bounce[i] || !gatherable(r, ordinal) || !kernels_usable(ordinal)) continue;
+    auto& table = tables[ordinal];
+    table.resize(g.blocks.size());
+    std::uintptr_t at = g.bounce[i];
+    for (const BlockSpan& p : r.pieces) {
+      table[i].push_back({at, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size});
+      at += p.size;
+    }
+  }
+  g.parts.clear();
+  g.scattered.assign(g.blocks.size(), 0);
+  try {
+    for (const auto& [ordinal, table] : tables)
+      g.parts[ordinal] = upload_copy_parts(ordinal, table, scatter_stream(ordinal, g.flight).get(),
+                                           _part_tables[{ordinal, g.flight}]);
+  } catch (const std::exception&) {
+    g.parts.clear();  // the scatter after the group takes them all, and reports its own error
+  }
+}
+
+void TransferBlockIo::scatter_block(Group& g, std::size_t i, void* event) noexcept {
+  try {
+    const int ordinal = gpu_of(*g.blocks[i]);
+    const auto parts = g.parts.find(ordinal);
+    if (parts == g.parts.end()) return;
+    const Stream& stream = scatter_stream(ordinal, g.flight);
+    FERRY_CU(cuStreamWaitEvent, stream.get(), static_cast<shim::cu::Event>(event), 0);
+    queue_copy_part(parts->second, i, stream.get());
+    g.scattered[i] = 1;
+  } catch (...) {
+    // Not scattered: the scatter after the group moves it (and reports an error of its own).
+  }
+}
+
+void TransferBlockIo::wait_scatters(const Group& g) {
+  for (const auto& [ordinal, parts] : g.parts) scatter_stream(ordinal, g.flight).synchronize();
 }
 
 std::uintptr_t TransferBlockIo::bounce_part(int ordinal, std::size_t flight, std::uint64_t bytes) {

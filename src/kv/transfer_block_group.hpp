@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <vector>
 
+#include "cuda/device_copies.hpp"
 #include "kv/transfer_block_io.hpp"
 
 namespace ferry::detail::kv {
@@ -22,6 +24,11 @@ struct TransferBlockIo::Group {
   unsigned threads = 0;    // the core's workers for its submission
   std::vector<std::uintptr_t> bounce;
   std::vector<std::vector<BlockSpan>> views;
+  // A staged get's scatters, per device: each bounced block's copies out of its run, launched
+  // by the worker that queued its copies in once its checksum matched (`scattered`), the rest
+  // after the group.
+  std::map<int, DeviceCopyParts> parts;
+  std::vector<char> scattered;
 };
 
 // The first GPU the block touches, or -1 for a block wholly in host memory.

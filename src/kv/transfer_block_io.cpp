@@ -305,6 +305,18 @@ std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     o.observer = [seen = f->seen.data()](std::size_t e, std::uint64_t, const std::byte* data,
                                          std::uint64_t n) { seen[e].update(data, n); };
   }
+  if (!writing && !direct) {
+    // Each bounced block scattered as it lands, once its checksum (the observer's, complete
+    // before this call) matched: the scatter of a whole call no longer waits for its end.
+    prepare_scatters(g);
+    if (!g.parts.empty())
+      o.extent_copied = [this, f = f.get()](std::size_t i, void* event) {
+        const BlockRequest& r = *f->g.blocks[i];
+        if (f->g.bounce[i] && f->seen[i].bytes() == request_bytes(r) &&
+            f->seen[i].digest() == r.checksum)
+          scatter_block(f->g, i, event);
+      };
+  }
   f->ticket =
       submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory, extents_of(g), o);
   if (writing && direct) hash_direct_put(g, after_event);
@@ -329,6 +341,7 @@ void TransferBlockIo::finish_group(Flight& f, void* after_event) {
   const std::vector<std::uint64_t> direct_sums =
       !g.writing && g.direct ? hash_direct_get(g, f.ticket) : std::vector<std::uint64_t>{};
   f.ticket.wait();
+  wait_scatters(g);  // those scattered as they landed (queued by now), before anything can throw
   if (g.writing && !g.direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).
     std::vector<void*> waits(blocks.size(), after_event);

@@ -86,6 +86,12 @@ class TransferBlockIo final : public BlockIo {
   // outcomes and routes from the ticket.
   void place_in_bounce(Group& g);
   void bounce_copies(Group& g, bool into_bounce, void* after_event);
+  // A staged get's scatters block by block (Group::parts): uploaded before the submission,
+  // block `i`'s queued behind the core's `event` (TransferOptions::extent_copied; never
+  // throws: a block not scattered here is after the group), all waited for.
+  void prepare_scatters(Group& g);
+  void scatter_block(Group& g, std::size_t i, void* event) noexcept;
+  void wait_scatters(const Group& g);
   TransferOptions group_options(const Group& g, void* after_event) const;
   void record_times(const TransferStats& stats);
   void settle(Group& g, const Ticket& ticket);
@@ -126,6 +132,8 @@ class TransferBlockIo final : public BlockIo {
   std::map<int, Gather> _gather;
   std::map<int, std::uint64_t> _flight_bytes;      // this batch's bounce part per device
   std::map<int, DeviceCopyScratch> _copy_scratch;  // the gather/scatter kernels' copy tables
+  // A staged get's block-by-block scatter tables, per device and flight.
+  std::map<std::pair<int, std::size_t>, DeviceCopyScratch> _part_tables;
   std::map<int, std::string> _no_kernels;          // per device: why its kernels cannot run
   mutable std::mutex _times_mutex;
   StagedTimes _times;

@@ -24,7 +24,11 @@ struct TicketState {
     std::exception_ptr error;  // under TicketState::mutex
     // The extent's bytes options.observer has seen, or kObservingAbandoned.
     std::atomic<std::uint64_t> observed{0};
+    // Which worker's copier of which GPU queued the extent's copies (Job::copier_key), or
+    // kNoCopier, or kSeveralCopiers (options.extent_copied is then not called).
+    std::atomic<std::int64_t> copier{kNoCopier};
   };
+  static constexpr std::int64_t kNoCopier = -1, kSeveralCopiers = -2;
 
   TicketState(std::shared_ptr<const FileSet> files, Direction direction,
               std::vector<Extent> extents, TransferOptions options);
@@ -67,8 +71,10 @@ struct TicketState {
 
   // A piece of extent `e` failed.
   void fail(std::size_t e, std::exception_ptr error);
-  // A piece of extent `e` moved `bytes`.
-  void landed(std::size_t e, std::uint64_t bytes);
+  // A piece of extent `e` moved `bytes`; returns whether it was the extent's last.
+  bool landed(std::size_t e, std::uint64_t bytes);
+  // Copies of extent `e` were queued on copier `key` (see ExtentRecord::copier).
+  void copied_by(std::size_t e, std::int64_t key);
   // Hands `size` bytes of extent `e` from `offset`, now at `data` in host memory, to
   // options.observer, in extent order: waits until the bytes before `offset` were seen, and
   // skips where the extent failed or the transfer was cancelled first, or where these bytes were

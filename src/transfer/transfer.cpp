@@ -87,12 +87,19 @@ void TicketState::wake_observers() {
   changed.notify_all();
 }
 
-void TicketState::landed(std::size_t e, std::uint64_t bytes) {
+bool TicketState::landed(std::size_t e, std::uint64_t bytes) {
   records[e].bytes.fetch_add(bytes);
-  records[e].pieces_left.fetch_sub(1);
-  if (!reports_progress) return;  // no lock per piece where nobody listens
-  std::lock_guard lock(mutex);    // one call at a time, the count only growing
+  const bool last = records[e].pieces_left.fetch_sub(1) == 1;
+  if (!reports_progress) return last;  // no lock per piece where nobody listens
+  std::lock_guard lock(mutex);         // one call at a time, the count only growing
   if (progress) progress(progress_done += bytes, progress_total);
+  return last;
+}
+
+void TicketState::copied_by(std::size_t e, std::int64_t key) {
+  std::int64_t was = kNoCopier;
+  auto& copier = records[e].copier;
+  if (!copier.compare_exchange_strong(was, key) && was != key) copier = kSeveralCopiers;
 }
 
 void TicketState::job_queued(std::vector<PooledEvent> ends) {

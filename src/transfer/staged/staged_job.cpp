@@ -176,6 +176,30 @@ void Job::landed(const Group& g) {
   }
 }
 
+// GPU copiers only (host memory has no stream to order work behind); one key per worker and GPU.
+constexpr std::int64_t kKeysPerWorker = 1024;
+
+std::int64_t Job::copier_key(const Device& device) const {
+  return device.is_cuda() ? std::int64_t{_worker} * kKeysPerWorker + device.index
+                          : TicketState::kSeveralCopiers;
+}
+
+void Job::piece_landed(const Piece& p) {
+  if (!_t.landed(p.extent, p.size) || !_t.options.extent_copied) return;
+  const std::int64_t key = _t.records[p.extent].copier.load();
+  if (key < 0 || key / kKeysPerWorker != _worker) return;
+  {
+    std::lock_guard lock(_t.mutex);  // a piece failed before (a copy refused): not reported
+    if (_t.records[p.extent].error) return;
+  }
+  try {
+    const PooledEvent end = copier(Device::cuda(static_cast<int>(key % kKeysPerWorker))).mark_end();
+    if (end) _t.options.extent_copied(p.extent, end->get());
+  } catch (...) {
+    // No event: the caller orders the extent's bytes by wait(), as for one not reported.
+  }
+}
+
 // The copies between `data` (where piece `p`'s first byte sits in staging) and its memory.
 void Job::put(const Piece& p, const std::byte* data) {
   for_spans(_t.extents[p.extent], p,
@@ -184,6 +208,7 @@ void Job::put(const Piece& p, const std::byte* data) {
               if (!s.data) return;
               copier(s.device).put(reinterpret_cast<std::uintptr_t>(s.data) + in_span,
                                    data + in_piece, n);
+              _t.copied_by(p.extent, copier_key(s.device));
               ++_copies;
             });
 }
@@ -208,6 +233,8 @@ const std::vector<bool>& Job::put_runs(const Group& g, const std::vector<CopyRun
   for (const CopyRun& r : runs) {
     try {
       copier(r.device).put(r.memory, r.source, r.size);
+      for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i)
+        _t.copied_by(_run->plan.pieces[i].extent, copier_key(r.device));
       ++_copies;
     } catch (...) {
       for (std::uint32_t i = r.first_piece; i <= r.last_piece; ++i) {

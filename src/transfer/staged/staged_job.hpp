@@ -83,6 +83,10 @@ class Job {
   void wait_slot(unsigned s);
   void fence_slot(unsigned s);
   void landed(const Group& g);
+  // A piece of a read landed (its copies queued); the extent's last tells
+  // options.extent_copied where the extent's copies all went on this worker's copier of one GPU.
+  void piece_landed(const Piece& p);
+  std::int64_t copier_key(const Device& device) const;
   void put(const Piece& p, const std::byte* data);
   void get(const Piece& p, std::byte* data);
   std::uint64_t file_offset(const Piece& p) const {

@@ -81,7 +81,7 @@ void Job::read_whole(const Group& g, unsigned s, SourceFile& f, std::uint32_t& n
     const std::byte* bytes = data + (file_offset(p) - g.file_offset);
     put(p, bytes);
     _t.observe(p.extent, p.extent_offset, bytes, p.size);  // while the copies run
-    _t.landed(p.extent, p.size);
+    piece_landed(p);
   }
 }
 
@@ -105,7 +105,7 @@ bool Job::copy_from_page_cache(const Group& g) {
     if (failed[i - g.first]) continue;
     const Piece& p = _run->plan.pieces[i];
     _t.observe(p.extent, p.extent_offset, base + file_offset(p), p.size);
-    _t.landed(p.extent, p.size);
+    piece_landed(p);
     copied += p.size;
   }
   fence_slot(0);  // closes a profiled run of copies; no slot waits on it
@@ -134,8 +134,7 @@ void Job::read_in_slices(const Group& g, unsigned s, SourceFile& f, std::uint32_
   }
   const std::vector<bool>& failed = put_runs(g, runs, g.count);
   for (; next_piece < g.first + g.count; ++next_piece)
-    if (!failed[next_piece - g.first])
-      _t.landed(_run->plan.pieces[next_piece].extent, _run->plan.pieces[next_piece].size);
+    if (!failed[next_piece - g.first]) piece_landed(_run->plan.pieces[next_piece]);
 }
 
 // read_in_slices' reads, each slice observed as it lands; returns the group's first byte in the
@@ -189,7 +188,7 @@ bool Job::read_into_host(const Group& g) {
     _t.fail(p.extent, std::current_exception());
     return true;
   }
-  _t.landed(p.extent, p.size);
+  piece_landed(p);
   return true;
 }
 
@@ -205,7 +204,7 @@ void Job::read_singly(const Group& g, std::uint32_t from, unsigned s) {
       put(p, bytes);
       _t.observe(p.extent, p.extent_offset, bytes, p.size);
       fence_slot(s);
-      _t.landed(p.extent, p.size);
+      piece_landed(p);
     } catch (...) {
       _t.fail(p.extent, std::current_exception());
     }
