@@ -263,7 +263,7 @@ kv_sweep_stage() {
 # DMA's too: its windows registered in the background), then vLLM's layout with page-cache DMA at
 # 1,024 blocks a call (the first get beside the later ones). kvbisect measures the rest.
 kv_groups_stage() {
-  run_test_binaries test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache
+  run_test_binaries test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache
   log "ferry kv bench: vLLM 64 x 32 KiB, 1024 blocks per call, page-cache DMA on"
   mkdir -p /tmp/kvbench
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --bytes 2G --rounds 3 --path staged \
