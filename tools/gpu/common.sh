@@ -15,7 +15,7 @@ build() {
     "build firstload"* | firstload*) targets=ferry_cli ;;
     "build kvbisect" | kvbisect) targets=ferry_cli ;;
     "build kvgroups"*)
-      targets="ferry_cli test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
+      targets="ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
     # tools/vllm_gpu_run.sh needs the Python package alone.
     "build vllm") targets=ferry_cli ;;
   esac
