@@ -64,9 +64,11 @@ KVPath parse_kv_path(std::string_view text);
 
 // How GPU gets and puts of blocks in pieces (vLLM's per-layer pages) move through a device
 // bounce buffer: in groups of about `bytes` (a larger block alone), `flights` of them moving at
-// once, each on `threads` of the transfer core's workers. 0: ferry's choice (128 MiB, 3, half
-// the workers where the batch has several groups). For measuring (`ferry kv bench
-// --group-bytes ...`); the bounce buffer takes `bytes` x `flights` of each GPU's memory.
+// once, each on `threads` of the transfer core's workers. 0: ferry's choice (128 MiB, 3; gets
+// read through the page cache 1 GiB, 2; half the workers where the batch has several groups).
+// For measuring (`ferry kv bench --group-bytes ...`) and for capping the memory: the bounce
+// buffer takes up to `bytes` x `flights` of each GPU's memory (a call's multi-piece blocks,
+// 2 GiB at most by default), kept between calls.
 struct KVGpuGroups {
   std::uint64_t bytes = 0;
   unsigned flights = 0;

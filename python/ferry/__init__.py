@@ -17,13 +17,15 @@ are views of the memory ferry loaded into (no copies); that memory is freed when
 that refers to it is gone.
 """
 from ._ferry import (Checkpoint, KVFormatError, Loaded, LoadPreparation, SafetensorError,
-                     __version__, cuda_available, prepare_load, release_cached_device_memory,
-                     release_page_cache_registrations, release_staging_memory)
+                     __version__, cuda_available, page_cache_fraction, prepare_load,
+                     release_cached_device_memory, release_page_cache_registrations,
+                     release_staging_memory)
 from ._open import _safe_open_handle, safe_open
 from .kv import KVPages, KVResult, KVStore, KVTicket, kv_key
 
 __all__ = ["Checkpoint", "KVFormatError", "KVPages", "KVResult", "KVStore", "KVTicket", "Loaded",
-           "LoadPreparation", "SafetensorError", "cuda_available", "kv_key", "prepare_load",
+           "LoadPreparation", "SafetensorError", "cuda_available", "kv_key", "page_cache_fraction",
+           "prepare_load",
            "release_cached_device_memory",
            "release_page_cache_registrations",
            "release_staging_memory", "safe_open"]

@@ -12,27 +12,27 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <system_error>
 #include <utility>
 
+#include "engine_options.hpp"
 #include "ferry/checkpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ggml_type.hpp"
 #include "ferry/loaded_checkpoint.hpp"
+#include "ferry/machine.hpp"
 #include "ferry/safetensors.hpp"
 #include "ferry/tensor_reader.hpp"
 #include "ferry/transfer.hpp"
-#include "engine_options.hpp"
 #include "interpreter_exit.hpp"
 
 namespace nb = nanobind;
@@ -572,6 +572,14 @@ NB_MODULE(_ferry, m) {
 
   m.attr("__version__") = FERRY_VERSION;
   m.def("cuda_available", &cuda_available);
+  m.def(
+      "page_cache_fraction",
+      [](const std::string& path) {
+        return page_cache_residency_measured() ? page_cache_fraction(path) : 0.0;
+      },
+      "path"_a,
+      "The fraction of the file's pages in the page cache (sampled on large files, as a load's "
+      "choice between O_DIRECT and buffered reads is); 0 where the system cannot tell (Windows).");
   m.def("release_staging_memory", &release_staging_memory);
   // Page-cache DMA's registrations no load is using (page_cache_pin); returns the bytes still held.
   m.def("release_page_cache_registrations", &release_page_cache_registrations);

@@ -54,6 +54,9 @@ DeviceCopyParts upload_copy_parts(int ordinal, std::span<const std::vector<Devic
   out.ordinal = ordinal;
   out.parts.resize(parts.size());
   std::vector<CopyJob> jobs;
+  std::size_t rows = 0;
+  for (const auto& part : parts) rows += part.size();
+  jobs.reserve(rows);
   for (std::size_t k = 0; k < parts.size(); ++k) {
     DeviceCopyParts::Part& part = out.parts[k];
     part.first = static_cast<std::uint32_t>(jobs.size());

@@ -177,6 +177,7 @@ void KVStore::Impl::write_blocks(PutBatch& b, void* after_event) {
   b.spans.resize(b.work.size());
   b.requests.resize(b.work.size());
   for (std::size_t w = 0; w < b.work.size(); ++w) {
+    b.spans[w].reserve(b.sources[b.work[w].index].size());
     for (const KVPiece& p : b.sources[b.work[w].index])
       b.spans[w].push_back({p.data, p.size, p.device});
     b.requests[w].slab = slab_of(b.work[w].slot);

@@ -196,6 +196,7 @@ void TransferBlockIo::prepare_scatters(Group& g) {
     if (!g.bounce[i] || !gatherable(r, ordinal) || !kernels_usable(ordinal)) continue;
     auto& table = tables[ordinal];
     table.resize(g.blocks.size());
+    table[i].reserve(r.pieces.size());
     std::uintptr_t at = g.bounce[i];
     for (const BlockSpan& p : r.pieces) {
       table[i].push_back({at, reinterpret_cast<shim::cu::DevicePtr>(p.data), p.size});

@@ -6,7 +6,8 @@ between the ranks (group_slices too, each rank receiving only its slices), slice
 rank's slices, each_rank_reads_all everything. Where vLLM shards otherwise than ferry's rule (one
 KV head for two ranks: vLLM copies it to both), "slices" and "group_slices" stop with an error,
 never wrong weights, and "auto" loads again through process_group (every rank, saying so), its
-weights equal. No tp_mode is auto; no tp_mode with an engine option is process_group."""
+weights equal; "auto" on a checkpoint out of the page cache loads through process_group at once.
+No tp_mode is auto; no tp_mode with an engine option is process_group."""
 import json
 import os
 import socket
@@ -150,6 +151,17 @@ def test_tensor_parallel_modes(tmp_path):
         for row in rows:
             assert row["default_with_threads"].get("equal") is True, row["default_with_threads"]
             assert row["default_with_threads"]["tp_mode"] == "process_group"
+        # auto on a checkpoint out of the page cache (on this rank: every rank's view counts):
+        # the group reads each byte once, as slices would read it about twice from the disk.
+        for rank, row in enumerate(rows):
+            cold = row["auto_cold"]
+            assert cold.get("equal") is True, (folder.name, rank, cold)
+            if cold["cached_after_eviction"] < 0.5:  # a file system that keeps them: tmpfs
+                assert cold["tp_mode"] == "process_group", (folder.name, rank, cold)
+    for rank, text in enumerate(logs):
+        if any(results[rank][str(f)]["auto_cold"]["cached_after_eviction"] < 0.5 for f in folders):
+            assert "tp_mode auto: process_group, as the checkpoint is not in the page cache on " \
+                "every rank" in text, text[-3000:]
     for text in logs:  # auto's and the default's load of the one-KV-head model
         assert text.count("tp_mode auto: vLLM shards this model otherwise") == 2, text[-3000:]
 

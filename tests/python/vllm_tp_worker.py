@@ -16,11 +16,14 @@ MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto
 # Each mode's model_loader_extra_config, and the defaults: no tp_mode, then with an engine option.
 # The communicators: torch's named, vLLM's (none on the CPU), one that is not; auto (the default)
 # takes vLLM's where it exists, so torch's here.
+EVICT = "evict (the test's own key)"
 CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
            "default": {}, "default_with_threads": {"threads": 2},
            "torch_communicator": {"tp_mode": "process_group", "tp_communicator": "torch"},
            "vllm_communicator": {"tp_mode": "process_group", "tp_communicator": "vllm"},
-           "no_such_communicator": {"tp_mode": "process_group", "tp_communicator": "mpi"}}
+           "no_such_communicator": {"tp_mode": "process_group", "tp_communicator": "mpi"},
+           # The checkpoint dropped from the page cache on this rank first (see evicted).
+           "auto_cold": {"tp_mode": "auto", EVICT: True}}
 
 
 def build(folder, load_format, extra=None):
@@ -40,6 +43,28 @@ def build(folder, load_format, extra=None):
         loader.load_weights(model, config.model_config)
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
     return params, getattr(loader, "last_load", {})
+
+
+def evicted(folder) -> float:
+    """Drops the folder's checkpoint files from the page cache (clean pages: synced first);
+    returns the fraction of their bytes still there after (near 1 where the file system keeps
+    them, tmpfs)."""
+    import glob
+    import os
+
+    import ferry
+    total = cached = 0
+    for path in glob.glob(os.path.join(folder, "*.safetensors")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        size = os.path.getsize(path)
+        total += size
+        cached += ferry.page_cache_fraction(path) * size
+    return cached / total
 
 
 def watch_device_group():
@@ -91,12 +116,15 @@ def main() -> None:
         for mode, extra in CONFIGS.items():
             try:
                 device_group_calls.clear()
+                left = evicted(folder) if extra.get(EVICT) else None
+                extra = {k: v for k, v in extra.items() if k != EVICT}
                 params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10})
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
                               "tp_mode": last["tp_mode"],
                               "tp_communicator": last.get("tp_communicator"),
                               "slices_bytes_read": last.get("slices_bytes_read"),
-                              "device_group_calls": list(device_group_calls)}
+                              "device_group_calls": list(device_group_calls),
+                              "cached_after_eviction": left}
             except Exception as e:  # noqa: BLE001 - reported to the test
                 rows[mode] = {"error": f"{type(e).__name__}: {e}"}
         out[folder] = rows

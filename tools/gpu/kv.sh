@@ -249,8 +249,9 @@ kv_sweep_stage() {
   local shapes="128M,3,0 512M,2,16 2G,1,16"
   for shape in ${KV_SWEEP_SHAPES:-$shapes}; do
     IFS=, read -r bytes flights threads <<<"$shape"
-    local flags=(--group-bytes "$bytes" --group-flights "$flights")
-    [ "$threads" != 0 ] && flags+=(--group-threads "$threads")
+    local flags=()  # "default": ferry's own shapes
+    [ "$shape" != default ] && flags=(--group-bytes "$bytes" --group-flights "$flights")
+    [ "$shape" != default ] && [ "$threads" != 0 ] && flags+=(--group-threads "$threads")
     log "ferry kv bench: vLLM layout, 1024 blocks per call, groups $bytes x $flights, workers ${threads/#0/default}"
     "$ferry" kv bench /tmp/kvbench "${common[@]}" --layout vllm --layers 32 --block-tokens 16 \
       --kv-heads 8 --head-dim 128 "${flags[@]}" --json "$OUT/kvsweep-vllm-$bytes-$flights-$threads.json" \

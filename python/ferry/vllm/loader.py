@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
-from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, check_slices_taken, choose_mode,
-                 group_collectives, group_slice_weights, group_weights, slice_weights,
+from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, cached_on_every_rank, check_slices_taken,
+                 choose_mode, group_collectives, group_slice_weights, group_weights, slice_weights,
                  slices_not_taken, tp_group)
 
 logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
@@ -140,7 +140,15 @@ class FerryModelLoader(BaseModelLoader):
         checkpoint = ferry.Checkpoint.open(path)
         names = checkpoint.names()
         rank, ranks = tp_group()
-        mode = choose_mode(tp_mode or self.tp_mode, ranks, model_config.quantization is not None)
+        requested = tp_mode or self.tp_mode
+        quantized = model_config.quantization is not None
+        cached = True
+        if requested == "auto" and ranks > 1 and not quantized:
+            cached = cached_on_every_rank(checkpoint.files())
+        mode = choose_mode(requested, ranks, quantized, cached)
+        if requested == "auto" and mode == "process_group" and not cached:
+            logger.info("ferry: tp_mode auto: process_group, as the checkpoint is not in the page "
+                        "cache on every rank (slices would read it about twice from the disk)")
         self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
         if mode in ("slices", "group_slices") and model_config.quantization is not None:
             raise ValueError(f"load format ferry: tp_mode \"{mode}\" reads unquantized "
