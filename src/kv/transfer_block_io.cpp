@@ -26,7 +26,7 @@ constexpr std::uint64_t kGroupBytes = 128ull << 20;
 constexpr std::size_t kFlights = 3;
 // Gets read through the page cache move at memory speed, where each group's start and end (its
 // transfer filling and draining the workers) cost more than the overlap hides: groups of 1 GiB,
-// two in flight (vLLM's layout, 1,024 blocks a call on an H200: 0.90 x one piece's warm get
+// two in flight (vLLM's layout, 1,024 blocks a call on an H200: 0.88-0.90 x one piece's warm get
 // against 0.76 x in 128 MiB groups; one group of the whole call on every worker 0.87 x). Their
 // transfers' staging slots are the same 4 MiB as the smaller groups' (no re-registration when
 // puts, cold gets and warm gets alternate). The bounce buffer grows to two such groups.
