@@ -153,6 +153,13 @@ TEST(KvLayouts, BadPiecesGetClearErrors) {
   r = store.put(std::span(&other, 1), std::vector<KVBlock>{overlapping})[0];
   EXPECT_EQ(r.status, KVStatus::unsupported);
   EXPECT_NE(r.message.find("overlap"), std::string::npos) << r.message;
+  // In address order too (the check skips its sort there): the first runs into the second.
+  std::vector<std::byte> run(3 * 4096);
+  const std::vector<KVPiece> in_order_overlap = {{run.data(), 2 * 4096},
+                                                 {run.data() + 4096, 2 * 4096}};
+  r = store.put(std::span(&other, 1), std::vector<KVBlock>{in_order_overlap})[0];
+  EXPECT_EQ(r.status, KVStatus::unsupported);
+  EXPECT_NE(r.message.find("pieces 0 and 1 overlap"), std::string::npos) << r.message;
   // The stored block is untouched by the refusals.
   std::vector<std::byte> whole(block);
   ASSERT_TRUE(get_one(store, key, whole).ok());
