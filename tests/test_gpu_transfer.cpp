@@ -1,6 +1,7 @@
 // The transfer core with GPU memory: staged round trips (aligned and unaligned, several devices'
 // spans in one extent where there are several GPUs), cuFile round trips, and a write ordered
-// after the caller's event never reads memory a GPU operation is still writing; per-key reads
+// after the caller's event never reads memory a GPU operation is still writing; work queued
+// behind an extent's `extent_copied` event sees its bytes; per-key reads
 // (TensorReader::submit) into device memory equal the host path. Skipped without
 // a GPU (cuFile cases also without cuFile).
 #include <gtest/gtest.h>
@@ -154,10 +155,6 @@ TEST_F(GpuTransfer, ACallerStreamCanWaitForTheTicketWithoutAHostSync) {
   EXPECT_EQ(std::memcmp(landing.data(), bytes.data(), bytes.size()), 0);
 }
 
-// A lease for a GPU pins each slot as it is first made ready (one registration per slot). A later
-// lease of smaller slots takes the slab's slots as they are registered (no registration again, its
-// slots as far apart as the slab's); one of larger slots has the slab registered again in its own
-// (never twice over one page, which the driver refuses). Copies out of every slot land exactly.
 // TransferOptions::extent_copied: work queued behind each reported extent's event sees its bytes
 // (a device copy of them out, on another stream, read back after the ticket), and every extent
 // that moved whole on one worker's stream is reported (each extent is smaller than a chunk).
@@ -203,6 +200,10 @@ TEST_F(GpuTransfer, WorkQueuedBehindAnExtentsCopiedEventSeesItsBytes) {
   }
 }
 
+// A lease for a GPU pins each slot as it is first made ready (one registration per slot). A later
+// lease of smaller slots takes the slab's slots as they are registered (no registration again, its
+// slots as far apart as the slab's); one of larger slots has the slab registered again in its own
+// (never twice over one page, which the driver refuses). Copies out of every slot land exactly.
 TEST_F(GpuTransfer, StagingSlotsArePinnedAsFirstUsedAndAgainOnlyForLargerSlots) {
   constexpr std::uint64_t kMiB = 1 << 20, kPage = 4096;
   detail::PinnedPool pool(5 * kMiB);  // one slab of four 1 MiB slots, no room for a second
