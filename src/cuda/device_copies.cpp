@@ -31,9 +31,8 @@ shim::cu::DevicePtr upload_table(int ordinal, const std::vector<CopyJob>& jobs,
   return table;
 }
 
-void launch(int ordinal, shim::cu::DevicePtr table, std::uint32_t count, std::uint64_t slices,
-            shim::cu::Stream stream) {
-  const shim::cu::Function kernel = device_kernel(ordinal, "ferry_copy_matched");
+void launch(shim::cu::Function kernel, shim::cu::DevicePtr table, std::uint32_t count,
+            std::uint64_t slices, shim::cu::Stream stream) {
   shim::cu::DevicePtr no_digests = 0;
   void* params[] = {&table, &count, &no_digests, &no_digests};
   FERRY_CU(cuLaunchKernel, kernel, static_cast<unsigned>(slices), 1, 1, kCopyThreads, 1, 1, 0,
@@ -51,7 +50,6 @@ void check_launch_shape(std::uint64_t copies, std::uint64_t slices) {
 DeviceCopyParts upload_copy_parts(int ordinal, std::span<const std::vector<DeviceCopy>> parts,
                                   shim::cu::Stream stream, DeviceCopyScratch& scratch) {
   DeviceCopyParts out;
-  out.ordinal = ordinal;
   out.parts.resize(parts.size());
   std::vector<CopyJob> jobs;
   std::size_t rows = 0;
@@ -71,7 +69,7 @@ DeviceCopyParts upload_copy_parts(int ordinal, std::span<const std::vector<Devic
     part.slices = static_cast<std::uint32_t>(slices);
   }
   if (!jobs.empty()) {
-    device_kernel(ordinal, "ferry_copy_matched");  // throws here, not at the first launch
+    out.kernel = device_kernel(ordinal, "ferry_copy_matched");  // throws here, not at a launch
     out.table = upload_table(ordinal, jobs, stream, scratch);
   }
   return out;
@@ -80,7 +78,7 @@ DeviceCopyParts upload_copy_parts(int ordinal, std::span<const std::vector<Devic
 void queue_copy_part(const DeviceCopyParts& parts, std::size_t k, shim::cu::Stream stream) {
   const DeviceCopyParts::Part& part = parts.parts.at(k);
   if (part.count == 0) return;
-  launch(parts.ordinal, parts.table + part.first * sizeof(CopyJob), part.count, part.slices,
+  launch(parts.kernel, parts.table + part.first * sizeof(CopyJob), part.count, part.slices,
          stream);
 }
 
@@ -96,9 +94,10 @@ void queue_device_copies(int ordinal, std::span<const DeviceCopy> copies, shim::
   }
   if (jobs.empty()) return;
   check_launch_shape(jobs.size(), slices);
-  device_kernel(ordinal, "ferry_copy_matched");  // throws before the upload where it cannot run
+  // Looked up before the upload: throws there where ferry's kernels cannot run.
+  const shim::cu::Function kernel = device_kernel(ordinal, "ferry_copy_matched");
   const shim::cu::DevicePtr table = upload_table(ordinal, jobs, stream, scratch);
-  launch(ordinal, table, static_cast<std::uint32_t>(jobs.size()), slices, stream);
+  launch(kernel, table, static_cast<std::uint32_t>(jobs.size()), slices, stream);
 }
 
 }  // namespace ferry::detail

@@ -35,7 +35,7 @@ void queue_device_copies(int ordinal, std::span<const DeviceCopy> copies, shim::
 // Copies in parts (a KV block's pieces each) uploaded as one table, each part launched on its own
 // once its bytes are ready: a get's blocks scattered as they land, not after the whole call.
 struct DeviceCopyParts {
-  int ordinal = -1;
+  shim::cu::Function kernel = nullptr;  // looked up once: a launch per block takes no lookup
   shim::cu::DevicePtr table = 0;
   struct Part {
     std::uint32_t first = 0, count = 0;  // its rows of the table

@@ -141,7 +141,8 @@ void TransferBlockIo::place_in_bounce(Group& g) {
                                    " one run of a device bounce buffer (",
                                    g.writing || g.direct
                                        ? "one kernel launch per batch"
-                                       : "a kernel launch per block as it lands, once verified",
+                                       : "once verified: a kernel launch per block as it "
+                                         "lands, else one per batch",
                                    ")"));
     } else {
       g.views[i].assign(r.pieces.begin(), r.pieces.end());
