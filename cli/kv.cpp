@@ -298,6 +298,11 @@ void add_bench(CLI::App& kv) {
               t.hash_wait * 1e3, t.setup * 1e3,
               (t.span - t.io - t.copy_wait - t.queue - t.setup) * 1e3, t.span * 1e3, t.copies,
               t.copies > 0 ? double(r.block_bytes * r.blocks) / 1024 / t.copies : 0.0);
+        // The caller's thread around the move: a get's checks before it, a GPU batch's steps
+        // before its first transfer and after its last.
+        if (t.lead + t.tail + t.prepare > 0)
+          std::printf(" [caller: checks %.1f, before the transfers %.1f, after %.1f]",
+                      t.prepare * 1e3, t.lead * 1e3, t.tail * 1e3);
       };
       std::printf("    ms per pass:");
       times(" put", r.put_times);
@@ -331,10 +336,22 @@ void add_bench(CLI::App& kv) {
       }
       std::fflush(stdout);
       const auto times_json = [](const KVBenchTimes& t) {
-        return nlohmann::json{{"pass", t.pass},       {"move", t.move}, {"sync", t.sync},
-                              {"journal", t.journal}, {"io", t.io},     {"copy_wait", t.copy_wait},
-                              {"queue", t.queue}, {"setup", t.setup},     {"hash", t.hash}, {"hash_wait", t.hash_wait},
-                              {"transfer", t.transfer}, {"span", t.span}, {"copies", t.copies}};
+        return nlohmann::json{{"pass", t.pass},
+                              {"move", t.move},
+                              {"sync", t.sync},
+                              {"journal", t.journal},
+                              {"io", t.io},
+                              {"copy_wait", t.copy_wait},
+                              {"queue", t.queue},
+                              {"setup", t.setup},
+                              {"hash", t.hash},
+                              {"hash_wait", t.hash_wait},
+                              {"transfer", t.transfer},
+                              {"span", t.span},
+                              {"copies", t.copies},
+                              {"lead", t.lead},
+                              {"tail", t.tail},
+                              {"prepare", t.prepare}};
       };
       rows.push_back({{"block_bytes", r.block_bytes},
                       {"blocks", r.blocks},

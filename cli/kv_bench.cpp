@@ -126,6 +126,9 @@ KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
   t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
   t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
   t.copies = double(b.staged_copies - a.staged_copies);
+  t.lead = b.staged_lead_seconds - a.staged_lead_seconds;
+  t.tail = b.staged_tail_seconds - a.staged_tail_seconds;
+  t.prepare = b.get_prepare_seconds - a.get_prepare_seconds;
   return t;
 }
 
@@ -143,6 +146,9 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.transfer += t.transfer * weight;
   into.span += t.span * weight;
   into.copies += t.copies * weight;
+  into.lead += t.lead * weight;
+  into.tail += t.tail * weight;
+  into.prepare += t.prepare * weight;
 }
 
 // Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw

@@ -61,6 +61,7 @@ struct KVBenchTimes {
   double io = 0, copy_wait = 0, queue = 0, hash = 0, hash_wait = 0;  // staged workers' thread-s
   double setup = 0;                                                  // (KVStats staged_*)
   double transfer = 0, span = 0, copies = 0;  // KVStats staged_transfer_seconds, _thread_span_*
+  double lead = 0, tail = 0, prepare = 0;     // KVStats staged_lead/_tail, get_prepare_seconds
 };
 
 struct KVBenchRow {

@@ -69,6 +69,10 @@ struct StagedTimes {
   // thread-seconds the workers had), and the copies they queued.
   double transfer = 0, span = 0;
   std::uint64_t copies = 0;
+  // The calling thread's time around the transfers of a GPU batch: from its start to its first
+  // submission (route, groups, bounce runs, scatter tables), and from its last transfer's end to
+  // its return (the last scatters, checks, outcomes).
+  double lead = 0, tail = 0;
 };
 
 class BlockIo {

@@ -157,6 +157,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   Impl& s = *this;
   FERRY_EXPECT(keys.size() == destinations.size(), std::invalid_argument, "KV get: ",
                keys.size(), " keys but ", destinations.size(), " destinations");
+  const auto entered = Clock::now();
   s.catch_up();
   std::vector<KVResult> results(keys.size());
   struct Work {
@@ -165,6 +166,8 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   };
   std::vector<Work> work;
   std::vector<BlockRequest> requests;
+  work.reserve(keys.size());
+  requests.reserve(keys.size());
   {
     std::lock_guard lock(s.mutex);
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -218,6 +221,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
   const auto read = Clock::now();
   std::lock_guard lock(s.mutex);
   s.counters.get_move_seconds += seconds(start, read);
+  s.counters.get_prepare_seconds += seconds(entered, start);
   for (std::size_t w = 0; w < work.size(); ++w) {
     const std::size_t i = work[w].index;
     const std::uint32_t slot = work[w].slot;
@@ -372,6 +376,8 @@ KVStats KVStore::stats() {
   out.staged_transfer_seconds = staged.transfer;
   out.staged_thread_span_seconds = staged.span;
   out.staged_copies = staged.copies;
+  out.staged_lead_seconds = staged.lead;
+  out.staged_tail_seconds = staged.tail;
   const PageCacheCounters page_cache = s.io->page_cache_counters();
   out.page_cache_dma_bytes = page_cache.bytes;
   out.page_cache_windows_registered = page_cache.registered;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "cuda/cuda_resources.hpp"
 #include "cuda/device_copies.hpp"
@@ -129,21 +130,26 @@ void TransferBlockIo::place_in_bounce(Group& g) {
   std::map<int, std::uintptr_t> base;
   for (const auto& [ordinal, bytes] : need) base[ordinal] = bounce_part(ordinal, g.flight, bytes);
   g.views.assign(g.blocks.size(), {});
+  // The reason is the same for blocks of as many pieces (the engines' are all alike): built once.
+  std::string bounced;
+  std::size_t bounced_pieces = 0;
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     BlockRequest& r = *g.blocks[i];
     if (through_bounce(r, g.direct)) {
       g.bounce[i] = base[gpu_of(r)] + at[i];
       g.views[i] = {
           {reinterpret_cast<void*>(g.bounce[i]), request_bytes(r), Device::cuda(gpu_of(r))}};
-      if (r.pieces.size() > 1)
-        add_route_reason(r, concat("its ", r.pieces.size(), " pieces ",
-                                   g.writing ? "gathered into" : "scattered from",
-                                   " one run of a device bounce buffer (",
-                                   g.writing || g.direct
-                                       ? "one kernel launch per batch"
-                                       : "once verified: a kernel launch per block as it "
-                                         "lands, else one per batch",
-                                   ")"));
+      if (r.pieces.size() > 1 && r.pieces.size() != bounced_pieces) {
+        bounced_pieces = r.pieces.size();
+        bounced = concat("its ", r.pieces.size(), " pieces ",
+                         g.writing ? "gathered into" : "scattered from",
+                         " one run of a device bounce buffer (",
+                         g.writing || g.direct ? "one kernel launch per batch"
+                                               : "once verified: a kernel launch per block as it "
+                                                 "lands, else one per batch",
+                         ")");
+      }
+      if (r.pieces.size() > 1) add_route_reason(r, bounced);
     } else {
       g.views[i].assign(r.pieces.begin(), r.pieces.end());
       if (!g.direct && r.pieces.size() > 1 && gpu_of(r) >= 0 && gatherable(r, gpu_of(r)))

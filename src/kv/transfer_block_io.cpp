@@ -10,6 +10,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
+#include "kv/kv_call_support.hpp"
 #include "kv/transfer_block_group.hpp"
 #include "transfer/backend.hpp"
 #include "transfer/staged/staged_settings.hpp"
@@ -173,6 +174,7 @@ TransferOptions TransferBlockIo::options(void* after_event) const {
 void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
                                void* after_event) {
   std::lock_guard lock(_mutex);
+  const auto entered = Clock::now();
   bool direct = false;
   try {
     if (!_files) {
@@ -237,10 +239,17 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
           start_group(groups[k], writing, direct, buffered, after_event, k % flights, threads);
     });
     if (current) in_flight.push_back(std::move(current));
+    if (k == 0) add_time(_times.lead, seconds(entered, Clock::now()));
     // The part the next group takes is the oldest's: finish it first.
     if (!in_flight.empty() && in_flight.front()->g.flight == (k + 1) % flights) finish_oldest();
   }
   while (!in_flight.empty()) finish_oldest();
+  add_time(_times.tail, seconds(_last_wait_end, Clock::now()));
+}
+
+void TransferBlockIo::add_time(double& counter, double s) {
+  std::lock_guard lock(_times_mutex);
+  counter += s;
 }
 
 // Whether a get's blocks are all read through the page cache (see group_options).
@@ -278,14 +287,14 @@ void TransferBlockIo::record_times(const TransferStats& stats) {
 }
 
 void TransferBlockIo::settle(Group& g, const Ticket& ticket) {
+  static const std::string staged =
+      "through pinned host staging (gpu_path staged, or auto without GPUDirect Storage)";
+  static const std::string cufile = "cuFile between GPU memory and the slab";
   const TransferStats& stats = ticket.stats();
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     BlockRequest& b = *g.blocks[i];
     b.route = route_of(stats, b.slab);
-    add_route_reason(b, b.route == KVRoute::staged
-                            ? "through pinned host staging (gpu_path staged, or auto without "
-                              "GPUDirect Storage)"
-                            : "cuFile between GPU memory and the slab");
+    add_route_reason(b, b.route == KVRoute::staged ? staged : cufile);
     const ExtentStatus status = ticket.status(i);
     if (status.state != ExtentStatus::State::Done) {
       fail(b, BlockOutcome::io_error,
@@ -353,6 +362,7 @@ void TransferBlockIo::finish_group(Flight& f, void* after_event) {
   const std::vector<std::uint64_t> direct_sums =
       !g.writing && g.direct ? hash_direct_get(g, f.ticket) : std::vector<std::uint64_t>{};
   f.ticket.wait();
+  _last_wait_end = Clock::now();
   wait_scatters(g);  // those scattered as they landed (queued by now), before anything can throw
   if (g.writing && !g.direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -137,6 +138,9 @@ class TransferBlockIo final : public BlockIo {
   std::map<int, std::string> _no_kernels;          // per device: why its kernels cannot run
   mutable std::mutex _times_mutex;
   StagedTimes _times;
+  void add_time(double& counter, double seconds);
+  std::chrono::steady_clock::time_point
+      _last_wait_end;  // the batch's latest transfer wait returned (see tail)
   std::unique_ptr<PageCacheGets> _page_cache;  // null: off
 };
 
