@@ -12,7 +12,10 @@ transformers' LlamaForCausalLM built on the meta device), written once as safete
 
 A format "ferry:MODE" is load format ferry with model_loader_extra_config {"tp_mode": MODE}
 (process_group, slices, each_rank_reads_all; plain "ferry" under --tp > 1 is the loader's
-default), "ferry:MODE:COMMUNICATOR" also {"tp_communicator": COMMUNICATOR} (auto, torch or vllm).
+default), "ferry:MODE:COMMUNICATOR" also {"tp_communicator": COMMUNICATOR} (auto, torch or vllm),
+and "+KEY=VALUE" after either adds that key (e.g. "ferry:group_slices+group_bytes=4294967296").
+"ferry-own" is ferry's own load outside vLLM: ferry.torch onto cuda:0, or with --tp > 1 the CLI's
+tensor-parallel load onto that many GPUs (--ferry-cli).
 --budget-s: a format is skipped (and said so) when the slowest start so far would end past it.
 
 --kv-spec (instead of the load formats): time to first token of a --kv-tokens (+1) prompt (random
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -92,9 +96,44 @@ def _run_child(command, env, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-def child(folder: str, load_format: str, tp: int) -> None:
+def own_tensor_parallel(folder: str, tp: int, cli: str) -> None:
+    """ferry's own tensor-parallel load of the checkpoint onto cuda:0 .. cuda:tp-1 (the CLI, one
+    process, the slices vLLM takes, the GPUs sharing each byte over NCCL): prints one RESULT line
+    with the load's seconds as the CLI reports them and the process's wall time."""
+    devices = ",".join(f"cuda:{i}" for i in range(tp))
+    started = time.perf_counter()
+    done = subprocess.run([cli, "load", folder, "--device", devices, "--tensor-parallel"],
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    print(done.stdout + done.stderr, file=sys.stderr)
+    found = re.search(r"^loaded .* in ([0-9.]+) s", done.stdout + done.stderr, re.MULTILINE)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{cli} load --tensor-parallel failed (exit {done.returncode})")
+    seconds = float(found.group(1))
+    print("RESULT " + json.dumps({"format": "ferry-own", "ready_s": wall, "own_s": seconds,
+                                  "tokens": []}), flush=True)
+
+
+def _loader_config(load_format: str) -> dict:
+    """model_loader_extra_config of a format "ferry[:MODE[:COMMUNICATOR]][+KEY=VALUE...]"."""
+    base, *options = load_format.split("+")
+    _, _, mode = base.partition(":")
+    mode, _, communicator = mode.partition(":")
+    config = {"tp_mode": mode} if mode else {}
+    if communicator:
+        config["tp_communicator"] = communicator
+    for option in options:
+        key, _, value = option.partition("=")
+        config[key] = int(value) if value.isdigit() else value
+    return config
+
+
+def child(folder: str, load_format: str, tp: int, cli: str = "") -> None:
     """One LLM(...) in this process: prints one JSON line with its times and greedy tokens.
-    load_format "ferry-own": ferry's own load of the checkpoint to cuda:0, outside vLLM."""
+    load_format "ferry-own": ferry's own load of the checkpoint outside vLLM (to cuda:0; with
+    tp > 1 its tensor-parallel load onto tp GPUs, through the CLI `cli`)."""
+    if load_format == "ferry-own" and tp > 1:
+        return own_tensor_parallel(folder, tp, cli)
     if load_format == "ferry-own":
         import torch
         import ferry.torch
@@ -106,11 +145,8 @@ def child(folder: str, load_format: str, tp: int) -> None:
                                       "own_s": seconds, "tokens": []}), flush=True)
         return
     from vllm import LLM, SamplingParams
-    name, _, mode = load_format.partition(":")
-    mode, _, communicator = mode.partition(":")
-    config = {"tp_mode": mode} if mode else {}
-    if communicator:
-        config["tp_communicator"] = communicator
+    name = load_format.split("+")[0].partition(":")[0]
+    config = _loader_config(load_format)
     extra = {"model_loader_extra_config": config} if config else {}
     started = time.perf_counter()
     llm = LLM(model=folder, load_format=name, tensor_parallel_size=tp,
@@ -300,6 +336,8 @@ def main() -> None:
     parser.add_argument("--kv-store", action="append",
                         help="the spec's store options (JSON): capacity_bytes, page_cache_pin, "
                         "...; repeat it to compare (default: 8 GiB, nothing else)")
+    parser.add_argument("--ferry-cli", default=shutil.which("ferry") or "/tmp/build/cli/ferry",
+                        help="the ferry CLI of ferry-own's tensor-parallel load (--tp > 1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "write":
@@ -308,7 +346,7 @@ def main() -> None:
         return kv_spec_child(args.dir, args.kv_tokens, args.kv_root, args.child[3:],
                              json.loads(args.kv_store[-1]))
     if args.child:
-        return child(args.dir, args.child, args.tp)
+        return child(args.dir, args.child, args.tp, args.ferry_cli)
     os.environ.setdefault("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     started = time.monotonic()
@@ -345,12 +383,12 @@ def main() -> None:
             else:  # warm: the files read once into the page cache
                 warm_page_cache(args.dir)
             done = _run_child([sys.executable, __file__, "--dir", args.dir, "--tp",
-                               str(args.tp), "--child", fmt], env,
+                               str(args.tp), "--ferry-cli", args.ferry_cli, "--child", fmt], env,
                               args.budget_s + 60 - (time.monotonic() - started))
             slowest = max(slowest, time.monotonic() - began)
             if args.log_dir:  # vLLM's whole log of the start, for where its time went
                 os.makedirs(args.log_dir, exist_ok=True)
-                name = fmt.replace(":", "-")  # the device tool returns no file with ':' in its name
+                name = re.sub(r"[^A-Za-z0-9_.-]", "-", fmt)  # the device tool returns only plain names
                 with open(os.path.join(args.log_dir, f"{name}-{state}-tp{args.tp}.log"), "w") as f:
                     f.write(done.stdout + done.stderr)
             result = next((json.loads(l[7:]) for l in done.stdout.splitlines()

@@ -162,8 +162,11 @@ class FerryModelLoader(BaseModelLoader):
                                     ferry.torch._groups(checkpoint, self.group_bytes),
                                     self.last_load, **self.options)
         elif mode == "group_slices":
+            # A rank holds about 1 / ranks of a group: groups of ranks x group_bytes hold about
+            # group_bytes each (fewer loads across the group, each with its own agreement).
             weights = group_slice_weights(path, device, rank, ranks, collectives,
-                                          ferry.torch._groups(checkpoint, self.group_bytes),
+                                          ferry.torch._groups(checkpoint,
+                                                              self.group_bytes * ranks),
                                           self.last_load, **self.options)
         elif mode == "slices":
             weights = slice_weights(path, device, rank, ranks,

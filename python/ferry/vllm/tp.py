@@ -224,7 +224,8 @@ def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectiv
                         groups: List[List[str]], stats: Dict,
                         **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """tp_mode "group_slices": this rank's slices from the group's load (each byte read once by
-    the group), each in a tensor of the checkpoint's shape; the other tensors whole."""
+    the group), each in a tensor of the checkpoint's shape made as it is handed to vLLM (a group
+    holds only this rank's share meanwhile); the other tensors whole."""
     import ferry
     from ferry._distributed import load_sharded
     from ferry._dtypes import tensor_table, torch_dtype
@@ -240,26 +241,23 @@ def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectiv
         return dim, [plan[r][name][2] - plan[r][name][1] for r in range(ranks)]
 
     def load(names):
-        parts, loaded = load_sharded(path, device, collectives, spec, names=names,
-                                     return_stats=True, **engine)
-        out = {}
+        return load_sharded(path, device, collectives, spec, names=names, return_stats=True,
+                            **engine)
+
+    for names, (parts, loaded) in _prefetched(groups, load, device):
+        stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
         for name in names:
             part = parts.pop(name)
-            piece = mine[name]
             if spec(name, None) is None:
-                out[name] = part
+                yield name, part
                 continue
             dtype, shape, _ = table[name]
             full = torch.empty(shape, dtype=torch_dtype(dtype, name), device=device)
+            piece = mine[name]
             _nan_outside(full, piece)
             full.narrow(piece[0], piece[1], piece[2] - piece[1]).copy_(part)
-            out[name] = full
-        return out, loaded
-
-    for names, (tensors, loaded) in _prefetched(groups, load, device):
-        stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
-        for name in names:
-            yield name, tensors.pop(name)
+            del part
+            yield name, full
 
 
 def slice_weights(path: str, device: str, rank: int, ranks: int, groups: List[List[str]],
