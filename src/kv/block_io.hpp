@@ -14,11 +14,8 @@
 
 namespace ferry::detail::kv {
 
-struct BlockSpan {
-  void* data = nullptr;
-  std::uint64_t size = 0;
-  Device device = Device::cpu();
-};
+// A piece as the caller gave it: blocks move straight from the caller's pieces, not copies.
+using BlockSpan = KVPiece;
 
 enum class BlockOutcome { ok, io_error, checksum_mismatch, unsupported };
 

@@ -174,15 +174,11 @@ void KVStore::Impl::journal_evictions(PutBatch& b) {
 }
 
 void KVStore::Impl::write_blocks(PutBatch& b, void* after_event) {
-  b.spans.resize(b.work.size());
   b.requests.resize(b.work.size());
   for (std::size_t w = 0; w < b.work.size(); ++w) {
-    b.spans[w].reserve(b.sources[b.work[w].index].size());
-    for (const KVPiece& p : b.sources[b.work[w].index])
-      b.spans[w].push_back({p.data, p.size, p.device});
     b.requests[w].slab = slab_of(b.work[w].slot);
     b.requests[w].offset = offset_of(b.work[w].slot);
-    b.requests[w].pieces = b.spans[w];
+    b.requests[w].pieces = b.sources[b.work[w].index];
   }
   io->write(b.requests, after_event);
 }

@@ -204,13 +204,7 @@ std::vector<KVResult> KVStore::Impl::get(std::span<const KVKey> keys,
       work.push_back({i, slot});
     }
   }
-  std::vector<std::vector<BlockSpan>> spans(work.size());
-  for (std::size_t w = 0; w < work.size(); ++w) {
-    spans[w].reserve(destinations[work[w].index].size());
-    for (const KVPiece& p : destinations[work[w].index])
-      spans[w].push_back({p.data, p.size, p.device});
-    requests[w].pieces = spans[w];
-  }
+  for (std::size_t w = 0; w < work.size(); ++w) requests[w].pieces = destinations[work[w].index];
   const auto start = Clock::now();
   if (!requests.empty()) s.io->read(requests);
   std::vector<std::uint32_t> slots(work.size());

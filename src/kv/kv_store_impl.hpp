@@ -115,7 +115,6 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
     std::vector<KVResult> results;
     std::vector<PutWork> work;  // the blocks to write
     std::vector<std::pair<std::size_t, std::size_t>> duplicates;  // (index, its first copy's)
-    std::vector<std::vector<BlockSpan>> spans;
     std::vector<BlockRequest> requests;  // per work item
     std::vector<Record> evictions;        // remove records of the blocks whose slots were taken
     std::vector<SlotEntry> evicted;       // their entries, to put back if those records fail
