@@ -195,7 +195,17 @@ void TransferBlockIo::bounce_copies(Group& g, bool into_bounce, void* after_even
   for (const auto& [ordinal, yes] : used) bounce_stream(ordinal).synchronize();
 }
 
-void TransferBlockIo::prepare_scatters(Group& g) {
+void TransferBlockIo::prepare_scatters(Group& g) noexcept {
+  g.parts.clear();
+  g.scattered.assign(g.blocks.size(), 0);
+  try {
+    g.parts = scatter_parts(g);
+  } catch (...) {
+    g.parts.clear();  // the scatter after the group takes them all, and reports its own error
+  }
+}
+
+std::map<int, DeviceCopyParts> TransferBlockIo::scatter_parts(const Group& g) {
   std::map<int, std::vector<std::vector<DeviceCopy>>> tables;
   for (std::size_t i = 0; i < g.blocks.size(); ++i) {
     const BlockRequest& r = *g.blocks[i];
@@ -210,15 +220,11 @@ void TransferBlockIo::prepare_scatters(Group& g) {
       at += p.size;
     }
   }
-  g.parts.clear();
-  g.scattered.assign(g.blocks.size(), 0);
-  try {
-    for (const auto& [ordinal, table] : tables)
-      g.parts[ordinal] = upload_copy_parts(ordinal, table, scatter_stream(ordinal, g.flight).get(),
-                                           _part_tables[{ordinal, g.flight}]);
-  } catch (const std::exception&) {
-    g.parts.clear();  // the scatter after the group takes them all, and reports its own error
-  }
+  std::map<int, DeviceCopyParts> parts;
+  for (const auto& [ordinal, table] : tables)
+    parts[ordinal] = upload_copy_parts(ordinal, table, scatter_stream(ordinal, g.flight).get(),
+                                       _part_tables[{ordinal, g.flight}]);
+  return parts;
 }
 
 void TransferBlockIo::scatter_block(Group& g, std::size_t i, void* event) noexcept {

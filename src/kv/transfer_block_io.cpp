@@ -69,6 +69,9 @@ struct TransferBlockIo::Flight {
   Group g;
   std::vector<StreamingHash> seen;
   Ticket ticket;
+  // The group's scatter tables are made while its transfer runs: a block landing before is
+  // scattered after the group instead.
+  std::atomic<bool> scatters_ready{false};
   Flight() = default;
   Flight(const Flight&) = delete;
   Flight& operator=(const Flight&) = delete;
@@ -326,21 +329,26 @@ std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     o.observer = [seen = f->seen.data()](std::size_t e, std::uint64_t, const std::byte* data,
                                          std::uint64_t n) { seen[e].update(data, n); };
   }
-  if (!writing && !direct) {
-    // Each bounced block scattered as it lands, once its checksum (the observer's, complete
-    // before this call) matched: the scatter of a whole call no longer waits for its end.
-    prepare_scatters(g);
-    if (!g.parts.empty())
-      o.extent_copied = [this, f = f.get()](std::size_t i, void* event) {
-        const BlockRequest& r = *f->g.blocks[i];
-        if (f->g.bounce[i] && f->seen[i].bytes() == request_bytes(r) &&
-            f->seen[i].digest() == r.checksum)
-          scatter_block(f->g, i, event);
-      };
-  }
+  // Each bounced block scattered as it lands, once its checksum (the observer's, complete before
+  // this call) matched: the scatter of a whole call no longer waits for its end.
+  const bool scatters =
+      !writing && !direct &&
+      std::any_of(g.bounce.begin(), g.bounce.end(), [](auto b) { return b != 0; });
+  if (scatters)
+    o.extent_copied = [this, f = f.get()](std::size_t i, void* event) {
+      if (!f->scatters_ready.load(std::memory_order_acquire)) return;
+      const BlockRequest& r = *f->g.blocks[i];
+      if (f->g.bounce[i] && f->seen[i].bytes() == request_bytes(r) &&
+          f->seen[i].digest() == r.checksum)
+        scatter_block(f->g, i, event);
+    };
   f->ticket =
       submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory, extents_of(g), o);
   if (writing && direct) hash_direct_put(g, after_event);
+  if (scatters) {
+    prepare_scatters(g);  // while the first blocks are read, not before the transfer starts
+    f->scatters_ready.store(true, std::memory_order_release);
+  }
   return f;
 }
 

@@ -87,10 +87,12 @@ class TransferBlockIo final : public BlockIo {
   // outcomes and routes from the ticket.
   void place_in_bounce(Group& g);
   void bounce_copies(Group& g, bool into_bounce, void* after_event);
-  // A staged get's scatters block by block (Group::parts): uploaded before the submission,
-  // block `i`'s queued behind the core's `event` (TransferOptions::extent_copied; never
-  // throws: a block not scattered here is after the group), all waited for.
-  void prepare_scatters(Group& g);
+  // A staged get's scatters block by block (Group::parts): uploaded while the transfer starts
+  // (none where that fails), block `i`'s queued behind the core's `event`
+  // (TransferOptions::extent_copied; never throws: a block not scattered here is after the group),
+  // all waited for.
+  void prepare_scatters(Group& g) noexcept;
+  std::map<int, DeviceCopyParts> scatter_parts(const Group& g);
   void scatter_block(Group& g, std::size_t i, void* event) noexcept;
   void wait_scatters(const Group& g);
   TransferOptions group_options(const Group& g, void* after_event) const;
