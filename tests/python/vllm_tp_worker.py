@@ -15,7 +15,8 @@ import torch
 MODES = ("process_group", "slices", "group_slices", "each_rank_reads_all", "auto")
 # Each mode's model_loader_extra_config, and the defaults: no tp_mode, then with an engine option.
 # The communicators: torch's named, vLLM's (none on the CPU), one that is not; auto (the default)
-# takes vLLM's where it exists, so torch's here.
+# takes vLLM's where it exists, so torch's here. auto_cold: auto after the checkpoint left the
+# page cache (the group reads each byte once either way).
 EVICT = "evict (the test's own key)"
 CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
            "default": {}, "default_with_threads": {"threads": 2},

@@ -5,10 +5,9 @@ Every tensor is read by ferry straight into the memory of the device the model w
 about `group_bytes`, the next group loading while vLLM's `model.load_weights` consumes this one
 (its weight loaders do the slicing for tensor parallelism, the fusing of q/k/v and gate/up, ...).
 With tensor parallelism the ranks read each byte once between them and share it over vLLM's
-process group (whole tensors, or each rank receiving only its slices), or each reads only its
-slices (checked, with "auto": reloaded through the process group where vLLM shards otherwise),
-or each reads everything (`tp_mode`, see tp.py; the default is "auto", or "process_group"
-where engine options are given).
+process group (each rank receiving only its slices, checked; with "auto", the default: loaded
+again whole where vLLM shards otherwise; or whole tensors), or each reads only its slices, or
+each reads everything (`tp_mode`, see tp.py).
 Never a silent fallback: a file ferry cannot read is an error.
 """
 import glob
@@ -22,8 +21,8 @@ from tqdm.auto import tqdm
 
 from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
 from .options import LOADER_OPTIONS, check
-from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, cached_on_every_rank, check_slices_taken,
-                 choose_mode, group_collectives, group_slice_weights, group_weights, slice_weights,
+from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, check_slices_taken, choose_mode,
+                 group_collectives, group_slice_weights, group_weights, slice_weights,
                  slices_not_taken, tp_group)
 
 logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
@@ -75,10 +74,8 @@ class FerryModelLoader(BaseModelLoader):
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_communicator "
                              f"{self.tp_communicator!r} is not one of {list(TP_COMMUNICATORS)}")
         if self.tp_mode is None:
-            # auto (slices where they fit: the fastest at TP 4, docs/vllm.md); process_group
-            # where engine options are given, which slices' tensor reader does not take.
-            self.tp_mode = "process_group" if self.options else "auto"
-        if self.tp_mode in ("slices", "auto") and self.options:
+            self.tp_mode = "auto"  # group_slices where they fit (docs/vllm.md)
+        if self.tp_mode == "slices" and self.options:
             raise ValueError("model_loader_extra_config for load format ferry: tp_mode "
                              f"\"{self.tp_mode}\" reads slices with ferry's tensor reader, which "
                              f"takes none of {sorted(self.options)}")
@@ -141,14 +138,7 @@ class FerryModelLoader(BaseModelLoader):
         names = checkpoint.names()
         rank, ranks = tp_group()
         requested = tp_mode or self.tp_mode
-        quantized = model_config.quantization is not None
-        cached = True
-        if requested == "auto" and ranks > 1 and not quantized:
-            cached = cached_on_every_rank(checkpoint.files())
-        mode = choose_mode(requested, ranks, quantized, cached)
-        if requested == "auto" and mode == "process_group" and not cached:
-            logger.info("ferry: tp_mode auto: process_group, as the checkpoint is not in the page "
-                        "cache on every rank (slices would read it about twice from the disk)")
+        mode = choose_mode(requested, ranks, model_config.quantization is not None)
         self.last_load = {"tp_mode": mode, "rank": rank, "ranks": ranks, "bytes_read": 0}
         if mode in ("slices", "group_slices") and model_config.quantization is not None:
             raise ValueError(f"load format ferry: tp_mode \"{mode}\" reads unquantized "
@@ -202,8 +192,8 @@ class FerryModelLoader(BaseModelLoader):
                                  f"{sorted(missing)}")
 
     def _reload_unless_slices_fit(self, model: torch.nn.Module, model_config, loaded):
-        """tp_mode "auto" after its slices load: where vLLM took elements a rank did not read,
-        on any rank, every rank loads again through process_group (over every parameter)."""
+        """tp_mode "auto" after its group_slices load: where vLLM took elements a rank did not
+        get, on any rank, every rank loads again through process_group (every parameter)."""
         bad = slices_not_taken(model)
         if not any_rank(bool(bad)):
             return loaded

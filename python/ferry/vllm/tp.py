@@ -2,7 +2,7 @@
 the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_extra_config
 `tp_mode`).
 
-- "process_group" (the default where engine options are given): the group reads each byte once between
+- "process_group": the group reads each byte once between
   them (each rank its share, with ferry's engine onto its GPU) and shares it over vLLM's
   tensor-parallel group, through ferry.torch's group load (ferry._distributed); every rank then
   holds whole tensors, a group of about `group_bytes` at a time, the next group loading while
@@ -25,16 +25,16 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   stops with an error naming the parameters, never wrong weights.
 - "group_slices": the group reads each byte once (as "process_group") and each rank receives only
   its slices (ferry's own tensor-parallel group load, the rule of "slices"), placed in tensors of
-  the checkpoint's shape whose other elements are NaN, checked after vLLM's loaders as "slices"
-  is. Slices of F16/BF16/F32/F64 tensors only (others whole); takes the engine options.
+  the checkpoint's shape whose other elements are NaN as vLLM takes them, checked after vLLM's
+  loaders as "slices" is. Groups of `group_bytes` x ranks (a rank holds about `group_bytes` of
+  its slices at a time). Slices of F16/BF16/F32/F64 tensors only (others whole); takes the
+  engine options.
 - "each_rank_reads_all": each rank reads the whole checkpoint (as vLLM's safetensors loader).
-- "auto": "slices" where the checkpoint is in the page cache on every rank, checked: where vLLM
-  took elements a rank did not read on any rank of the group (the ranks agree over the group),
-  the whole load again through "process_group", saying so in vLLM's log. "process_group" where
-  any rank finds the checkpoint's files less than 90% in the page cache (slices overlap: at TP 4
-  each rank reads about half of an 8B checkpoint, so a cold disk would serve twice its bytes;
-  4 x H200, cold: 13-14 s of weights against 8.7 s) and for a quantized model. Never wrong
-  weights, and no error for a model ferry's rule does not fit.
+- "auto" (the default): "group_slices", checked: where vLLM took elements a rank did not get on
+  any rank of the group (the ranks agree over the group), the whole load again through
+  "process_group", saying so in vLLM's log; "process_group" at once for a quantized model. Each
+  byte read once, warm or cold (slices overlap: at TP 4 each rank reads about half of an 8B
+  checkpoint); never wrong weights, and no error for a model ferry's rule does not fit.
 """
 import concurrent.futures
 import logging
@@ -138,31 +138,14 @@ def group_collectives(communicator: str, device) -> Tuple[Collectives, str]:
     return TorchCollectives(group.device_group), "torch"
 
 
-# "auto" reads slices only from a checkpoint at least this much in the page cache on every rank.
-_CACHED_FOR_SLICES = 0.9
-
-
-def choose_mode(requested, ranks: int, quantized: bool = False, cached: bool = True) -> str:
-    """The mode a load runs first: "auto" reads slices (checked after vLLM's loaders ran) from a
-    checkpoint in the page cache on every rank (`cached`), else process_group, as for a
-    quantized model."""
+def choose_mode(requested, ranks: int, quantized: bool = False) -> str:
+    """The mode a load runs first: "auto" loads group_slices (checked after vLLM's loaders ran),
+    or process_group for a quantized model."""
     if ranks <= 1:
         return "each_rank_reads_all"
     if requested == "auto":
-        return "process_group" if quantized or not cached else "slices"
+        return "process_group" if quantized else "group_slices"
     return requested or "process_group"
-
-
-def cached_on_every_rank(files: List[str]) -> bool:
-    """Whether `files` are at least _CACHED_FOR_SLICES in the page cache on every rank of
-    vLLM's tensor-parallel group (every rank calls it; one collective over its CPU group)."""
-    import os
-
-    import ferry
-    total = sum(os.path.getsize(f) for f in files)
-    cached = sum(ferry.page_cache_fraction(f) * os.path.getsize(f) for f in files)
-    here = total == 0 or cached >= _CACHED_FOR_SLICES * total
-    return not any_rank(not here)
 
 
 def any_rank(flag: bool) -> bool:
