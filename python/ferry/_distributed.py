@@ -194,7 +194,7 @@ def _start_round(plan, k, rank, device, memory, scratch, engine):
 
 def _run_rounds(plan, coll: Collectives, device, memory, scratch, stats, engine, reading,
                 timeline):
-    """The rounds, round 0's reads started already (`reading`)."""
+    """The rounds, the first rounds' reads started already (`reading`: rounds 0 and 1)."""
     rank, world = coll.rank, coll.world
     pending: List[List[Any]] = []  # per round: its works, and the tensors they send
 
@@ -212,14 +212,12 @@ def _run_rounds(plan, coll: Collectives, device, memory, scratch, stats, engine,
     for k in range(plan.rounds):
         # Round k + 1's reads queue behind round k's while its bytes are exchanged; they refill
         # round k - 1's scratch bank, whose exchanges must be done first.
-        following = None
-        if k + 1 < plan.rounds:
+        if len(reading) < 2 and k + 1 < plan.rounds:
             if k >= 1:
                 settle(k - 1)
-            following = start(k + 1)
-        stats["reads"].append(reading.wait())
+            reading.append(start(k + 1))
+        stats["reads"].append(reading.pop(0).wait())
         timeline.mark(f"round {k} read")
-        reading = following
         works: List[Any] = []
         _scatter(plan, k, coll, memory, scratch, works)
         offset, per_rank = plan.gather(k)
@@ -258,22 +256,31 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
         torch.cuda.current_stream(target).synchronize()
     timeline.mark("allocated")
     timeline.start_gpu_clock()
-    # Round 0's reads (this rank's own plan, into its own memory) run while the ranks check that
-    # their plans agree: a fresh process's first collective and staging overlap the reads.
-    reading = _start_round(plan, 0, rank, device, memory, scratch, engine) if plan.rounds else None
-    timeline.mark("round 0 started")
+    # Rounds 0 and 1's reads (this rank's own plan, into its own memory and its two scratch
+    # banks) run while the ranks check that their plans agree: a fresh process's first collective
+    # and staging overlap the reads, and a rank that joins first reads ahead while it waits for
+    # the others (under vLLM, ranks finish building their models up to a quarter second apart).
+    reading = [_start_round(plan, k, rank, device, memory, scratch, engine)
+               for k in range(min(2, plan.rounds))]
+    timeline.mark("rounds 0 and 1 started")
+    def group_failed(e: RuntimeError) -> RuntimeError:  # a peer stopped, or a timeout ran out
+        return RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
+                            f"(did another rank stop or fail?): {e}")
+
     warm: List[Any] = []
     try:
         _check_agreement(plan, coll, target, label)
         timeline.mark("plans agreed")
         _connect_ring(coll, target, plan.gather(0)[1] if plan.rounds else 0, warm)
         timeline.mark("ring connect queued")
-    except BaseException:
-        if reading is not None:
+    except BaseException as e:
+        for started in reading:
             try:
-                reading.wait()  # its copies land in memory this function frees
+                started.wait()  # its copies land in memory this function frees
             except Exception:  # noqa: BLE001 - the disagreement is the error to report
                 pass
+        if isinstance(e, RuntimeError):  # the process group's (a disagreement is a ValueError)
+            raise group_failed(e) from e
         raise
     stats = {"rank": rank, "ranks": world, "reads": [], "link_bytes": plan.link_bytes[rank],
              "peer_bytes": plan.peer_bytes[rank], "read_bytes_all_ranks": plan.read_bytes}
@@ -282,9 +289,8 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
         _run_rounds(plan, coll, device, memory, scratch, stats, engine, reading, timeline)
         coll.wait(_handles(warm))
         timeline.mark("exchanges waited")
-    except RuntimeError as e:  # the process group's error: a peer stopped, or a timeout ran out
-        raise RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
-                           f"(did another rank stop or fail?): {e}") from e
+    except RuntimeError as e:
+        raise group_failed(e) from e
     if target.type == "cuda":
         torch.cuda.synchronize(target)
     timeline.mark("synchronized")

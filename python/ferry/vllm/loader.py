@@ -30,6 +30,10 @@ logger = logging.getLogger("vllm.ferry.loader")  # see _compat.logger
 _INDEX = "model.safetensors.index.json"
 _BAR = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}]\n"
 _DEFAULT_GROUP_BYTES = 1 << 30
+# group_slices: what a rank holds of a group by default. One round a group, read before the
+# ranks agree: a rank that joins first reads its whole share while the others still build their
+# models (an 8B model at TP 4 is one group).
+_DEFAULT_RANK_GROUP_BYTES = 4 << 30
 # The loader's options that shape a load's set-up (LOADER_OPTIONS has them all).
 _PREPARE_OPTIONS = ("threads", "chunk_bytes", "slots", "staging_bytes", "copy_streams",
                     "page_cache_pin")
@@ -64,7 +68,7 @@ class FerryModelLoader(BaseModelLoader):
         super().__init__(load_config)
         self.options = check(load_config.model_loader_extra_config or {}, LOADER_OPTIONS,
                              "model_loader_extra_config for load format ferry")
-        self.group_bytes = self.options.pop("group_bytes", _DEFAULT_GROUP_BYTES)
+        self.group_bytes = self.options.pop("group_bytes", None)  # None: each mode's default
         self.tp_mode = self.options.pop("tp_mode", None)
         if self.tp_mode is not None and self.tp_mode not in TP_MODES:
             raise ValueError(f"model_loader_extra_config for load format ferry: tp_mode "
@@ -147,24 +151,27 @@ class FerryModelLoader(BaseModelLoader):
         if mode in ("process_group", "group_slices"):
             collectives, self.last_load["tp_communicator"] = group_collectives(
                 self.tp_communicator, device)
+        group_bytes = self.group_bytes or (_DEFAULT_RANK_GROUP_BYTES if mode == "group_slices"
+                                           else _DEFAULT_GROUP_BYTES)
         if mode == "process_group":
             weights = group_weights(path, device, collectives,
-                                    ferry.torch._groups(checkpoint, self.group_bytes),
+                                    ferry.torch._groups(checkpoint, group_bytes),
                                     self.last_load, **self.options)
         elif mode == "group_slices":
             # A rank holds about 1 / ranks of a group: groups of ranks x group_bytes hold about
-            # group_bytes each (fewer loads across the group, each with its own agreement).
+            # group_bytes each, in one round each, whose reads a rank starts before the others
+            # have joined.
             weights = group_slice_weights(path, device, rank, ranks, collectives,
-                                          ferry.torch._groups(checkpoint,
-                                                              self.group_bytes * ranks),
-                                          self.last_load, **self.options)
+                                          ferry.torch._groups(checkpoint, group_bytes * ranks),
+                                          self.last_load, round_bytes=group_bytes,
+                                          **self.options)
         elif mode == "slices":
             weights = slice_weights(path, device, rank, ranks,
-                                    ferry.torch._groups(checkpoint, self.group_bytes),
+                                    ferry.torch._groups(checkpoint, group_bytes),
                                     self.last_load)
         else:
             self.last_load["bytes_read"] = checkpoint.total_bytes
-            weights = ferry.torch.iterate_weights(path, device, group_bytes=self.group_bytes,
+            weights = ferry.torch.iterate_weights(path, device, group_bytes=group_bytes,
                                                   **self.options)
         bar = tqdm(weights, total=len(names), desc="Loading safetensors checkpoint (ferry)",
                    disable=not enable_tqdm(self.load_config.use_tqdm_on_load), bar_format=_BAR)

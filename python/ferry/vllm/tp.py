@@ -27,7 +27,8 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   its slices (ferry's own tensor-parallel group load, the rule of "slices"), placed in tensors of
   the checkpoint's shape whose other elements are NaN as vLLM takes them, checked after vLLM's
   loaders as "slices" is. Groups of `group_bytes` x ranks (a rank holds about `group_bytes` of
-  its slices at a time). Slices of F16/BF16/F32/F64 tensors only (others whole); takes the
+  its slices at a time), one exchange round each, read before the ranks agree (a rank that
+  joins first reads its share while the others build their models). Slices of F16/BF16/F32/F64 tensors only (others whole); takes the
   engine options.
 - "each_rank_reads_all": each rank reads the whole checkpoint (as vLLM's safetensors loader).
 - "auto" (the default): "group_slices", checked: where vLLM took elements a rank did not get on
@@ -204,11 +205,12 @@ def _nan_outside(full: torch.Tensor, piece) -> None:
 
 
 def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectives,
-                        groups: List[List[str]], stats: Dict,
+                        groups: List[List[str]], stats: Dict, round_bytes: int = 0,
                         **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """tp_mode "group_slices": this rank's slices from the group's load (each byte read once by
     the group), each in a tensor of the checkpoint's shape made as it is handed to vLLM (a group
-    holds only this rank's share meanwhile); the other tensors whole."""
+    holds only this rank's share meanwhile); the other tensors whole. `round_bytes`: each rank's
+    share of a round of the group's load (0: ferry's default)."""
     import ferry
     from ferry._distributed import load_sharded
     from ferry._dtypes import tensor_table, torch_dtype
@@ -225,7 +227,7 @@ def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectiv
 
     def load(names):
         return load_sharded(path, device, collectives, spec, names=names, return_stats=True,
-                            **engine)
+                            round_bytes=round_bytes, **engine)
 
     for names, (parts, loaded) in _prefetched(groups, load, device):
         stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
