@@ -212,7 +212,7 @@ struct KVStats {
   double staged_transfer_seconds = 0, staged_thread_span_seconds = 0;
   std::uint64_t staged_copies = 0;
   // The caller's thread in GPU batches before their first transfer started (route, groups,
-  // bounce runs, scatter tables) and after their last ended (last scatters, checks, outcomes);
+  // bounce runs, a put's gathers) and after their last ended (last scatters, checks, outcomes);
   // and a get's checks of its keys and pieces before it moves them.
   double staged_lead_seconds = 0, staged_tail_seconds = 0, get_prepare_seconds = 0;
   // Page-cache DMA (KVStoreOptions::page_cache_pin_bytes): bytes gets copied from registered

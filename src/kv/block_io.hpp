@@ -67,8 +67,8 @@ struct StagedTimes {
   double transfer = 0, span = 0;
   std::uint64_t copies = 0;
   // The calling thread's time around the transfers of a GPU batch: from its start to its first
-  // submission (route, groups, bounce runs, scatter tables), and from its last transfer's end to
-  // its return (the last scatters, checks, outcomes).
+  // submission (route, groups, bounce runs; a put's gathers), and from its last transfer's end
+  // to its return (the last scatters, checks, outcomes).
   double lead = 0, tail = 0;
 };
 

@@ -69,6 +69,7 @@ struct TransferBlockIo::Flight {
   Group g;
   std::vector<StreamingHash> seen;
   Ticket ticket;
+  Clock::time_point submitted;  // its transfer started (StagedTimes::lead)
   // The group's scatter tables are made while its transfer runs: a block landing before is
   // scattered after the group instead.
   std::atomic<bool> scatters_ready{false};
@@ -242,7 +243,7 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
           start_group(groups[k], writing, direct, buffered, after_event, k % flights, threads);
     });
     if (current) in_flight.push_back(std::move(current));
-    if (k == 0) add_time(_times.lead, seconds(entered, Clock::now()));
+    if (k == 0 && current) add_time(_times.lead, seconds(entered, current->submitted));
     // The part the next group takes is the oldest's: finish it first.
     if (!in_flight.empty() && in_flight.front()->g.flight == (k + 1) % flights) finish_oldest();
   }
@@ -344,6 +345,7 @@ std::unique_ptr<TransferBlockIo::Flight> TransferBlockIo::start_group(
     };
   f->ticket =
       submit(_files, writing ? Direction::MemoryToFile : Direction::FileToMemory, extents_of(g), o);
+  f->submitted = Clock::now();
   if (writing && direct) hash_direct_put(g, after_event);
   if (scatters) {
     prepare_scatters(g);  // while the first blocks are read, not before the transfer starts
