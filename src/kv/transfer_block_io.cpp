@@ -179,6 +179,7 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
                                void* after_event) {
   std::lock_guard lock(_mutex);
   const auto entered = Clock::now();
+  _last_wait_end = {};  // none yet in this batch
   bool direct = false;
   try {
     if (!_files) {
@@ -248,7 +249,8 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
     if (!in_flight.empty() && in_flight.front()->g.flight == (k + 1) % flights) finish_oldest();
   }
   while (!in_flight.empty()) finish_oldest();
-  add_time(_times.tail, seconds(_last_wait_end, Clock::now()));
+  if (_last_wait_end != Clock::time_point{})
+    add_time(_times.tail, seconds(_last_wait_end, Clock::now()));
 }
 
 void TransferBlockIo::add_time(double& counter, double s) {
