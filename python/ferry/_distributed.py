@@ -259,10 +259,12 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     # Rounds 0 and 1's reads (this rank's own plan, into its own memory and its two scratch
     # banks) run while the ranks check that their plans agree: a fresh process's first collective
     # and staging overlap the reads, and a rank that joins first reads ahead while it waits for
-    # the others (under vLLM, ranks finish building their models up to a quarter second apart).
+    # the others (under vLLM, ranks finish building their models at different times: 0.45 s
+    # apart in one start at TP 4).
     reading = [_start_round(plan, k, rank, device, memory, scratch, engine)
                for k in range(min(2, plan.rounds))]
     timeline.mark("rounds 0 and 1 started")
+
     def group_failed(e: RuntimeError) -> RuntimeError:  # a peer stopped, or a timeout ran out
         return RuntimeError(f"{label}: rank {rank} of {world}: the load across the group failed "
                             f"(did another rank stop or fail?): {e}")
