@@ -88,6 +88,6 @@ def test_a_process_per_rank_loads_replicas_and_slices(tmp_path, ferry_bin):
     for row in (replicas, slices):
         for run in row["runs"]:
             names = [name for name, _ in run["engine"]["group_timeline"]]
-            assert names[:4] == ["planned", "allocated", "round 0 started", "plans agreed"]
+            assert names[:4] == ["planned", "allocated", "rounds 0 and 1 started", "plans agreed"]
             assert {"round 0 read", "exchanges waited", "tensors built"} <= set(names)
             assert "first_read" in [name for name, _ in run["engine"]["round0_timeline"]]
