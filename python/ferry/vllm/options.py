@@ -7,7 +7,8 @@ LOADER_OPTIONS = {
     "threads": int, "slots": int, "copy_streams": int, "staging_bytes": (int, str),
     "chunk_bytes": (int, str), "page_cache_pin": (int, str), "io": str, "backend": str,
     "allow_compat": bool, "cache_device_memory": bool,
-    "group_bytes": int,  # how much the loader reads ahead of model.load_weights (bytes)
+    # how much the loader reads ahead of model.load_weights (bytes; group_slices: what a rank holds)
+    "group_bytes": int,
     "tp_mode": str,  # auto (default), process_group, slices, group_slices, each_rank_reads_all
     "tp_communicator": str,  # auto (default), vllm or torch: what process_group's exchanges run on
 }
