@@ -28,8 +28,8 @@ the checkpoint's tensors before vLLM's weight loaders slice them (model_loader_e
   the checkpoint's shape whose other elements are NaN as vLLM takes them, checked after vLLM's
   loaders as "slices" is. Groups of `group_bytes` x ranks (a rank holds about `group_bytes` of
   its slices at a time), one exchange round each, read before the ranks agree (a rank that
-  joins first reads its share while the others build their models). Slices of F16/BF16/F32/F64 tensors only (others whole); takes the
-  engine options.
+  joins first reads its share while the others build their models). Slices of F16/BF16/F32/F64
+  tensors only (others whole); takes the engine options.
 - "each_rank_reads_all": each rank reads the whole checkpoint (as vLLM's safetensors loader).
 - "auto" (the default): "group_slices", checked: where vLLM took elements a rank did not get on
   any rank of the group (the ranks agree over the group), the whole load again through
