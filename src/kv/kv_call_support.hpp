@@ -36,11 +36,15 @@ inline std::uint64_t total_size(KVBlock block) {
 // Why a block's pieces cannot be used, or an empty string.
 inline std::string check_pieces(KVBlock block) {
   int gpu = -1;
+  bool gpu_checked = false;  // whether a GPU is usable: asked once a block, not once a piece
   for (const KVPiece& p : block) {
     if (p.data == nullptr && p.size != 0) return "a piece of " + std::to_string(p.size) +
                                                  " bytes has no memory (null pointer)";
-    if (p.device.is_cuda() && !cuda_available())
-      return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
+    if (p.device.is_cuda() && !gpu_checked) {
+      if (!cuda_available())
+        return "a piece is on " + p.device.to_string() + ", but no GPU is usable here";
+      gpu_checked = true;
+    }
     if (p.size == 0 || !p.device.is_cuda()) continue;
     if (gpu >= 0 && p.device.index != gpu)
       return "its pieces lie on cuda:" + std::to_string(gpu) + " and " + p.device.to_string() +
