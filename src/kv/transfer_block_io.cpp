@@ -69,7 +69,7 @@ struct TransferBlockIo::Flight {
   Group g;
   std::vector<StreamingHash> seen;
   Ticket ticket;
-  Clock::time_point submitted;  // its transfer started (StagedTimes::lead)
+  Clock::time_point submitted, waited;  // its transfer started; waited for (StagedTimes)
   // The group's scatter tables are made while its transfer runs: a block landing before is
   // scattered after the group instead.
   std::atomic<bool> scatters_ready{false};
@@ -179,7 +179,6 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
                                void* after_event) {
   std::lock_guard lock(_mutex);
   const auto entered = Clock::now();
-  _last_wait_end = {};  // none yet in this batch
   bool direct = false;
   try {
     if (!_files) {
@@ -232,9 +231,11 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
     return;
   }
   std::deque<std::unique_ptr<Flight>> in_flight;
+  Clock::time_point last_waited;  // the latest transfer's end seen (StagedTimes::tail)
   const auto finish_oldest = [&] {
     Flight& oldest = *in_flight.front();
     guarded(oldest.g.blocks, [&] { finish_group(oldest, after_event); });
+    last_waited = std::max(last_waited, oldest.waited);
     in_flight.pop_front();
   };
   for (std::size_t k = 0; k < groups.size(); ++k) {
@@ -243,14 +244,13 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
       current =
           start_group(groups[k], writing, direct, buffered, after_event, k % flights, threads);
     });
-    if (current) in_flight.push_back(std::move(current));
     if (k == 0 && current) add_time(_times.lead, seconds(entered, current->submitted));
+    if (current) in_flight.push_back(std::move(current));
     // The part the next group takes is the oldest's: finish it first.
     if (!in_flight.empty() && in_flight.front()->g.flight == (k + 1) % flights) finish_oldest();
   }
   while (!in_flight.empty()) finish_oldest();
-  if (_last_wait_end != Clock::time_point{})
-    add_time(_times.tail, seconds(_last_wait_end, Clock::now()));
+  if (last_waited != Clock::time_point{}) add_time(_times.tail, seconds(last_waited, Clock::now()));
 }
 
 void TransferBlockIo::add_time(double& counter, double s) {
@@ -374,7 +374,7 @@ void TransferBlockIo::finish_group(Flight& f, void* after_event) {
   const std::vector<std::uint64_t> direct_sums =
       !g.writing && g.direct ? hash_direct_get(g, f.ticket) : std::vector<std::uint64_t>{};
   f.ticket.wait();
-  _last_wait_end = Clock::now();
+  f.waited = Clock::now();
   wait_scatters(g);  // those scattered as they landed (queued by now), before anything can throw
   if (g.writing && !g.direct) {
     // Gathered blocks: from the bounce run, filled before the submission (no event to wait for).

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -141,8 +140,6 @@ class TransferBlockIo final : public BlockIo {
   mutable std::mutex _times_mutex;
   StagedTimes _times;
   void add_time(double& counter, double seconds);
-  std::chrono::steady_clock::time_point
-      _last_wait_end;  // the batch's latest transfer wait returned (see tail)
   std::unique_ptr<PageCacheGets> _page_cache;  // null: off
 };
 
