@@ -114,10 +114,11 @@ def own_tensor_parallel(folder: str, tp: int, cli: str) -> None:
                                   "tokens": []}), flush=True)
 
 
-def _loader_config(load_format: str) -> dict:
-    """model_loader_extra_config of a format "ferry[:MODE[:COMMUNICATOR]][+KEY=VALUE...]"."""
+def _loader_config(load_format: str):
+    """(vLLM's load format, its model_loader_extra_config) of a format
+    "NAME[:MODE[:COMMUNICATOR]][+KEY=VALUE...]"."""
     base, *options = load_format.split("+")
-    _, _, mode = base.partition(":")
+    name, _, mode = base.partition(":")
     mode, _, communicator = mode.partition(":")
     config = {"tp_mode": mode} if mode else {}
     if communicator:
@@ -125,7 +126,7 @@ def _loader_config(load_format: str) -> dict:
     for option in options:
         key, _, value = option.partition("=")
         config[key] = int(value) if value.isdigit() else value
-    return config
+    return name, config
 
 
 def child(folder: str, load_format: str, tp: int, cli: str = "") -> None:
@@ -145,8 +146,7 @@ def child(folder: str, load_format: str, tp: int, cli: str = "") -> None:
                                       "own_s": seconds, "tokens": []}), flush=True)
         return
     from vllm import LLM, SamplingParams
-    name = load_format.split("+")[0].partition(":")[0]
-    config = _loader_config(load_format)
+    name, config = _loader_config(load_format)
     extra = {"model_loader_extra_config": config} if config else {}
     started = time.perf_counter()
     llm = LLM(model=folder, load_format=name, tensor_parallel_size=tp,
