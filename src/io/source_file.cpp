@@ -10,9 +10,6 @@ namespace {
 std::uint64_t align_down(std::uint64_t v) { return v / kDirectAlignment * kDirectAlignment; }
 std::uint64_t align_up(std::uint64_t v) { return align_down(v + kDirectAlignment - 1); }
 
-// How long a file's page-cache residency is trusted before it is measured again.
-constexpr double kResidencyMaxAge = 1.0;
-
 std::string percent(double fraction) {
   return std::to_string(static_cast<int>(fraction * 100 + 0.5)) + "%";
 }
@@ -58,7 +55,7 @@ void SourceFile::choose(const PlatformFile& file) {
     // A file mostly in the page cache reads far faster through it than from the device.
     const double cached = file.residency(kResidencyMaxAge);
     _reason = percent(cached) + " of the file is in the page cache";
-    if (cached >= 0.5) return;
+    if (cached >= kBufferedFromResidency) return;
   }
   if (!_files->acquire(_index, true)->has_direct()) {
     const std::string why = file.direct_refusal();

@@ -18,6 +18,12 @@
 
 namespace ferry::detail {
 
+// How long a file's page-cache residency is trusted before it is measured again.
+inline constexpr double kResidencyMaxAge = 1.0;
+// Auto reads a file at least this much in the page cache through it (far faster than from the
+// device), the rest with O_DIRECT where the file system allows.
+inline constexpr double kBufferedFromResidency = 0.5;
+
 // The residency probe over a descriptor (see platform/file.hpp).
 double page_cache_fraction(const FileDescriptor& fd, std::uint64_t size);
 
