@@ -1,18 +1,22 @@
 // Multi-device loads executed on the host (ranks in host memory, the memcpy collective): the same
 // route as on GPUs, checked against slices cut on the host from the plain read.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "fanout/direct_reads.hpp"
+#include "fanout/machine_readers.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout_load.hpp"
 #include "platform/file_mapping.hpp"
+#include "services/page_cache_registry.hpp"
 #include "shard_reference.hpp"
 #include "test_support.hpp"
-#include "services/page_cache_registry.hpp"
 
 namespace ferry {
 namespace {
@@ -318,7 +322,7 @@ TEST(FanoutLoad, SelectedNamesOnly) {
 // Returns what the ranks' reads counted: bytes read, of which from registered page cache.
 std::pair<std::uint64_t, std::uint64_t> load_rank_by_rank(
     const Checkpoint& ckpt, unsigned n, const LoadOptions& o,
-    const std::map<std::string, std::vector<std::byte>>& written) {
+    const std::map<std::string, std::vector<std::byte>>& written, const MachineShare& share = {}) {
   FanoutPlanOptions po;
   po.round_bytes = 700;
   po.chunk_bytes = 1500;
@@ -332,7 +336,7 @@ std::pair<std::uint64_t, std::uint64_t> load_rank_by_rank(
   for (std::size_t k = 0; k < plan.rounds.size(); ++k) {
     for (unsigned r = 0; r < n; ++r) {
       const LoadStats s = read_fanout_round(ckpt, plan, k, r, Device::cpu(), memory[r].data(),
-                                            scratch[r].data(), o);
+                                            scratch[r].data(), o, share);
       read += s.bytes_read;
       registered += s.bytes_from_registered_page_cache;
     }
@@ -374,6 +378,96 @@ TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
   EXPECT_THROW(read_fanout_round(*ckpt, plan_fanout(*ckpt, 2, replicate_all), 99, 0, Device::cpu(),
                                  nullptr, nullptr, {}),
                std::invalid_argument);
+}
+
+// A machine's readers: from storage what one load reads with, whoever reads; from the page cache
+// one load's per rank, at most the cores; each submission its share, never none.
+TEST(MachineReaders, StorageIsSharedThePageCacheScalesToTheCores) {
+  EXPECT_EQ(detail::machine_readers(16, 4, false, 64), 16u);
+  EXPECT_EQ(detail::machine_readers(16, 1, false, 64), 16u);
+  EXPECT_EQ(detail::machine_readers(0, 4, false, 64), 1u);
+  EXPECT_EQ(detail::machine_readers(16, 4, true, 64), 64u);
+  EXPECT_EQ(detail::machine_readers(16, 4, true, 32), 32u);
+  EXPECT_EQ(detail::machine_readers(16, 8, true, 256), 64u);  // the worker pool's cap
+  EXPECT_EQ(detail::machine_readers(2, 4, true, 2), 4u);      // at least one a rank
+  EXPECT_EQ(detail::machine_readers(16, 1, true, 64), 16u);
+  EXPECT_EQ(detail::submission_readers(16, 4, 1), 4u);
+  EXPECT_EQ(detail::submission_readers(16, 4, 2), 2u);
+  EXPECT_EQ(detail::submission_readers(16, 1, 2), 8u);
+  EXPECT_EQ(detail::submission_readers(2, 4, 2), 1u);
+  EXPECT_EQ(detail::submission_readers(16, 0, 0), 16u);
+}
+
+// One process per rank: a rank's round reads with its share of the machine's readers, chosen by
+// where the bytes come from, and says so; given threads stay as given. Loads stay bit-exact.
+TEST(FanoutLoad, OneProcessPerRankSharesTheMachinesReaders) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 15);
+  auto ckpt = Checkpoint::open_shared(file);
+  // Reads of 4 KiB, more than any thread count here, so a round runs every thread it is given.
+  FanoutPlanOptions po;
+  po.chunk_bytes = 4096;
+  std::vector<TensorSpec> big = {{"model.embed_tokens.weight", DType::BF16, {1024, 1024}}};
+  const auto big_file = dir / "big.safetensors";
+  test::write_random_checkpoint(big_file, big, 17);
+  auto big_ckpt = Checkpoint::open_shared(big_file);
+  const FanoutPlan plan = plan_fanout(*big_ckpt, 2, llama_tensor_parallel, {}, po);
+  std::vector<std::byte> memory(plan.layouts[0].dest_bytes);
+  std::vector<std::byte> scratch(2 * plan.scratch_bank_bytes[0] + 1);
+  LoadOptions o;
+  o.chunk_bytes = 4096;
+  const auto threads = [&](const LoadOptions& with, const MachineShare& share, std::string& why) {
+    const LoadStats s = read_fanout_round(*big_ckpt, plan, 0, 0, Device::cpu(), memory.data(),
+                                          scratch.data(), with, share);
+    why = s.settings_source;
+    return s.reader_threads;
+  };
+  std::string why;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned one_load = threads(o, {}, why);  // just written: in the page cache
+  EXPECT_EQ(one_load, std::min(cores, 16u));
+  EXPECT_EQ(threads(o, {4, 2}, why),
+            std::max(1u, std::min({64u, one_load * 4, std::max(cores, 4u)}) / 8));
+  EXPECT_NE(why.find("4 ranks, 2 rounds each reading at once; reading the page cache"),
+            std::string::npos)
+      << why;
+  o.io = IoMode::Direct;  // O_DIRECT reads come from storage, wherever the pages are
+  EXPECT_EQ(threads(o, {4, 1}, why), std::max(1u, one_load / 4));
+  EXPECT_NE(why.find("reading storage"), std::string::npos) << why;
+  o.reader_threads = 3;  // given: as given
+  EXPECT_EQ(threads(o, {4, 2}, why), 3u);
+  EXPECT_EQ(why.find("this rank's share"), std::string::npos) << why;
+  LoadOptions buffered;
+  buffered.io = IoMode::Buffered;
+  for (unsigned n : {2u, 3u}) load_rank_by_rank(*ckpt, n, buffered, written, {n, 2});
+}
+
+// Auto reads: a checkpoint out of the page cache is read from storage, and the ranks share it.
+TEST(FanoutLoad, OneProcessPerRankFromStorageSharesOneLoadsReaders) {
+  TempDir dir;
+  const auto file = dir / "m.safetensors";
+  const auto written = test::write_random_checkpoint(file, model_specs(), 16);
+  auto ckpt = Checkpoint::open_shared(file);  // its header read brings the small file in
+  {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fdatasync(fd), 0);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+  if (detail::reads_from_page_cache(ckpt->file_set(), std::vector<std::uint32_t>{0}))
+    GTEST_SKIP() << "this file system keeps pages in memory after POSIX_FADV_DONTNEED";
+  const FanoutPlan plan = plan_fanout(*ckpt, 4, llama_tensor_parallel);
+  std::vector<std::byte> memory(plan.layouts[0].dest_bytes);
+  std::vector<std::byte> scratch(2 * plan.scratch_bank_bytes[0] + 1);
+  LoadOptions o;
+  o.io = IoMode::Buffered;  // the pages' residency decides, not the read path
+  const LoadStats s =
+      read_fanout_round(*ckpt, plan, 0, 0, Device::cpu(), memory.data(), scratch.data(), o, {4, 1});
+  EXPECT_NE(s.settings_source.find("this rank's share of"), std::string::npos);
+  EXPECT_NE(s.settings_source.find("reading storage"), std::string::npos) << s.settings_source;
+  load_rank_by_rank(*ckpt, 4, o, written, {4, 1});  // bit-exact
 }
 
 // With page-cache DMA on, each rank's reads come straight from the registered mapping (the

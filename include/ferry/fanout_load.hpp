@@ -138,6 +138,15 @@ class FanoutLoad {
   FanoutStats _stats;
 };
 
+// One process per rank: the ranks of the group that read on this machine at once, and the rounds
+// each has reading at once. Where the engine chooses the reader threads (no reader_threads given),
+// they are shared: from storage the machine's ranks together read with what one load would, from
+// the page cache with one load's each, at most the machine's cores.
+struct MachineShare {
+  unsigned ranks_on_machine = 1;
+  unsigned rounds_at_once = 1;
+};
+
 // One process per rank (torch.distributed, MPI): rank `rank`'s reads of round `round`, into its
 // allocation at `memory` (plan.layouts[rank].dest_bytes) and its scratch at `scratch` (2 x
 // plan.scratch_bank_bytes[rank]) on `device`. The caller then runs the round's scatters and
@@ -152,7 +161,7 @@ class FanoutRoundRead {
  private:
   friend FanoutRoundRead start_fanout_round(const Checkpoint&, const FanoutPlan&, std::size_t,
                                             unsigned, const Device&, void*, void*,
-                                            const LoadOptions&);
+                                            const LoadOptions&, const MachineShare&);
   Ticket _ticket;  // waits in its destructor: memory is never freed under a copy
   bool _started = false;
   LoadOptions _options;
@@ -165,12 +174,13 @@ class FanoutRoundRead {
 // while the caller exchanges this round's bytes.
 FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
                                    std::size_t round, unsigned rank, const Device& device,
-                                   void* memory, void* scratch, const LoadOptions& options);
+                                   void* memory, void* scratch, const LoadOptions& options,
+                                   const MachineShare& share = {});
 
 // start_fanout_round(...).wait().
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
-                            std::size_t round, unsigned rank, const Device& device, void* memory,
-                            void* scratch, const LoadOptions& options);
+LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
+                            unsigned rank, const Device& device, void* memory, void* scratch,
+                            const LoadOptions& options, const MachineShare& share = {});
 
 // XXH3-64 of everything ranks must agree on before they exchange bytes: the rank count, every
 // piece, read, scatter and gather. Ranks that opened different files, or the same file with

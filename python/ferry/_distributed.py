@@ -14,6 +14,7 @@ fail when the process group's timeout (init_process_group(timeout=...)) runs out
 On machines with NVLink multicast keep NCCL_NVLS_ENABLE=0 (and TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1) in every process: ferry does not change the environment itself.
 """
+import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -232,12 +233,29 @@ def _run_rounds(plan, coll: Collectives, device, memory, scratch, stats, engine,
         coll.wait(_handles(works))
 
 
+def ranks_on_this_machine(given: Optional[int] = None) -> int:
+    """The group's ranks that load on this machine at once: `given`, else torchrun's
+    LOCAL_WORLD_SIZE, else 1."""
+    value = given if given is not None else os.environ.get("LOCAL_WORLD_SIZE") or 1
+    try:
+        ranks = int(value)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        source = "ranks_on_machine" if given is not None else "LOCAL_WORLD_SIZE"
+        raise ValueError(f"{source} must be a whole number of at least 1, not {value!r}")
+    return ranks
+
+
 def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = None,
                  names: Optional[Iterable[str]] = None, round_bytes: int = 0,
-                 return_stats: bool = False, **engine):
+                 return_stats: bool = False, ranks_on_machine: Optional[int] = None, **engine):
     """This rank's tensors (name -> whole tensor or slice) on `device`; see the module doc.
     `process_group`: a torch.distributed process group (None: the default one), or the
-    Collectives of a communicator the caller holds (ferry._collectives)."""
+    Collectives of a communicator the caller holds (ferry._collectives). `ranks_on_machine`: the
+    group's ranks loading on this machine at once (ranks_on_this_machine()); where the engine
+    chooses the reader threads, they share the machine's (from storage, together what one load
+    reads with)."""
     coll = (process_group if isinstance(process_group, Collectives)
             else TorchCollectives(process_group))
     rank, world = coll.rank, coll.world
@@ -261,6 +279,9 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     # and staging overlap the reads, and a rank that joins first reads ahead while it waits for
     # the others (under vLLM, ranks finish building their models at different times: 0.45 s
     # apart in one start at TP 4).
+    # Two rounds read at once; the engine's choice of threads shares the machine (C++).
+    engine = dict(engine, ranks_on_machine=ranks_on_this_machine(ranks_on_machine),
+                  rounds_at_once=max(1, min(2, plan.rounds)))
     reading = [_start_round(plan, k, rank, device, memory, scratch, engine)
                for k in range(min(2, plan.rounds))]
     timeline.mark("rounds 0 and 1 started")

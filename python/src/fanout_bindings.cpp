@@ -115,16 +115,21 @@ void bind_fanout(nb::module_& m) {
   m.def(
       "start_fanout_round",
       [](const PyFanoutPlan& p, std::size_t round, unsigned rank, const std::string& device,
-         std::uintptr_t memory, std::uintptr_t scratch, nb::kwargs engine) {
+         std::uintptr_t memory, std::uintptr_t scratch, unsigned ranks_on_machine,
+         unsigned rounds_at_once, nb::kwargs engine) {
         LoadOptions o = make_options(device, std::nullopt, std::nullopt, engine);
+        const MachineShare share{ranks_on_machine, rounds_at_once};
         return without_gil([&] {
           return start_fanout_round(*p.checkpoint, p.plan, round, rank, o.device,
                                     reinterpret_cast<void*>(memory),
-                                    reinterpret_cast<void*>(scratch), o);
+                                    reinterpret_cast<void*>(scratch), o, share);
         });
       },
-      "plan"_a, "round"_a, "rank"_a, "device"_a, "memory"_a, "scratch"_a, "engine"_a,
-      "Starts rank `rank`'s reads of one round; wait() on the result until they landed.");
+      "plan"_a, "round"_a, "rank"_a, "device"_a, "memory"_a, "scratch"_a, "ranks_on_machine"_a = 1,
+      "rounds_at_once"_a = 1, "engine"_a,
+      "Starts rank `rank`'s reads of one round; wait() on the result until they landed. "
+      "`ranks_on_machine` ranks of the group read on this machine, each `rounds_at_once` rounds "
+      "at once: where the engine chooses the threads, they share the machine's.");
   m.def(
       "read_fanout_round",
       [](const PyFanoutPlan& p, std::size_t round, unsigned rank, const std::string& device,

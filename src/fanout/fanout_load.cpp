@@ -17,6 +17,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "fanout/collective.hpp"
 #include "fanout/direct_reads.hpp"
+#include "fanout/machine_readers.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
 #include "load/settings.hpp"
@@ -231,26 +232,42 @@ class FanoutLoader {
     }
   }
 
-  // One process reads for every device: all its readers together are the threads N loads
-  // would have (per device: given or chosen), split between the rounds that read at once, and,
-  // where the engine chose them, no more than the machine's cores: on 2 x H200 (32 cores),
-  // replicas loaded in 0.279 s with two rounds of 32 readers, 0.255 s with two of 16 (waiting
-  // copies spin, and the page-cache copies compete for the cores and memory). Two submissions
-  // in flight fit the process's staging limit. Per round: one submission with every device's
-  // threads, or one per reading device with its share (as one process per GPU would run).
+  // One process reads for every device: given threads are per device; where the engine chose
+  // them, the machine's readers (machine_readers.hpp: from the page cache one load's per device,
+  // at most the cores, since on 2 x H200 (32 cores) replicas loaded in 0.279 s with two rounds
+  // of 32 readers and 0.255 s with two of 16; from storage one load's). Split between the rounds
+  // that read at once; two submissions in flight fit the process's staging limit. Per round: one
+  // submission with every device's threads, or one per reading device with its share (as one
+  // process per GPU would run).
   void choose_readers() {
     _per_device = _options.submissions == FanoutOptions::Submissions::PerDevice;
     _at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
     static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     unsigned readers = std::min(detail::kMaxWorkerThreads, _settings.threads * _n);
-    if (_options.load.reader_threads == 0) readers = std::min(readers, std::max(cores, _n));
+    if (_options.load.reader_threads == 0) {
+      const bool cached = staged_from_page_cache();
+      readers = detail::machine_readers(_settings.threads, _n, cached, cores);
+      _readers_note = detail::concat("; ", readers, " readers for the ", _n, " devices (reading ",
+                                     cached ? "the page cache" : "storage", ")");
+    }
     const unsigned reading_at_once = (_at_tail ? 1u : 2u) * (_per_device ? _n : 1u);
     _transfer = transfer_options(_options.load, _settings);
-    _transfer.threads = std::max(1u, readers / reading_at_once);
+    _transfer.threads = detail::submission_readers(readers, 1, reading_at_once);
     if (!_per_device)
       _transfer.staging_bytes =
           std::max(_options.load.staging_bytes,
                    std::min(_options.load.staging_bytes * _n, staging_limit() / 2));
+  }
+
+  // Whether the staged reads (those not copied from registered mappings) find their files
+  // mostly in the page cache.
+  bool staged_from_page_cache() const {
+    if (_options.load.io == IoMode::Direct) return false;
+    std::set<std::uint32_t> files;
+    for (const detail::RoundReads& r : _split)
+      for (const FanoutRead& read : r.staged) files.insert(read.file_index);
+    const std::vector<std::uint32_t> list(files.begin(), files.end());
+    return detail::reads_from_page_cache(_checkpoint->file_set(), list);
   }
 
   // A round's staged reads: one submission, or one per reading device.
@@ -338,7 +355,7 @@ class FanoutLoader {
                      [](const auto& a, const auto& b) { return a.second < b.second; });
     stats.collective_seconds = _collective->busy_seconds();
     stats.rounds = _plan->rounds.size();
-    stats.settings_source = _settings.source;
+    stats.settings_source = _settings.source + _readers_note;
     add_direct_files(*_checkpoint, _sources, _direct_file_bytes, stats);
     for (const auto& f : stats.files) stats.bytes_read += f.bytes_read;
     for (const TensorInfo* seen : selected(*_plan)) stats.checkpoint_bytes += seen->size;
@@ -473,6 +490,7 @@ class FanoutLoader {
   std::vector<std::shared_ptr<detail::PrimaryContext>> _contexts;
   std::unique_ptr<detail::Collective> _collective;
   detail::EngineSettings _settings;
+  std::string _readers_note;  // how the engine counted the readers, for settings_source
   std::shared_ptr<const FanoutPlan> _plan;
   std::vector<std::uintptr_t> _bases;          // per rank: its destination
   std::vector<void*> _base_pointers;           // the same, as pointers
@@ -505,9 +523,32 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
   return detail::load_fanout(std::move(checkpoint), options, detail::page_cache_sources());
 }
 
+namespace {
+
+// A rank's round reads with its share of the machine's readers (machine_readers.hpp).
+void share_readers(const Checkpoint& checkpoint, const std::vector<FanoutRead>& reads, IoMode io,
+                   const MachineShare& share, detail::EngineSettings& settings) {
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::set<std::uint32_t> files;
+  for (const FanoutRead& read : reads) files.insert(read.file_index);
+  const std::vector<std::uint32_t> list(files.begin(), files.end());
+  const bool cached =
+      io != IoMode::Direct && detail::reads_from_page_cache(checkpoint.file_set(), list);
+  const unsigned ranks = std::max(1u, share.ranks_on_machine);
+  const unsigned machine = detail::machine_readers(settings.threads, ranks, cached, cores);
+  settings.threads = detail::submission_readers(machine, ranks, share.rounds_at_once);
+  settings.source += detail::concat(
+      "; ", settings.threads, " readers: this rank's share of ", machine, " on this machine (",
+      ranks, " ranks, ", std::max(1u, share.rounds_at_once),
+      " rounds each reading at once; reading ", cached ? "the page cache" : "storage", ")");
+}
+
+}  // namespace
+
 FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
                                    std::size_t round, unsigned rank, const Device& device,
-                                   void* memory, void* scratch, const LoadOptions& options) {
+                                   void* memory, void* scratch, const LoadOptions& options,
+                                   const MachineShare& share) {
   FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
                "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
                " of ", plan.ranks, " does not exist");
@@ -517,11 +558,11 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
   FanoutRoundRead out;
   out._began = Clock::now();
   out._options = options;
-  const detail::EngineSettings settings =
-      detail::choose_settings(options, detail::tuning_for(options));
+  detail::EngineSettings settings = detail::choose_settings(options, detail::tuning_for(options));
   std::vector<FanoutRead> mine;
   for (const FanoutRead& read : plan.rounds[round].reads)
     if (read.reader == rank) mine.push_back(read);
+  if (options.reader_threads == 0) share_readers(checkpoint, mine, options.io, share, settings);
   // Only this rank's entries are read; the others stay zero.
   std::vector<std::uintptr_t> bases(plan.ranks, 0), scratches(plan.ranks, 0);
   std::vector<Device> devices(plan.ranks, device);
@@ -577,8 +618,9 @@ LoadStats FanoutRoundRead::wait() {
 
 LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
                             unsigned rank, const Device& device, void* memory, void* scratch,
-                            const LoadOptions& options) {
-  return start_fanout_round(checkpoint, plan, round, rank, device, memory, scratch, options).wait();
+                            const LoadOptions& options, const MachineShare& share) {
+  return start_fanout_round(checkpoint, plan, round, rank, device, memory, scratch, options, share)
+      .wait();
 }
 
 }  // namespace ferry

@@ -134,6 +134,14 @@ def _worker(rank, world, init, path, shard, result_dir, mode, backend="gloo"):
                                       round_bytes=512)
             assert recorder.outside == [], recorder.outside
             assert {"max_of", "broadcast", "all_gather_into"} <= set(recorder.calls), recorder.calls
+        elif mode == "machine":  # the ranks share the machine's readers (given, or torchrun's)
+            given = world if rank == 0 else None
+            if given is None:
+                os.environ["LOCAL_WORLD_SIZE"] = str(world)
+            got, stats = load_sharded(path, device, dist.group.WORLD, shard, return_stats=True,
+                                      round_bytes=512, ranks_on_machine=given)
+            with open(os.path.join(result_dir, f"{rank}.why"), "w") as f:
+                f.write("\n".join(r["settings_source"] for r in stats["reads"]))
         else:
             got, stats = load_sharded(path, device, dist.group.WORLD, shard, return_stats=True,
                                       round_bytes=512)
@@ -193,6 +201,37 @@ def test_every_rank_holds_its_tensors_and_the_group_reads_each_byte_once(tmp_pat
     assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
     read = sum(int(o.split()[1]) for o in outcomes)
     assert read == checkpoint_bytes(path)
+
+
+def test_the_ranks_of_one_machine_share_its_readers(tmp_path):
+    outcomes, path = run_group(tmp_path, 3, "tensor_parallel", mode="machine")
+    assert all(o.startswith("ok") for o in outcomes), "\n".join(outcomes)
+    results = next(tmp_path.glob("results-3-machine-*"))
+    for rank in range(3):
+        why = (results / f"{rank}.why").read_text().splitlines()
+        assert why, rank
+        # several rounds (round_bytes=512): two read at once
+        assert all("this rank's share of" in w and "(3 ranks, 2 rounds each reading at once"
+                   in w for w in why), why
+
+
+def test_ranks_on_machine_must_be_a_count():
+    from ferry._distributed import ranks_on_this_machine
+    assert ranks_on_this_machine(4) == 4
+    with pytest.raises(ValueError, match="ranks_on_machine must be a whole number"):
+        ranks_on_this_machine(0)
+    old = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        os.environ["LOCAL_WORLD_SIZE"] = "two"
+        with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be a whole number.*'two'"):
+            ranks_on_this_machine()
+        os.environ["LOCAL_WORLD_SIZE"] = "8"
+        assert ranks_on_this_machine() == 8
+        del os.environ["LOCAL_WORLD_SIZE"]
+        assert ranks_on_this_machine() == 1
+    finally:
+        if old is not None:
+            os.environ["LOCAL_WORLD_SIZE"] = old
 
 
 def test_explicit_slice_plan_with_uneven_sizes(tmp_path):

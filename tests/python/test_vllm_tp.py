@@ -107,6 +107,15 @@ def test_tensor_parallel_modes(tmp_path):
                 assert row["group_slices"]["tp_mode"] == "group_slices"
             read = [row["group_slices"]["bytes_read"] for row in rows]
             assert sum(read) >= total and all(r < total for r in read), (read, total)
+        # The group's ranks share this machine's reader threads (vLLM's local world: 2 ranks);
+        # threads given in the options stay as given.
+        for row in rows:
+            for mode in ("process_group", "group_slices", "auto", "default"):
+                if "error" in row[mode]:  # group_slices where vLLM shards otherwise (one_kv)
+                    continue
+                why = row[mode]["settings_source"] or ""
+                assert "this rank's share of" in why and "(2 ranks, " in why, (mode, why)
+            assert "share" not in (row["default_with_threads"]["settings_source"] or "")
         assert all(row["each_rank_reads_all"]["bytes_read"] == total for row in rows)
         # auto (the default, with engine options too, and on a checkpoint out of the page
         # cache): group_slices, each byte read once between the ranks.

@@ -27,8 +27,8 @@ CONFIGS = {**{mode: {"tp_mode": mode} for mode in MODES},
            "auto_cold": {"tp_mode": "auto", EVICT: True}}
 
 
-def build(folder, load_format, extra=None):
-    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig
+def build(folder, load_format, extra=None, ranks=1):
+    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -36,7 +36,8 @@ def build(folder, load_format, extra=None):
                                                  skip_tokenizer_init=True),
                         load_config=LoadConfig(load_format=load_format,
                                                model_loader_extra_config=extra or {}),
-                        device_config=DeviceConfig("cpu"))
+                        device_config=DeviceConfig("cpu"),
+                        parallel_config=ParallelConfig(tensor_parallel_size=ranks))
     with set_current_vllm_config(config):
         loader = get_model_loader(config.load_config)
         with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
@@ -111,7 +112,7 @@ def main() -> None:
     device_group_calls = watch_device_group()
     out = {}
     for folder in sys.argv[4:]:
-        reference, _ = build(folder, "safetensors")
+        reference, _ = build(folder, "safetensors", ranks=ranks)
         shards = {n: list(p.shape) for n, p in reference.items()}
         rows = {"shapes": shards}
         for mode, extra in CONFIGS.items():
@@ -119,13 +120,15 @@ def main() -> None:
                 device_group_calls.clear()
                 left = evicted(folder) if extra.get(EVICT) else None
                 extra = {k: v for k, v in extra.items() if k != EVICT}
-                params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10})
+                params, last = build(folder, "ferry", {**extra, "group_bytes": 32 << 10},
+                                     ranks)
                 rows[mode] = {"equal": same(params, reference), "bytes_read": last["bytes_read"],
                               "tp_mode": last["tp_mode"],
                               "tp_communicator": last.get("tp_communicator"),
                               "slices_bytes_read": last.get("slices_bytes_read"),
                               "device_group_calls": list(device_group_calls),
-                              "cached_after_eviction": left}
+                              "cached_after_eviction": left,
+                              "settings_source": last.get("settings_source")}
             except Exception as e:  # noqa: BLE001 - reported to the test
                 rows[mode] = {"error": f"{type(e).__name__}: {e}"}
         out[folder] = rows

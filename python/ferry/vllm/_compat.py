@@ -98,6 +98,17 @@ def tier_base_init(tier, offloading_spec, primary_kv_view, tier_type, backpressu
         SecondaryTierManager.__init__(tier, offloading_spec, primary_kv_view, tier_type)
 
 
+def ranks_on_machine(parallel_config) -> int:
+    """The ranks that load at once on this machine: the instance's local world (tensor x
+    pipeline parallel ranks per node; 0.33's local_world_size, else world_size / nnodes) times
+    its data-parallel replicas on this node."""
+    local = getattr(parallel_config, "local_world_size", None)
+    if local is None:
+        local = parallel_config.world_size // max(1, getattr(parallel_config, "nnodes", 1) or 1)
+    replicas = getattr(parallel_config, "data_parallel_size_local", 1) or 1
+    return max(1, int(local) * int(replicas))
+
+
 def register_model_loader(name: str, cls) -> None:
     from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as table
     if table.get(name) is not cls:

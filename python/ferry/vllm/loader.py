@@ -19,7 +19,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
-from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm
+from ._compat import BaseModelLoader, download_weights_from_hf, enable_tqdm, ranks_on_machine
 from .options import LOADER_OPTIONS, check
 from .tp import (TP_COMMUNICATORS, TP_MODES, any_rank, check_slices_taken, choose_mode,
                  group_collectives, group_slice_weights, group_weights, slice_weights,
@@ -85,10 +85,13 @@ class FerryModelLoader(BaseModelLoader):
                              f"takes none of {sorted(self.options)}")
         # What the last load did on this rank: its tp_mode and the file bytes it read.
         self.last_load = {}
+        # The ranks loading on this machine at once (set by load_model; None: LOCAL_WORLD_SIZE).
+        self.ranks_on_machine = None
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         """vLLM's load_model, with ferry's first-load set-up (pinned staging, reader threads,
         copy streams) made on a thread of its own while vLLM builds the model."""
+        self.ranks_on_machine = ranks_on_machine(vllm_config.parallel_config)
         preparation = self._prepare(vllm_config, model_config)
         try:
             return super().load_model(vllm_config, model_config, prefix)
@@ -156,7 +159,8 @@ class FerryModelLoader(BaseModelLoader):
         if mode == "process_group":
             weights = group_weights(path, device, collectives,
                                     ferry.torch._groups(checkpoint, group_bytes),
-                                    self.last_load, **self.options)
+                                    self.last_load, ranks_on_machine=self.ranks_on_machine,
+                                    **self.options)
         elif mode == "group_slices":
             # A rank holds about 1 / ranks of a group: groups of ranks x group_bytes hold about
             # group_bytes each, in one round each, whose reads a rank starts before the others
@@ -164,6 +168,7 @@ class FerryModelLoader(BaseModelLoader):
             weights = group_slice_weights(path, device, rank, ranks, collectives,
                                           ferry.torch._groups(checkpoint, group_bytes * ranks),
                                           self.last_load, round_bytes=group_bytes,
+                                          ranks_on_machine=self.ranks_on_machine,
                                           **self.options)
         elif mode == "slices":
             weights = slice_weights(path, device, rank, ranks,
@@ -188,10 +193,13 @@ class FerryModelLoader(BaseModelLoader):
         logger.info("Loading weights took %.2f seconds (ferry)", time.perf_counter() - started)
         if self.last_load.get("ranks", 1) > 1:
             over = self.last_load.get("tp_communicator")
-            logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes%s",
+            threads = self.last_load.get("reader_threads")
+            logger.info("ferry: tp_mode %s, rank %d of %d read %d bytes%s%s",
                         self.last_load["tp_mode"], self.last_load["rank"],
                         self.last_load["ranks"], self.last_load["bytes_read"],
-                        f" (collectives on {over}'s communicator)" if over else "")
+                        f" (collectives on {over}'s communicator)" if over else "",
+                        f" with {threads} reader threads a round "
+                        f"({self.last_load.get('settings_source')})" if threads else "")
         if loaded is not None and model_config.quantization is None:
             missing = {name for name, _ in model.named_parameters()} - set(loaded)
             if missing:

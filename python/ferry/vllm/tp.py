@@ -180,6 +180,18 @@ def _prefetched(items: List, load, device: str) -> Iterator:
             yield item, result
 
 
+def _count_reads(stats: Dict, loaded: Dict) -> None:
+    """A group load's reads into the loader's record: the file bytes this rank read, and the
+    reader threads its rounds ran with and why (the engine shares a machine's between its
+    ranks)."""
+    reads = loaded["reads"]
+    stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in reads)
+    for r in reads:
+        if r.get("reader_threads"):
+            stats["reader_threads"] = r["reader_threads"]
+            stats["settings_source"] = r.get("settings_source", "")
+
+
 def group_weights(path: str, device: str, collectives, groups: List[List[str]],
                   stats: Dict, **engine) -> Iterator[Tuple[str, torch.Tensor]]:
     """tp_mode "process_group": every tensor whole on every rank, each byte read once by the
@@ -191,7 +203,7 @@ def group_weights(path: str, device: str, collectives, groups: List[List[str]],
                             **engine)
 
     for names, (tensors, loaded) in _prefetched(groups, load, device):
-        stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
+        _count_reads(stats, loaded)
         for name in names:
             yield name, tensors.pop(name)
 
@@ -230,7 +242,7 @@ def group_slice_weights(path: str, device: str, rank: int, ranks: int, collectiv
                             round_bytes=round_bytes, **engine)
 
     for names, (parts, loaded) in _prefetched(groups, load, device):
-        stats["bytes_read"] += sum(r.get("bytes_read", 0) for r in loaded["reads"])
+        _count_reads(stats, loaded)
         for name in names:
             part = parts.pop(name)
             if spec(name, None) is None:
