@@ -380,22 +380,27 @@ TEST(FanoutLoad, OneProcessPerRankReadsItsShare) {
                std::invalid_argument);
 }
 
-// A machine's readers: from storage what one load reads with, whoever reads; from the page cache
-// one load's per rank, at most the cores; each submission its share, never none.
+// A machine's readers: from storage a fixed depth, from the page cache one load's per rank, at
+// most the cores; split between the processes and their rounds in flight; never none.
 TEST(MachineReaders, StorageIsSharedThePageCacheScalesToTheCores) {
-  EXPECT_EQ(detail::machine_readers(16, 4, false, 64), 16u);
-  EXPECT_EQ(detail::machine_readers(16, 1, false, 64), 16u);
-  EXPECT_EQ(detail::machine_readers(0, 4, false, 64), 1u);
-  EXPECT_EQ(detail::machine_readers(16, 4, true, 64), 64u);
-  EXPECT_EQ(detail::machine_readers(16, 4, true, 32), 32u);
-  EXPECT_EQ(detail::machine_readers(16, 8, true, 256), 64u);  // the worker pool's cap
-  EXPECT_EQ(detail::machine_readers(2, 4, true, 2), 4u);      // at least one a rank
-  EXPECT_EQ(detail::machine_readers(16, 1, true, 64), 16u);
-  EXPECT_EQ(detail::submission_readers(16, 4, 1), 4u);
-  EXPECT_EQ(detail::submission_readers(16, 4, 2), 2u);
-  EXPECT_EQ(detail::submission_readers(16, 1, 2), 8u);
-  EXPECT_EQ(detail::submission_readers(2, 4, 2), 1u);
-  EXPECT_EQ(detail::submission_readers(16, 0, 0), 16u);
+  using detail::kStorageReaders;
+  const auto share = [](unsigned one, unsigned ranks, unsigned processes, unsigned rounds,
+                        bool cached, unsigned cores) {
+    const detail::ReaderShare s =
+        detail::share_readers(one, ranks, processes, rounds, cached, cores);
+    return std::pair{s.machine, s.per_submission};
+  };
+  EXPECT_EQ(share(16, 4, 4, 2, false, 64), std::pair(kStorageReaders, kStorageReaders / 8));
+  EXPECT_EQ(share(2, 4, 4, 1, false, 2), std::pair(kStorageReaders, kStorageReaders / 4));
+  EXPECT_EQ(share(16, 4, 1, 2, false, 64), std::pair(kStorageReaders, kStorageReaders / 2));
+  EXPECT_EQ(share(16, 64, 64, 1, false, 64), std::pair(kStorageReaders, 1u));
+  EXPECT_EQ(share(16, 4, 4, 1, true, 64), std::pair(64u, 16u));
+  EXPECT_EQ(share(16, 4, 4, 2, true, 64), std::pair(64u, 8u));
+  EXPECT_EQ(share(16, 4, 1, 2, true, 32), std::pair(32u, 16u));  // one process, 4 GPUs
+  EXPECT_EQ(share(16, 8, 8, 1, true, 256), std::pair(64u, 8u));  // the worker pool's cap
+  EXPECT_EQ(share(2, 4, 4, 2, true, 2), std::pair(4u, 1u));      // at least one a rank
+  EXPECT_EQ(share(16, 1, 1, 2, true, 64), std::pair(16u, 8u));
+  EXPECT_EQ(share(0, 0, 0, 0, true, 1), std::pair(1u, 1u));
 }
 
 // One process per rank: a rank's round reads with its share of the machine's readers, chosen by
@@ -425,15 +430,15 @@ TEST(FanoutLoad, OneProcessPerRankSharesTheMachinesReaders) {
   };
   std::string why;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const unsigned one_load = threads(o, {}, why);  // just written: in the page cache
-  EXPECT_EQ(one_load, std::min(cores, 16u));
+  const unsigned one_load = std::min(cores, 16u);  // the engine's choice for a single load
+  EXPECT_EQ(threads(o, {}, why), one_load);        // just written: in the page cache
   EXPECT_EQ(threads(o, {4, 2}, why),
             std::max(1u, std::min({64u, one_load * 4, std::max(cores, 4u)}) / 8));
   EXPECT_NE(why.find("4 ranks, 2 rounds each reading at once; reading the page cache"),
             std::string::npos)
       << why;
   o.io = IoMode::Direct;  // O_DIRECT reads come from storage, wherever the pages are
-  EXPECT_EQ(threads(o, {4, 1}, why), std::max(1u, one_load / 4));
+  EXPECT_EQ(threads(o, {4, 1}, why), detail::kStorageReaders / 4);
   EXPECT_NE(why.find("reading storage"), std::string::npos) << why;
   o.reader_threads = 3;  // given: as given
   EXPECT_EQ(threads(o, {4, 2}, why), 3u);

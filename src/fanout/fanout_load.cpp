@@ -243,16 +243,21 @@ class FanoutLoader {
     _per_device = _options.submissions == FanoutOptions::Submissions::PerDevice;
     _at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
     static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    unsigned readers = std::min(detail::kMaxWorkerThreads, _settings.threads * _n);
+    const unsigned rounds_at_once = _at_tail ? 1u : 2u;
+    const unsigned submissions = _per_device ? _n : 1u;  // per round
+    _transfer = transfer_options(_options.load, _settings);
     if (_options.load.reader_threads == 0) {
       const bool cached = staged_from_page_cache();
-      readers = detail::machine_readers(_settings.threads, _n, cached, cores);
-      _readers_note = detail::concat("; ", readers, " readers for the ", _n, " devices (reading ",
+      const detail::ReaderShare share =
+          detail::share_readers(_settings.threads, _n, submissions, rounds_at_once, cached, cores);
+      _transfer.threads = share.per_submission;
+      _readers_note = detail::concat("; ", share.machine, " readers for the ", _n, " devices, ",
+                                     share.per_submission, " a submission (reading ",
                                      cached ? "the page cache" : "storage", ")");
+    } else {
+      const unsigned readers = std::min(detail::kMaxWorkerThreads, _settings.threads * _n);
+      _transfer.threads = std::max(1u, readers / (rounds_at_once * submissions));
     }
-    const unsigned reading_at_once = (_at_tail ? 1u : 2u) * (_per_device ? _n : 1u);
-    _transfer = transfer_options(_options.load, _settings);
-    _transfer.threads = detail::submission_readers(readers, 1, reading_at_once);
     if (!_per_device)
       _transfer.staging_bytes =
           std::max(_options.load.staging_bytes,
@@ -535,11 +540,12 @@ void share_readers(const Checkpoint& checkpoint, const std::vector<FanoutRead>& 
   const bool cached =
       io != IoMode::Direct && detail::reads_from_page_cache(checkpoint.file_set(), list);
   const unsigned ranks = std::max(1u, share.ranks_on_machine);
-  const unsigned machine = detail::machine_readers(settings.threads, ranks, cached, cores);
-  settings.threads = detail::submission_readers(machine, ranks, share.rounds_at_once);
+  const detail::ReaderShare readers =
+      detail::share_readers(settings.threads, ranks, ranks, share.rounds_at_once, cached, cores);
+  settings.threads = readers.per_submission;  // the staged backend fits them to the staging
   settings.source += detail::concat(
-      "; ", settings.threads, " readers: this rank's share of ", machine, " on this machine (",
-      ranks, " ranks, ", std::max(1u, share.rounds_at_once),
+      "; ", settings.threads, " readers: this rank's share of ", readers.machine,
+      " on this machine (", ranks, " ranks, ", std::max(1u, share.rounds_at_once),
       " rounds each reading at once; reading ", cached ? "the page cache" : "storage", ")");
 }
 

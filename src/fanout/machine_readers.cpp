@@ -18,14 +18,17 @@ bool reads_from_page_cache(const FileSet& set, std::span<const std::uint32_t> fi
   return total == 0 || resident >= kBufferedFromResidency * total;
 }
 
-unsigned machine_readers(unsigned one_load, unsigned ranks, bool from_page_cache, unsigned cores) {
-  one_load = std::max(1u, one_load);
-  if (!from_page_cache) return one_load;
-  return std::min({kMaxWorkerThreads, one_load * std::max(1u, ranks), std::max(cores, ranks)});
-}
-
-unsigned submission_readers(unsigned machine, unsigned processes, unsigned rounds_at_once) {
-  return std::max(1u, machine / (std::max(1u, processes) * std::max(1u, rounds_at_once)));
+ReaderShare share_readers(unsigned one_load, unsigned ranks, unsigned processes,
+                          unsigned rounds_at_once, bool from_page_cache, unsigned cores) {
+  ranks = std::max(1u, ranks);
+  processes = std::max(1u, processes);
+  ReaderShare share;
+  share.machine =
+      from_page_cache
+          ? std::min({kMaxWorkerThreads, std::max(1u, one_load) * ranks, std::max(cores, ranks)})
+          : kStorageReaders;
+  share.per_submission = std::max(1u, share.machine / (processes * std::max(1u, rounds_at_once)));
+  return share;
 }
 
 }  // namespace ferry::detail
