@@ -3,20 +3,21 @@
 // put/get throughput per block size and path beside raw O_DIRECT and pinned copies.
 #include <cstdio>
 #include <fstream>
-#include <string>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "commands.hpp"
-#include "report.hpp"
 #include "ferry/error.hpp"
 #include "ferry/kv_store.hpp"
 #include "ferry/utf8_path.hpp"
 #include "kv_bench.hpp"
+#include "kv_bench_memory.hpp"
 #include "kv_fleet_bench.hpp"
 #include "output_file.hpp"
+#include "report.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -115,6 +116,13 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
               " raw's own x%.2f); each:", r.one_writer_put_gbps, r.writers, r.fleet_put_gbps,
               r.fleet_put_gbps / r.one_writer_put_gbps, raw_ratio);
   for (double g : r.writer_put_gbps) std::printf(" %.2f", g);
+  const double pass_seconds = double(r.blocks_per_writer) * double(r.block_bytes) / 1e9;
+  std::printf(
+      "\n  a writer's pass (%.3f s alone, %.3f s in the fleet): moving %.3f / %.3f s, "
+      "syncing the slabs %.3f / %.3f s, the journal %.3f / %.3f s",
+      pass_seconds / r.one_writer_put_gbps, pass_seconds / kv_bench::median(r.writer_put_gbps),
+      r.alone_times.move, r.fleet_times.move, r.alone_times.sync, r.fleet_times.sync,
+      r.alone_times.journal, r.fleet_times.journal);
   std::printf("\n  raw O_DIRECT writes of the same bytes: one writer alone %.2f GB/s; %u at once "
               "%.2f GB/s aggregate (x%.2f of one)",
               r.raw_one_writer_gbps, r.writers, r.raw_fleet_gbps, raw_ratio);
@@ -136,6 +144,14 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
                                               {"one_writer_put_gbps", r.one_writer_put_gbps},
                                               {"fleet_put_gbps", r.fleet_put_gbps},
                                               {"writer_put_gbps", r.writer_put_gbps},
+                                              {"pass_seconds_alone",
+                                               {{"move", r.alone_times.move},
+                                                {"sync", r.alone_times.sync},
+                                                {"journal", r.alone_times.journal}}},
+                                              {"pass_seconds_in_fleet",
+                                               {{"move", r.fleet_times.move},
+                                                {"sync", r.fleet_times.sync},
+                                                {"journal", r.fleet_times.journal}}},
                                               {"raw_one_writer_gbps", r.raw_one_writer_gbps},
                                               {"raw_fleet_gbps", r.raw_fleet_gbps},
                                               {"lookups", r.lookups},

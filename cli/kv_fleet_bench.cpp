@@ -45,8 +45,16 @@ double now() { return std::chrono::duration<double>(Clock::now().time_since_epoc
 struct Message {
   char kind = 0;            // 'r': opened and ready; 'd': a pass done; 'e': failed (text)
   double start = 0, end = 0;  // the pass, on the clock every process shares (CLOCK_MONOTONIC)
+  KVPassTimes times = {};     // a put pass: where the store's time went
   char text[480] = {};
 };
+
+// Where a put pass's time went by the store's counters (KVStats' put_*_seconds).
+KVPassTimes pass_times(const KVStats& before, const KVStats& after) {
+  return {after.put_move_seconds - before.put_move_seconds,
+          after.put_sync_seconds - before.put_sync_seconds,
+          after.put_journal_seconds - before.put_journal_seconds};
+}
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
 // 'w': write the same bytes raw (kv_bench_raw.hpp) to a file of its own; EOF: close and exit.
@@ -143,12 +151,14 @@ char command(int fd) {
       if (c == 'g')
         FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
       Message m{'d'};
+      const KVStats before = store.stats();
       m.start = now();
       if (c == 'g')
         put_pass(pass);
       else
         raw.write();
       m.end = now();
+      if (c == 'g') m.times = pass_times(before, store.stats());
       send(out, m);
     }
     store.close();
@@ -274,6 +284,17 @@ double percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(q * double(v.size())))];
 }
 
+// Each part's median over the passes.
+KVPassTimes median_times(const std::vector<KVPassTimes>& passes) {
+  std::vector<double> move, sync, journal;
+  for (const KVPassTimes& t : passes) {
+    move.push_back(t.move);
+    sync.push_back(t.sync);
+    journal.push_back(t.journal);
+  }
+  return {kv_bench::median(move), kv_bench::median(sync), kv_bench::median(journal)};
+}
+
 // Seconds of one lookup of a 16-key prefix of writer w's blocks of `pass`.
 double timed_lookup(KVStore& reader, const Plan& p, std::uint64_t pass, unsigned w) {
   std::vector<KVKey> keys(std::min(kPrefix, p.count));
@@ -361,10 +382,12 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     std::uint64_t pass = 0;
     std::vector<double> one, fleet, lookups;
     std::vector<std::vector<double>> each(o.writers);
+    std::vector<KVPassTimes> alone_times, fleet_times;
     for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // writer 0 alone
       writers.start_pass(0, pass);
       const Message m = writers.hear(0);
       one.push_back(gb / (m.end - m.start));
+      alone_times.push_back(m.times);
     }
     for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // all at once, lookups beside them
       for (unsigned w = 0; w < o.writers; ++w) writers.start_pass(w, pass);
@@ -381,8 +404,10 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
             --left;
           }
       }
-      for (unsigned w = 0; w < o.writers; ++w)
+      for (unsigned w = 0; w < o.writers; ++w) {
         each[w].push_back(gb / (done[w].end - done[w].start));
+        fleet_times.push_back(done[w].times);
+      }
       fleet.push_back(aggregate_gbps(done, gb));
     }
     std::vector<double> idle;
@@ -411,6 +436,8 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     row.one_writer_put_gbps = kv_bench::median(one);
     row.fleet_put_gbps = kv_bench::median(fleet);
     for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));
+    row.alone_times = median_times(alone_times);
+    row.fleet_times = median_times(fleet_times);
     row.lookups = lookups.size();
     row.lookup_p50_us = percentile(lookups, 0.5) * 1e6;
     row.lookup_p99_us = percentile(lookups, 0.99) * 1e6;

@@ -14,6 +14,12 @@
 
 namespace ferry {
 
+// A writer's put pass by the store's counters, seconds: moving the blocks, making the slabs
+// durable, appending the journal.
+struct KVPassTimes {
+  double move = 0, sync = 0, journal = 0;
+};
+
 struct KVFleetBenchRow {
   unsigned writers = 0;
   std::uint64_t block_bytes = 0, blocks_per_writer = 0, batch = 0;
@@ -23,6 +29,8 @@ struct KVFleetBenchRow {
   // rate in that run.
   double one_writer_put_gbps = 0, fleet_put_gbps = 0;
   std::vector<double> writer_put_gbps;
+  // Where a writer's pass went: writer 0 alone, and every writer in the fleet's runs (medians).
+  KVPassTimes alone_times, fleet_times;
   // Raw O_DIRECT writes of the same bytes (kv_bench_raw.hpp), each writer to its own file, timed
   // the same way: writer 0 alone, then all writers at once; what the disk gives without the store.
   double raw_one_writer_gbps = 0, raw_fleet_gbps = 0;
