@@ -8,7 +8,7 @@
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
 #     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout,
 #     kvfleet, kvgroups, kvsweep (group shapes), kvbisect-build, kvbisect (.before/NAME.tar.gz each), stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
-#     firstload-tests, firstload, firstload-cold, firstload4 (2+ GPUs); `build vllm` builds only
+#     firstload-tests, firstload, firstload-cold, firstload4, tpcold (2+ GPUs); `build vllm` builds only
 #     what tools/vllm_gpu_run.sh needs.
 #   The device tool caps one call at 10 minutes: split them (`build tests warm`, then `tmpfs
 #   cold`, then `sizes`; `build kv`...); each stage builds and writes checkpoints first where a
@@ -59,6 +59,7 @@ want firstload-tests && first_load tests
 want firstload && first_load warm
 want firstload-cold && first_load cold
 want firstload4 && first_load group
+want tpcold && tp_cold
 want tests && tests
 want compare && compare
 want python && python_benches

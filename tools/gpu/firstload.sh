@@ -1,4 +1,5 @@
-# The first-load stages (issue 27): firstload-tests, firstload, firstload-cold, firstload4.
+# The first-load stages (issue 27): firstload-tests, firstload, firstload-cold, firstload4; and
+# tpcold (a group load by a process per GPU from a cold disk: the ranks' shared readers).
 # shellcheck shell=bash
 
 # The first load of a fresh process beside later ones, pinned H2D and the peers (issue 27).
@@ -46,4 +47,18 @@ first_load() {
       (cd bench/load && python3 first_load.py $common --cases llama --temps warm --loaders "${single:-ferry}" \
         --json "$OUT/first_load_single.json") 2>&1 | tee -a "$OUT/summary.txt" || status=1 ;;
   esac
+}
+
+# A group load by a process per GPU (up to 4), as vLLM's ranks run ferry's group load: the
+# engine's readers (the node's ranks share 16 from a cold disk) beside 16 a rank (each as one
+# load), cold then warm, alternating, a fresh group per run (bench/load/group_cold.py).
+tp_cold() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local gpus
+  gpus=$(python3 -c "import torch; print(min(4, torch.cuda.device_count()))")
+  models=llama3-8b checkpoints
+  log "group loads by $gpus ranks, cold and warm (bench/load/group_cold.py)"
+  python3 bench/load/group_cold.py --dir "$ckpts/llama3-8b" --ranks "$gpus" --device cuda \
+    --runs "${TP_COLD_RUNS:-3}" --states cold,warm --threads-per-rank 16 2>&1 |
+    tee -a "$OUT/summary.txt" || status=1
 }
