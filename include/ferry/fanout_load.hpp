@@ -140,8 +140,8 @@ class FanoutLoad {
 
 // One process per rank: the ranks of the group that read on this machine at once, and the rounds
 // each has reading at once. Where the engine chooses the reader threads (no reader_threads given),
-// they are shared: from storage the machine's ranks together read with what one load would, from
-// the page cache with one load's each, at most the machine's cores.
+// they are shared: from storage the machine's ranks together keep 16 reads in flight (the one
+// device's depth), from the page cache one load's each, at most the machine's cores.
 struct MachineShare {
   unsigned ranks_on_machine = 1;
   unsigned rounds_at_once = 1;

@@ -254,8 +254,8 @@ def load_sharded(path, device: Any = "cpu", process_group=None, shard: Shard = N
     `process_group`: a torch.distributed process group (None: the default one), or the
     Collectives of a communicator the caller holds (ferry._collectives). `ranks_on_machine`: the
     group's ranks loading on this machine at once (ranks_on_this_machine()); where the engine
-    chooses the reader threads, they share the machine's (from storage, together what one load
-    reads with)."""
+    chooses the reader threads, they share the machine's (from storage, 16 reads in flight between
+    them; from the page cache one load's each, at most the cores)."""
     coll = (process_group if isinstance(process_group, Collectives)
             else TorchCollectives(process_group))
     rank, world = coll.rank, coll.world

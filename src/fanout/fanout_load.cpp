@@ -235,10 +235,10 @@ class FanoutLoader {
   // One process reads for every device: given threads are per device; where the engine chose
   // them, the machine's readers (machine_readers.hpp: from the page cache one load's per device,
   // at most the cores, since on 2 x H200 (32 cores) replicas loaded in 0.279 s with two rounds
-  // of 32 readers and 0.255 s with two of 16; from storage one load's). Split between the rounds
-  // that read at once; two submissions in flight fit the process's staging limit. Per round: one
-  // submission with every device's threads, or one per reading device with its share (as one
-  // process per GPU would run).
+  // of 32 readers and 0.255 s with two of 16; from storage a fixed depth, the device being
+  // one). Split between the rounds that read at once; two submissions in flight fit the
+  // process's staging limit. Per round: one submission with every device's threads, or one per
+  // reading device with its share (as one process per GPU would run).
   void choose_readers() {
     _per_device = _options.submissions == FanoutOptions::Submissions::PerDevice;
     _at_tail = _options.next_round == FanoutOptions::NextRound::AtTail;
@@ -531,8 +531,8 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
 namespace {
 
 // A rank's round reads with its share of the machine's readers (machine_readers.hpp).
-void share_readers(const Checkpoint& checkpoint, const std::vector<FanoutRead>& reads, IoMode io,
-                   const MachineShare& share, detail::EngineSettings& settings) {
+void take_rank_share(const Checkpoint& checkpoint, const std::vector<FanoutRead>& reads, IoMode io,
+                     const MachineShare& share, detail::EngineSettings& settings) {
   static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::set<std::uint32_t> files;
   for (const FanoutRead& read : reads) files.insert(read.file_index);
@@ -568,7 +568,7 @@ FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPla
   std::vector<FanoutRead> mine;
   for (const FanoutRead& read : plan.rounds[round].reads)
     if (read.reader == rank) mine.push_back(read);
-  if (options.reader_threads == 0) share_readers(checkpoint, mine, options.io, share, settings);
+  if (options.reader_threads == 0) take_rank_share(checkpoint, mine, options.io, share, settings);
   // Only this rank's entries are read; the others stay zero.
   std::vector<std::uintptr_t> bases(plan.ranks, 0), scratches(plan.ranks, 0);
   std::vector<Device> devices(plan.ranks, device);
