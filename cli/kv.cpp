@@ -119,10 +119,11 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
   const double pass_seconds = double(r.blocks_per_writer) * double(r.block_bytes) / 1e9;
   std::printf(
       "\n  a writer's pass (%.3f s alone, %.3f s in the fleet): moving %.3f / %.3f s, "
-      "syncing the slabs %.3f / %.3f s, the journal %.3f / %.3f s",
+      "syncing the slabs %.3f / %.3f s, the journal %.3f / %.3f s; writers sharing the storage "
+      "as each saw them %u (each putting with 1 / that of one writer's writes in flight)",
       pass_seconds / r.one_writer_put_gbps, pass_seconds / kv_bench::median(r.writer_put_gbps),
       r.alone_times.move, r.fleet_times.move, r.alone_times.sync, r.fleet_times.sync,
-      r.alone_times.journal, r.fleet_times.journal);
+      r.alone_times.journal, r.fleet_times.journal, r.fleet_times.writers_active);
   std::printf("\n  raw O_DIRECT writes of the same bytes: one writer alone %.2f GB/s; %u at once "
               "%.2f GB/s aggregate (x%.2f of one)",
               r.raw_one_writer_gbps, r.writers, r.raw_fleet_gbps, raw_ratio);
@@ -151,7 +152,8 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
                                               {"pass_seconds_in_fleet",
                                                {{"move", r.fleet_times.move},
                                                 {"sync", r.fleet_times.sync},
-                                                {"journal", r.fleet_times.journal}}},
+                                                {"journal", r.fleet_times.journal},
+                                                {"writers_active", r.fleet_times.writers_active}}},
                                               {"raw_one_writer_gbps", r.raw_one_writer_gbps},
                                               {"raw_fleet_gbps", r.raw_fleet_gbps},
                                               {"lookups", r.lookups},

@@ -53,7 +53,7 @@ struct Message {
 KVPassTimes pass_times(const KVStats& before, const KVStats& after) {
   return {after.put_move_seconds - before.put_move_seconds,
           after.put_sync_seconds - before.put_sync_seconds,
-          after.put_journal_seconds - before.put_journal_seconds};
+          after.put_journal_seconds - before.put_journal_seconds, after.writers_active};
 }
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
@@ -286,13 +286,15 @@ double percentile(std::vector<double> v, double q) {
 
 // Each part's median over the passes.
 KVPassTimes median_times(const std::vector<KVPassTimes>& passes) {
-  std::vector<double> move, sync, journal;
+  std::vector<double> move, sync, journal, writers;
   for (const KVPassTimes& t : passes) {
     move.push_back(t.move);
     sync.push_back(t.sync);
     journal.push_back(t.journal);
+    writers.push_back(t.writers_active);
   }
-  return {kv_bench::median(move), kv_bench::median(sync), kv_bench::median(journal)};
+  return {kv_bench::median(move), kv_bench::median(sync), kv_bench::median(journal),
+          static_cast<unsigned>(kv_bench::median(writers))};
 }
 
 // Seconds of one lookup of a 16-key prefix of writer w's blocks of `pass`.

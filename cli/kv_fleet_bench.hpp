@@ -18,6 +18,7 @@ namespace ferry {
 // durable, appending the journal.
 struct KVPassTimes {
   double move = 0, sync = 0, journal = 0;
+  unsigned writers_active = 1;  // the writers it saw writing at its end (KVStats::writers_active)
 };
 
 struct KVFleetBenchRow {

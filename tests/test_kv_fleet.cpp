@@ -92,6 +92,34 @@ TEST(KvFleet, AWriterEvictsOnlyItsOwnBlocks) {
   }
 }
 
+// A writer counts the writers whose journals it saw grow (itself included): they share the
+// storage, each putting with its share of one writer's writes in flight; blocks stay whole.
+TEST(KvFleet, WritersCountTheOthersWritingBesideThem) {
+  TempDir dir;
+  KVStore a = open_fleet(dir.path());
+  KVStore b = open_fleet(dir.path());
+  KVStore reader =
+      KVStore::open(dir.path(), kv_namespace(), kSlots * kBlock, kBlock, reader_options());
+  const std::vector<KVKey> keys_a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<KVKey> keys_b = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  const auto put_all = [](KVStore& store, const std::vector<KVKey>& keys) {
+    for (KVKey k : keys) ASSERT_TRUE(put_one(store, k, kv_bytes(k, kBlock)).ok()) << k;
+  };
+  put_all(a, keys_a);
+  EXPECT_EQ(a.stats().writers_active, 1u);  // b has written nothing
+  put_all(b, keys_b);                       // b folds a's journal first: a writes
+  EXPECT_EQ(b.stats().writers_active, 2u);
+  EXPECT_EQ(a.stats().writers_active, 2u);
+  EXPECT_EQ(reader.stats().writers_active, 2u);  // a reader counts the writers only
+  KVStore alone = KVStore::open(dir.path() / "single", kv_namespace(), kSlots * kBlock, kBlock);
+  EXPECT_EQ(alone.stats().writers_active, 1u);
+  std::vector<std::byte> out(kBlock);
+  for (KVKey k : {KVKey{1}, KVKey{9}, KVKey{11}, KVKey{19}}) {
+    ASSERT_TRUE(get_one(reader, k, out).ok()) << k;
+    EXPECT_EQ(out, kv_bytes(k, kBlock)) << k;
+  }
+}
+
 // Exit codes: 0 fine, 1 wrong bytes, 2 an error, 3 never saw the end.
 [[noreturn]] void follow(const std::filesystem::path& root, KVKey last_a, KVKey last_c) {
   try {

@@ -302,6 +302,7 @@ void bind_kv(nb::module_& m) {
         d["index_bytes"] = st.index_bytes;
         d["last_sequence"] = st.last_sequence;
         d["direct_io"] = st.direct_io;
+        d["writers_active"] = st.writers_active;
         d["read_only"] = st.read_only;
         d["page_cache_pin"] = st.page_cache_pin_bytes;
         d["page_cache_dma_bytes"] = st.page_cache_dma_bytes;

@@ -88,6 +88,9 @@ class BlockIo {
   virtual void sync(int slab) = 0;
   // Whether slab I/O goes around the page cache (O_DIRECT) or, where refused, through it.
   virtual bool direct() const = 0;
+  // The writers putting into this namespace's storage now, this one included (a fleet's): each
+  // keeps its share of the writes in flight, so that together they keep what one writer does.
+  virtual void share_writes(unsigned writers) { (void)writers; }
   // What the staged path's workers did so far; zeros where no transfer used it.
   virtual StagedTimes staged_times() const { return {}; }
   virtual PageCacheCounters page_cache_counters() const { return {}; }

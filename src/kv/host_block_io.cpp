@@ -26,6 +26,7 @@ namespace {
 constexpr std::uint64_t kAlign = 4096;
 
 constexpr std::size_t kMaxInFlight = 16;              // blocks of a batch moving at once
+constexpr std::size_t kMinSharedWrites = 2;           // a fleet writer's writes in flight, at least
 constexpr std::uint64_t kBounceBytes = 256ull << 20;  // the most bounce memory one batch uses
 constexpr std::uint64_t kKeptBytes = 64ull << 20;     // the most bounce memory kept between calls
 
@@ -226,9 +227,10 @@ void HostBlockIo::give_buffer(Buffer buffer) {
 }
 
 template <class One>
-void HostBlockIo::for_each_block(std::span<BlockRequest> batch, bool bounces, One&& one) {
+void HostBlockIo::for_each_block(std::span<BlockRequest> batch, bool bounces, std::size_t in_flight,
+                                 One&& one) {
   if (batch.empty()) return;
-  std::size_t threads = std::min(kMaxInFlight, batch.size());
+  std::size_t threads = std::min(in_flight, batch.size());
   if (bounces)
     threads =
         std::min<std::size_t>(threads, std::max<std::uint64_t>(1, kBounceBytes / _slot_bytes));
@@ -355,7 +357,9 @@ void HostBlockIo::read_one(BlockRequest& request, bool cached,
 void HostBlockIo::write(std::span<BlockRequest> batch, void*) {
   bool bounces = false;
   for (const BlockRequest& r : batch) bounces = bounces || !straight(r);
-  for_each_block(batch, bounces,
+  // A fleet's writers share the storage: together they keep one writer's writes in flight.
+  const std::size_t in_flight = std::max(kMinSharedWrites, kMaxInFlight / _writers.load());
+  for_each_block(batch, bounces, in_flight,
                  [&](BlockRequest& request, const auto& bounce) { write_one(request, bounce); });
 }
 
@@ -367,7 +371,7 @@ void HostBlockIo::read(std::span<BlockRequest> batch) {
   for (std::size_t i = 0; i < batch.size(); ++i)
     ranges[i] = {batch[i].slab, batch[i].offset, total(batch[i].pieces)};
   const std::vector<bool> cached = _slabs.cached(ranges);
-  for_each_block(batch, bounces, [&](BlockRequest& request, const auto& bounce) {
+  for_each_block(batch, bounces, kMaxInFlight, [&](BlockRequest& request, const auto& bounce) {
     read_one(request, cached[static_cast<std::size_t>(&request - batch.data())], bounce);
   });
 }

@@ -13,6 +13,8 @@
 // verified there, so a mismatch (reported, the block dropped: a miss) leaves bytes undefined.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -32,6 +34,7 @@ class HostBlockIo final : public BlockIo {
   void read(std::span<BlockRequest> batch) override;
   void sync(int slab) override;
   bool direct() const override;
+  void share_writes(unsigned writers) override { _writers.store(std::max(1u, writers)); }
 
  private:
   struct FreeDeleter {
@@ -42,8 +45,10 @@ class HostBlockIo final : public BlockIo {
   void give_buffer(Buffer buffer);
   // Runs `one(request, bounce)` over the batch, blocks in parallel; `bounce` is a buffer taken
   // at the first block that asks for it (one(...) calls bounce() to get it).
+  // `in_flight`: the most blocks moving at once.
   template <class One>
-  void for_each_block(std::span<BlockRequest> batch, bool bounces, One&& one);
+  void for_each_block(std::span<BlockRequest> batch, bool bounces, std::size_t in_flight,
+                      One&& one);
   void write_one(BlockRequest& request, const std::function<std::byte*()>& bounce);
   // `cached`: the block's slot is in the page cache.
   void read_one(BlockRequest& request, bool cached, const std::function<std::byte*()>& bounce);
@@ -52,6 +57,7 @@ class HostBlockIo final : public BlockIo {
   std::uint64_t _slot_bytes;
   std::mutex _idle_mutex;
   std::vector<Buffer> _idle;  // bounce buffers kept for the next call
+  std::atomic<unsigned> _writers{1};  // share_writes
 };
 
 }  // namespace ferry::detail::kv

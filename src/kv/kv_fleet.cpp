@@ -8,16 +8,20 @@
 // at any point loses only its own unreturned puts: nothing else writes its slots or its files.
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <mutex>
 
 #include "ferry/error.hpp"
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 #include "kv/kv_store_impl.hpp"
 #include "platform/file_ops.hpp"
-#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 namespace ferry {
 
 namespace {
+
+// A writer whose journal grew this recently is writing: it shares the namespace's storage.
+constexpr std::chrono::seconds kActiveWriter{2};
 
 // A share's record or checkpoint entry must name one of its own slots.
 void check_share(const Record& r, std::uint32_t first, std::uint32_t end,
@@ -70,8 +74,16 @@ void KVStore::Impl::set_up_followers() {
 void KVStore::Impl::catch_up() {
   if (fleet > 0) {
     std::lock_guard commit_lock(commit);
-    for (Follower& f : followers) fold(f);
+    const auto now = std::chrono::steady_clock::now();
+    unsigned active = 1;
+    for (Follower& f : followers) {
+      fold(f);
+      active +=
+          f.wrote_at != std::chrono::steady_clock::time_point{} && now - f.wrote_at < kActiveWriter;
+    }
+    if (!options.read_only) io->share_writes(active);
     std::lock_guard lock(mutex);
+    writers_active = options.read_only ? active - 1 : active;
     promote_shadows();  // a copy this writer evicted or removed may have another
   } else if (options.read_only) {
     refresh();
@@ -163,8 +175,10 @@ void KVStore::Impl::fold(Follower& f) {
   const std::size_t got = detail::read_up_to(fd, header, sizeof header, 0, f.journal);
   const std::uint64_t epoch_now = decode_journal_header(std::span(header, got), name);
   if (!f.following || epoch_now != f.epoch) {
+    const bool checkpointed = f.following;  // not the first look at this share
     fd = {};
     reload(f);
+    if (checkpointed) f.wrote_at = std::chrono::steady_clock::now();
     return;
   }
   if (st->size <= f.offset) return;  // nothing new: the cheap case
@@ -180,7 +194,10 @@ void KVStore::Impl::fold(Follower& f) {
   }
   promote_shadows();
   f.offset = scan.valid_end;
-  if (!scan.records.empty()) f.last_sequence = scan.records.back().sequence;
+  if (!scan.records.empty()) {
+    f.last_sequence = scan.records.back().sequence;
+    f.wrote_at = std::chrono::steady_clock::now();
+  }
 }
 
 }  // namespace ferry

@@ -360,6 +360,7 @@ KVStats KVStore::stats() {
   out.index_bytes = s.index->memory_bytes();
   out.last_sequence = s.last_sequence;
   out.direct_io = s.io->direct();
+  out.writers_active = s.writers_active;
   const StagedTimes staged = s.io->staged_times();
   out.staged_io_seconds = staged.io;
   out.staged_copy_wait_seconds = staged.copy_wait;

@@ -2,6 +2,7 @@
 // Shared by kv_store.cpp (the operations) and kv_persistence.cpp (journal, checkpoint, replay).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -12,14 +13,14 @@
 #include <vector>
 
 #include "ferry/kv_store.hpp"
-#include "platform/file_descriptor.hpp"
 #include "kv/async_runner.hpp"
-#include "kv/call_gate.hpp"
 #include "kv/block_io.hpp"
+#include "kv/call_gate.hpp"
 #include "kv/durable_file.hpp"
 #include "kv/kv_format.hpp"
 #include "kv/kv_index.hpp"
 #include "kv/slab_files.hpp"
+#include "platform/file_descriptor.hpp"
 
 namespace ferry {
 
@@ -56,6 +57,7 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
     std::uint32_t first = 0, end = 0;  // its slots
     std::uint64_t epoch = 0, offset = 0, last_sequence = 0;
     bool following = false;
+    std::chrono::steady_clock::time_point wrote_at{};  // when its journal last grew here
     // Its blocks whose key another share's copy holds in the index (keys name content, so two
     // writers may store one): by slot, promoted when that key leaves the index.
     std::unordered_map<std::uint32_t, Record> shadows;
@@ -74,6 +76,9 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   void reload(Follower& f);    // under `commit`: the share again from its checkpoint
   void apply_foreign(Follower& f, const Record& r);  // under `mutex`
   void promote_shadows();                            // under `mutex`
+  // This writer and the others whose journals grew in the last kActiveWriterSeconds: they share
+  // the namespace's storage (BlockIo::share_writes). Set by catch_up; 1 outside a fleet.
+  unsigned writers_active = 1;
 
   std::mutex mutex;  // the index, pending keys and counters
   std::unique_ptr<KvIndex> index;

@@ -164,6 +164,11 @@ void TransferBlockIo::read_moved(std::span<BlockRequest> batch) {
       [&](std::vector<BlockRequest*>& b) { move_gpu(b, false, nullptr); });
 }
 
+void TransferBlockIo::share_writes(unsigned writers) {
+  _writers.store(std::max(1u, writers));
+  _host.share_writes(writers);
+}
+
 TransferOptions TransferBlockIo::options(void* after_event) const {
   TransferOptions o;
   o.backend = backend_of(_path);
@@ -220,9 +225,12 @@ void TransferBlockIo::move_gpu(std::vector<BlockRequest*>& blocks, bool writing,
                                                       : buffered      ? kCachedFlights
                                                                       : kFlights);
   const unsigned all_threads = wanted_settings(options(nullptr)).threads;
+  // A fleet's writers share the storage: each puts with its share of the workers.
+  const unsigned sharing = writing ? _writers.load() : 1u;
   const unsigned threads =
-      _groups.threads ? _groups.threads
-                      : std::max<unsigned>(1, groups.size() > 1 ? all_threads / 2 : all_threads);
+      _groups.threads
+          ? _groups.threads
+          : std::max<unsigned>(1, (groups.size() > 1 ? all_threads / 2 : all_threads) / sharing);
   try {
     reserve_bounce(groups, direct, flights);
   } catch (const std::exception& e) {

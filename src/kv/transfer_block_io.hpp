@@ -20,6 +20,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,6 +54,7 @@ class TransferBlockIo final : public BlockIo {
   PageCacheCounters page_cache_counters() const override;
   void sync(int slab) override { _host.sync(slab); }
   bool direct() const override { return _host.direct(); }
+  void share_writes(unsigned writers) override;
   StagedTimes staged_times() const override;
 
  private:
@@ -122,6 +124,7 @@ class TransferBlockIo final : public BlockIo {
   bool _host_through_core;
   unsigned _threads;
   KVGpuGroups _groups;
+  std::atomic<unsigned> _writers{1};  // share_writes
   std::shared_ptr<FileSet>
       _files;         // the slabs for the transfer core, opened at the first GPU batch
   std::mutex _mutex;  // one GPU batch at a time: the hashers and bounce buffers are shared
