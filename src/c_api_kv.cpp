@@ -42,6 +42,7 @@ constexpr ferry::capi::Field kKVOptionsFields[] = {
     FERRY_FIELD(ferry_kv_options, slab_count),
     FERRY_FIELD(ferry_kv_options, checkpoint_every),
     FERRY_FIELD(ferry_kv_options, page_cache_pin_bytes),
+    FERRY_FIELD(ferry_kv_options, fleet_writers),
 };
 static_assert(ferry::capi::lists_every_field<ferry_kv_options>(kKVOptionsFields));
 
@@ -134,6 +135,7 @@ ferry_status ferry_kv_open(const char* root, const ferry_kv_options* options,
     if (given.slab_count) o.slab_count = given.slab_count;
     if (given.checkpoint_every) o.checkpoint_every = given.checkpoint_every;
     o.page_cache_pin_bytes = given.page_cache_pin_bytes;
+    o.fleet_writers = given.fleet_writers;
     auto handle = std::make_unique<ferry_kv_store>(
         ferry_kv_store{ferry::KVStore::open(root, ns, given.capacity_bytes, given.block_bytes, o)});
     *out = handle.release();
@@ -274,6 +276,7 @@ ferry_status ferry_kv_stats_get(ferry_kv_store* store, ferry_kv_stats* out) {
     c.page_cache_stale_rereads = s.page_cache_stale_rereads;
     c.page_cache_register_seconds = s.page_cache_register_seconds;
     c.page_cache_windows_pending = s.page_cache_windows_pending;
+    c.writers_active = s.writers_active;
     ferry::capi::write_sized(out, c, "out");
   });
 }

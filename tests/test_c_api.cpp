@@ -582,6 +582,44 @@ TEST(CApiKv, FreeWaitsForABatchInFlight) {
 
 namespace {
 
+// fleet_writers: two writers of one namespace, each its share, each seeing the other's blocks
+// and counting it as writing; a third is refused with the reason.
+TEST(CApiKv, AFleetOfWritersSharesOneNamespace) {
+  TempDir dir;
+  ferry_kv_options o;
+  ferry_kv_options_init(&o);
+  o.model = "fleet";
+  o.capacity_bytes = 16 * 4096;
+  o.block_bytes = 4096;
+  o.fleet_writers = 2;
+  const std::string root = (dir / "kv").string();
+  ferry_kv_store *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(ferry_kv_open(root.c_str(), &o, &a), FERRY_STATUS_OK) << ferry_last_error();
+  ASSERT_EQ(ferry_kv_open(root.c_str(), &o, &b), FERRY_STATUS_OK) << ferry_last_error();
+  EXPECT_NE(ferry_kv_open(root.c_str(), &o, &c), FERRY_STATUS_OK);
+  EXPECT_NE(std::string(ferry_last_error()).find("writer shares of this fleet are taken"),
+            std::string::npos)
+      << ferry_last_error();
+  std::vector<char> bytes(4096, 'f'), out(4096, 0);
+  const ferry_kv_piece in_piece[1] = {{bytes.data(), 4096, "cpu"}};
+  const ferry_kv_piece out_piece[1] = {{out.data(), 4096, "cpu"}};
+  const ferry_kv_block in_block = {in_piece, 1}, out_block = {out_piece, 1};
+  const uint64_t key_a = 1, key_b = 2;
+  ferry_kv_result r{};
+  ASSERT_EQ(ferry_kv_put(a, &key_a, &in_block, 1, nullptr, &r), FERRY_STATUS_OK);
+  ASSERT_EQ(r.status, FERRY_KV_OK);
+  ASSERT_EQ(ferry_kv_put(b, &key_b, &in_block, 1, nullptr, &r), FERRY_STATUS_OK);
+  ASSERT_EQ(ferry_kv_get(b, &key_a, &out_block, 1, &r), FERRY_STATUS_OK);
+  EXPECT_EQ(r.status, FERRY_KV_OK);
+  EXPECT_EQ(out, bytes);
+  ferry_kv_stats stats;
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(ferry_kv_stats_get(b, &stats), FERRY_STATUS_OK);
+  EXPECT_EQ(stats.writers_active, 2u);
+  ferry_kv_free(a);
+  ferry_kv_free(b);
+}
+
 // Piece lengths whose sum wraps around 2^64 to the block size (a host's arithmetic slip, a
 // "negative" length): BAD_SIZE for that key, for put and get alike, and nothing is touched.
 TEST(CApiKv, PieceLengthsThatWrapAroundAreABadSize) {

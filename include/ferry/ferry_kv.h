@@ -65,6 +65,9 @@ typedef struct ferry_kv_options {
   /* Page-cache DMA for gets into GPU memory (KVStoreOptions::page_cache_pin_bytes): bytes of
    * slab windows kept registered at once; 0: off. */
   uint64_t page_cache_pin_bytes;
+  /* A fleet of writer processes on one namespace (KVStoreOptions::fleet_writers; fixed at
+   * creation; 0: one writer): each writer takes a free share of the slots. Readers leave it 0. */
+  uint32_t fleet_writers;
 } ferry_kv_options;
 
 typedef struct ferry_kv_piece {
@@ -96,6 +99,8 @@ typedef struct ferry_kv_stats {
   double page_cache_register_seconds;
   /* Windows queued or being registered in the background (gets take the usual path meanwhile). */
   uint64_t page_cache_windows_pending;
+  /* A fleet: the writers seen writing in the last 2 s, this one included (KVStats). */
+  uint32_t writers_active;
 } ferry_kv_stats;
 
 /* Called once on a worker thread when an asynchronous batch has finished, before

@@ -157,13 +157,18 @@ class KVStore:
     compatibility mode). read_only: a reader sharing the namespace with one writer process.
     page_cache_pin: bytes (int, or a size such as "4GiB") of slab windows kept registered for
     page-cache DMA: gets into GPU memory whose 64 MiB window is wholly in the page cache copy
-    straight from it, each block checked by the GPU that received it (0: off)."""
+    straight from it, each block checked by the GPU that received it (0: off). fleet_writers:
+    a fleet of up to this many writer processes on the namespace (fixed when the namespace is
+    made; 0: one writer): each writer opened takes a free share of the slots (its own journal;
+    it evicts only its own blocks) and every call first folds in the others' commits, so
+    engines on one machine or on several (a shared file system) share one prefix cache;
+    docs/kv_fleet.md. Readers leave it 0."""
 
     def __init__(self, root, *, model: str, dtype: str, capacity_bytes: int, block_bytes: int,
                  block_layout: str = "", tp_rank: int = 0, world_size: int = 1,
                  gpu_path: str = "auto", allow_compat: bool = False, read_only: bool = False,
                  slab_count: int = 4, checkpoint_every: int = 65536,
-                 page_cache_pin: Union[int, str] = 0):
+                 page_cache_pin: Union[int, str] = 0, fleet_writers: int = 0):
         import os
         where = os.fsencode(root)  # str, bytes or os.PathLike; names need not be UTF-8
         if b"\0" in where:
@@ -172,7 +177,7 @@ class KVStore:
         self._core = _ferry.KVStoreCore(where, model, dtype, block_layout, tp_rank,
                                         world_size, capacity_bytes, block_bytes, gpu_path,
                                         allow_compat, read_only, slab_count, checkpoint_every,
-                                        str(page_cache_pin))
+                                        str(page_cache_pin), fleet_writers)
         self.block_bytes = block_bytes
 
     def __enter__(self) -> "KVStore":

@@ -191,13 +191,14 @@ void bind_kv(nb::module_& m) {
              const std::string& block_layout, int tp_rank, int world_size,
              std::uint64_t capacity_bytes, std::uint64_t block_bytes, const std::string& gpu_path,
              bool allow_compat, bool read_only, unsigned slab_count, std::uint64_t checkpoint_every,
-             const std::string& page_cache_pin) {
+             const std::string& page_cache_pin, unsigned fleet_writers) {
             KVStoreOptions o;
             o.gpu_path = parse_kv_path(gpu_path);
             o.allow_compat = allow_compat;
             o.read_only = read_only;
             o.slab_count = slab_count;
             o.checkpoint_every = checkpoint_every;
+            o.fleet_writers = fleet_writers;
             LoadOptions sized;  // the one parser of sizes: "4GiB" as the loader's keyword
             set_load_option(sized, "page_cache_pin", page_cache_pin);
             o.page_cache_pin_bytes = sized.page_cache_pin_bytes;
@@ -210,7 +211,7 @@ void bind_kv(nb::module_& m) {
           },
           "root"_a, "model"_a, "dtype"_a, "block_layout"_a, "tp_rank"_a, "world_size"_a,
           "capacity_bytes"_a, "block_bytes"_a, "gpu_path"_a, "allow_compat"_a, "read_only"_a,
-          "slab_count"_a, "checkpoint_every"_a, "page_cache_pin"_a)
+          "slab_count"_a, "checkpoint_every"_a, "page_cache_pin"_a, "fleet_writers"_a = 0u)
       .def("close", &PyKVStore::close)
       .def(
           "put",

@@ -132,6 +132,26 @@ def test_per_key_status_and_bad_input(tmp_path):
         open_store(tmp_path, block_bytes=4096)
 
 
+def test_a_fleet_of_writers_shares_one_namespace(tmp_path):
+    """fleet_writers: each writer its share; each sees the other's blocks; one more is refused;
+    a writer without it on a fleet's namespace is refused."""
+    a = open_store(tmp_path, fleet_writers=2)
+    b = open_store(tmp_path, fleet_writers=2)
+    block = torch.arange(64 * 1024 // 4, dtype=torch.int32)
+    assert a.put([1], [block])[0].ok
+    assert b.put([2], [block + 1])[0].ok
+    out = torch.empty_like(block)
+    assert b.get([1], [out])[0].ok and torch.equal(out, block)
+    assert a.get([2], [out])[0].ok and torch.equal(out, block + 1)
+    assert a.stats()["writers_active"] == 2
+    with pytest.raises(RuntimeError, match="all 2 writer shares of this fleet are taken"):
+        open_store(tmp_path, fleet_writers=2)
+    with pytest.raises(ValueError):
+        open_store(tmp_path)
+    a.close()
+    b.close()
+
+
 def test_async_with_callbacks_and_reopen(tmp_path):
     store = open_store(tmp_path, blocks=256)
     blocks = [torch.full((64 * 1024,), i, dtype=torch.uint8) for i in range(100)]

@@ -22,12 +22,12 @@ PAGE = 64 * 1024  # per layer; 2 layers: 128 KiB chunks
 CHUNK = 2 * PAGE
 
 
-def make_manager(root, engine_id, cpu_chunks=4):
+def make_manager(root, engine_id, cpu_chunks=4, **tier_options):
     import ferry.vllm
     ferry.vllm.register()
     extra = {"cpu_bytes_to_use": cpu_chunks * CHUNK,
              "secondary_tiers": [{"type": "ferry", "root": str(root),
-                                  "capacity_bytes": 64 * CHUNK}]}
+                                  "capacity_bytes": 64 * CHUNK, **tier_options}]}
     spec = TieringOffloadingSpec(offloading_config(extra, PAGE, engine_id=engine_id))
     return spec.get_manager()
 
@@ -115,6 +115,34 @@ def test_tier_store_evict_promote_restart(tmp_path):
     with manager.lock:
         manager.on_request_finished(ctx)
     manager.shutdown()
+
+
+def test_two_engines_share_one_root_as_a_fleet(tmp_path):
+    """Two engine instances (two tiers) on one root with fleet_writers: each writes its own
+    share; each finds the other's blocks with their bytes. Without it the second is refused."""
+    keys = [offload_key(i) for i in range(8)]
+    data = payloads(keys, 3)
+    a = make_manager(tmp_path, "ferry-fleet-a", fleet_writers=2)
+    b = make_manager(tmp_path, "ferry-fleet-b", fleet_writers=2)
+    ctx_a, ctx_b = ReqContext("a"), ReqContext("b")
+    for manager, ctx in ((a, ctx_a), (b, ctx_b)):
+        with manager.lock:
+            manager.on_new_request(ctx)
+    store(a, ctx_a, keys[:4], data)
+    store(a, ctx_a, keys[4:], data)  # keys[:4] leave a's CPU tier, in ferry's
+    store(b, ctx_b, [offload_key(100 + i) for i in range(4)],
+          payloads([offload_key(100 + i) for i in range(4)], 4))
+    for key in (keys[0], keys[5]):  # a's blocks, loaded by b from the shared root
+        seen, got = load(b, ctx_b, key)
+        assert seen[0] is LookupResult.HIT_PENDING and seen[-1] is LookupResult.HIT, seen
+        assert np.array_equal(got, data[key])
+    assert b.secondary_tiers[0]._store.stats()["writers_active"] == 2
+    with pytest.raises(Exception, match="all 2 writer shares of this fleet are taken"):
+        make_manager(tmp_path, "ferry-fleet-c", fleet_writers=2)
+    for manager, ctx in ((a, ctx_a), (b, ctx_b)):
+        with manager.lock:
+            manager.on_request_finished(ctx)
+        manager.shutdown()
 
 
 def direct_tier(root, rows=8):

@@ -17,6 +17,7 @@ LOADER_OPTIONS = {
 STORE_OPTIONS = {
     "gpu_path": str, "allow_compat": bool, "slab_count": int, "checkpoint_every": int,
     "page_cache_pin": (int, str),
+    "fleet_writers": int,  # engines sharing one root: each writer its share (docs/kv_fleet.md)
 }
 
 
