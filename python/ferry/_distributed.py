@@ -233,17 +233,22 @@ def _run_rounds(plan, coll: Collectives, device, memory, scratch, stats, engine,
         coll.wait(_handles(works))
 
 
+# More processes than any machine runs: a count past it is a mistake, not a machine.
+_MAX_RANKS_ON_MACHINE = 4096
+
+
 def ranks_on_this_machine(given: Optional[int] = None) -> int:
     """The group's ranks that load on this machine at once: `given`, else torchrun's
     LOCAL_WORLD_SIZE, else 1."""
     value = given if given is not None else os.environ.get("LOCAL_WORLD_SIZE") or 1
     try:
         ranks = int(value)
-    except ValueError:
+    except (TypeError, ValueError):
         ranks = 0
-    if ranks < 1:
+    if not 1 <= ranks <= _MAX_RANKS_ON_MACHINE:
         source = "ranks_on_machine" if given is not None else "LOCAL_WORLD_SIZE"
-        raise ValueError(f"{source} must be a whole number of at least 1, not {value!r}")
+        raise ValueError(f"{source} must be a whole number from 1 to {_MAX_RANKS_ON_MACHINE}, "
+                         f"not {value!r}")
     return ranks
 
 

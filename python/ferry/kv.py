@@ -17,6 +17,7 @@ on the current stream of the tensors' device: KV still being computed is never s
 result names the path its block took ("host", "staged", "cufile-gds", "cufile-compat",
 "page-cache-dma") and, with page-cache DMA on (page_cache_pin=), why.
 """
+import operator
 from collections import namedtuple
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -174,6 +175,17 @@ class KVStore:
         if b"\0" in where:
             raise ValueError(f"KV store root {os.fsdecode(where)!r}: a path cannot hold a NUL "
                              f"byte")
+        counts = {"capacity_bytes": (capacity_bytes, 64), "block_bytes": (block_bytes, 64),
+                  "slab_count": (slab_count, 32), "checkpoint_every": (checkpoint_every, 64),
+                  "fleet_writers": (fleet_writers, 32)}
+        for name, (value, bits) in counts.items():  # the C++ side takes unsigned integers
+            try:
+                number = None if isinstance(value, bool) else operator.index(value)
+            except TypeError:
+                number = None
+            if number is None or not 0 <= number < 2 ** bits:
+                raise ValueError(f"KV store at {os.fsdecode(where)}: {name} must be a whole "
+                                 f"number from 0 to 2^{bits} - 1, not {value!r}")
         self._core = _ferry.KVStoreCore(where, model, dtype, block_layout, tp_rank,
                                         world_size, capacity_bytes, block_bytes, gpu_path,
                                         allow_compat, read_only, slab_count, checkpoint_every,

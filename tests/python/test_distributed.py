@@ -218,8 +218,9 @@ def test_the_ranks_of_one_machine_share_its_readers(tmp_path):
 def test_ranks_on_machine_must_be_a_count():
     from ferry._distributed import ranks_on_this_machine
     assert ranks_on_this_machine(4) == 4
-    with pytest.raises(ValueError, match="ranks_on_machine must be a whole number"):
-        ranks_on_this_machine(0)
+    for bad in (0, -3, 10 ** 12, "x", None.__class__):
+        with pytest.raises(ValueError, match="ranks_on_machine must be a whole number from 1"):
+            ranks_on_this_machine(bad)
     old = os.environ.get("LOCAL_WORLD_SIZE")
     try:
         os.environ["LOCAL_WORLD_SIZE"] = "two"

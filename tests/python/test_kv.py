@@ -130,6 +130,11 @@ def test_per_key_status_and_bad_input(tmp_path):
         assert store.stats()["blocks"] == 0
     with pytest.raises(ValueError, match="block size"):
         open_store(tmp_path, block_bytes=4096)
+    for name, bad in (("slab_count", -1), ("checkpoint_every", -5), ("fleet_writers", 2 ** 40),
+                      ("block_bytes", "64KiB"), ("capacity_bytes", -1), ("fleet_writers", True)):
+        sizes = {"capacity_bytes": 1 << 20, "block_bytes": 4096, name: bad}
+        with pytest.raises(ValueError, match=f"{name} must be a whole number from 0 to"):
+            ferry.KVStore(tmp_path / "bad", model="m", dtype="bf16", **sizes)
 
 
 def test_a_fleet_of_writers_shares_one_namespace(tmp_path):
