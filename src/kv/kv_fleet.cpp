@@ -12,9 +12,10 @@
 #include <mutex>
 
 #include "ferry/error.hpp"
-#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 #include "kv/kv_store_impl.hpp"
 #include "platform/file_ops.hpp"
+
+#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
 
 namespace ferry {
 
