@@ -14,8 +14,9 @@
 #include "ferry/error.hpp"
 #include "kv/kv_store_impl.hpp"
 #include "platform/file_ops.hpp"
-
-#include "kv/kv_format_error.hpp"  // last: redefines FERRY_FORMAT_EXPECT
+// clang-format off: last, after every header that includes ferry/error.hpp
+#include "kv/kv_format_error.hpp"  // redefines FERRY_FORMAT_EXPECT
+// clang-format on
 
 namespace ferry {
 
