@@ -411,11 +411,15 @@ def main() -> None:
             load = f"{result['load_s']:.2f}" if result["load_s"] is not None else "?"
             whole = (f"{result['model_load_s']:.2f}" if result["model_load_s"] is not None
                      else "?")
-            # Load format ferry under TP logs each rank's mode and file bytes read.
-            reads = sorted(re.findall(r"ferry: tp_mode (\w+), rank (\d+) of \d+ read (\d+) bytes",
+            # Load format ferry under TP logs each rank's mode, file bytes read and, for the
+            # group's modes, its reader threads a round (the node's ranks share them).
+            reads = sorted(re.findall(r"ferry: tp_mode (\w+), rank (\d+) of \d+ read (\d+) bytes"
+                                      r"(?:[^\n]*? with (\d+) reader threads a round)?",
                                       done.stdout + done.stderr), key=lambda r: int(r[1]))
             per_rank = (f"  {reads[0][0]}: GB read per rank "
                         + " ".join(f"{int(r[2]) / 1e9:.2f}" for r in reads)) if reads else ""
+            if reads and all(r[3] for r in reads):
+                per_rank += ", reader threads a round " + " ".join(r[3] for r in reads)
             print(f"{fmt:16s} {state:5s} tp={args.tp}  LLM() to ready {result['ready_s']:7.2f} s  "
                   f"weights {load} s  model loading {whole} s{per_rank}", flush=True)
     by = {(r["format"], r["state"]): r for r in rows}
