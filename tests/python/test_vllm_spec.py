@@ -143,6 +143,35 @@ def test_spec_store_lookup_load_exact(tmp_path):
     spec.get_manager().shutdown()
 
 
+def test_two_engines_share_one_root_as_a_fleet(tmp_path):
+    """Two engine instances' specs on one root with fleet_writers: each worker stores into its
+    own share; each engine's manager finds the other's blocks and its worker loads them exact."""
+    from ferry.vllm.spec import FerryLoadStoreSpec
+    engines = [make_spec(tmp_path, fleet_writers=2) for _ in range(2)]
+    sources = [kv_caches(seed) for seed in (5, 6)]
+    workers = [spec.get_worker(caches) for spec, (_, caches) in zip(engines, sources)]
+    managers = [spec.get_manager() for spec in engines]
+    ctx = ReqContext("fleet")
+    keys = [[offload_key(100 * e + i) for i in range(3)] for e in range(2)]
+    for e, (manager, worker) in enumerate(zip(managers, workers)):
+        out = manager.prepare_store(keys[e], ctx)
+        assert run(worker, 1, lambda: worker.submit_store(1, gpu([0, 1, 2]), out.store_spec)).success
+        manager.complete_store(keys[e], ctx)
+    # Engine 1 finds engine 0's blocks and loads them into its own GPU blocks 9, 10, 11.
+    assert all(managers[1].lookup(k, ctx) is LookupResult.HIT for k in keys[0])
+    result = run(workers[1], 2, lambda: workers[1].submit_load(
+        2, FerryLoadStoreSpec(keys[0]), gpu([9, 10, 11])))
+    assert result.success
+    for t, reference in zip(sources[1][0], kv_caches(5)[0]):
+        for dst, src in zip([9, 10, 11], [0, 1, 2]):
+            assert torch.equal(t[dst], reference[src])
+    with pytest.raises(Exception, match="all 2 writer shares of this fleet are taken"):
+        make_spec(tmp_path, fleet_writers=2).get_worker(kv_caches(7)[1])
+    for worker, manager in zip(workers, managers):
+        worker.shutdown()
+        manager.shutdown()
+
+
 def test_spec_config_errors(tmp_path):
     with pytest.raises(ValueError, match="'root'"):
         make_spec(tmp_path, root="")
