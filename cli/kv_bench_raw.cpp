@@ -45,7 +45,7 @@ RawFile::~RawFile() {
   fs::remove(_path, ignored);
 }
 
-double RawFile::write() { return pass(true, direct()); }
+double RawFile::write(std::size_t threads) { return pass(true, direct(), threads); }
 
 double RawFile::read_cold() {
   drop_cache(_path);
@@ -63,8 +63,8 @@ detail::NativeDescriptor RawFile::direct() const {
 
 // The threads stay for the whole pass, meeting at a barrier after each batch (whose last
 // arrival syncs a write batch), so no thread is made per batch.
-double RawFile::pass(bool writing, detail::NativeDescriptor fd) {
-  const std::size_t threads = _buffers.size();
+double RawFile::pass(bool writing, detail::NativeDescriptor fd, std::size_t wanted) {
+  const std::size_t threads = wanted ? std::min(wanted, _buffers.size()) : _buffers.size();
   const std::uint64_t batches = (_count + _batch - 1) / _batch;
   std::atomic<bool> failed{false};
   // Not std::barrier: it loses wake-ups in the Windows build (platform/thread_barrier.hpp).

@@ -30,8 +30,8 @@ class RawFile {
   RawFile& operator=(const RawFile&) = delete;
   ~RawFile();
 
-  // Seconds for one pass over every block.
-  double write();
+  // Seconds for one pass over every block; `threads` writers (0: all 16, at most the batch).
+  double write(std::size_t threads = 0);
   double read_cold();
   double read_warm();
 
@@ -39,7 +39,7 @@ class RawFile {
   static constexpr std::uint64_t kThreads = 16;
 
   detail::NativeDescriptor direct() const;
-  double pass(bool writing, detail::NativeDescriptor fd);
+  double pass(bool writing, detail::NativeDescriptor fd, std::size_t threads = 0);
 
   std::filesystem::path _path;
   std::uint64_t _slot, _count, _batch;

@@ -57,7 +57,9 @@ KVPassTimes pass_times(const KVStats& before, const KVStats& after) {
 }
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
-// 'w': write the same bytes raw (kv_bench_raw.hpp) to a file of its own; EOF: close and exit.
+// 'w': write the same bytes raw (kv_bench_raw.hpp) to a file of its own; 's': the same with its
+// share of the writes in flight (16 / writers, at least 2, as the fleet's puts keep); EOF: close
+// and exit.
 struct Plan {
   KVBenchOptions o;
   fs::path root;
@@ -146,7 +148,7 @@ char command(int fd) {
     kv_bench::RawFile raw(p.root / ("raw-" + std::to_string(w) + ".bin"), p.block, p.count,
                           p.batch);
     send(out, Message{'r'});
-    for (char c; (c = command(in)) == 'g' || c == 'w';) {
+    for (char c; (c = command(in)) == 'g' || c == 'w' || c == 's';) {
       std::uint64_t pass = 0;
       if (c == 'g')
         FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
@@ -156,7 +158,7 @@ char command(int fd) {
       if (c == 'g')
         put_pass(pass);
       else
-        raw.write();
+        raw.write(c == 's' ? std::max<std::size_t>(2, 16 / p.o.writers) : 0);
       m.end = now();
       if (c == 'g') m.times = pass_times(before, store.stats());
       send(out, m);
@@ -433,8 +435,16 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
       for (unsigned w = 0; w < o.writers; ++w) done.push_back(writers.hear(w));
       raw_fleet.push_back(aggregate_gbps(done, gb));
     }
+    std::vector<double> raw_shared;  // all at once, each with its share of the writes in flight
+    for (unsigned r = 0; r < row.rounds; ++r) {
+      for (unsigned w = 0; w < o.writers; ++w) writers.tell(w, 's');
+      std::vector<Message> done;
+      for (unsigned w = 0; w < o.writers; ++w) done.push_back(writers.hear(w));
+      raw_shared.push_back(aggregate_gbps(done, gb));
+    }
     row.raw_one_writer_gbps = kv_bench::median(raw_one);
     row.raw_fleet_gbps = kv_bench::median(raw_fleet);
+    row.raw_fleet_shared_gbps = kv_bench::median(raw_shared);
     row.one_writer_put_gbps = kv_bench::median(one);
     row.fleet_put_gbps = kv_bench::median(fleet);
     for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));

@@ -35,6 +35,9 @@ struct KVFleetBenchRow {
   // Raw O_DIRECT writes of the same bytes (kv_bench_raw.hpp), each writer to its own file, timed
   // the same way: writer 0 alone, then all writers at once; what the disk gives without the store.
   double raw_one_writer_gbps = 0, raw_fleet_gbps = 0;
+  // All at once again, each writer with 16 / writers threads (at least 2): the writes in flight
+  // the fleet's puts keep (KVStats::writers_active).
+  double raw_fleet_shared_gbps = 0;
   // lookup() of a 16-key prefix of a writer's blocks, microseconds: while the fleet writes
   // (every call folds in the other writers' journals first), then with every writer idle.
   std::uint64_t lookups = 0;

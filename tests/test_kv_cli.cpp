@@ -145,6 +145,8 @@ TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
   EXPECT_GT(row.at("fleet_put_gbps").get<double>(), 0);
   EXPECT_GT(row.at("raw_one_writer_gbps").get<double>(), 0);
   EXPECT_GT(row.at("raw_fleet_gbps").get<double>(), 0);
+  EXPECT_GT(row.at("raw_fleet_shared_gbps").get<double>(), 0);
+  EXPECT_GE(row.at("pass_seconds_in_fleet").at("writers_active").get<int>(), 1);
   EXPECT_FALSE(std::filesystem::exists(dir / "scratch" / "fleet"));  // removed after
   std::tie(status, out) =
       run_cli("kv bench " + (dir / "scratch").string() + " --writers 0 --sizes 64K");
