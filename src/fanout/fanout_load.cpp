@@ -17,6 +17,7 @@
 #include "cuda/cuda_resources.hpp"
 #include "fanout/collective.hpp"
 #include "fanout/direct_reads.hpp"
+#include "fanout/fanout_reads.hpp"
 #include "fanout/machine_readers.hpp"
 #include "ferry/error.hpp"
 #include "ferry/transfer.hpp"
@@ -42,35 +43,6 @@ void check_devices(const std::vector<Device>& devices) {
   }
 }
 
-// One read becomes one extent: its copies are back to back in the chunk; neighbours that are
-// contiguous on the same rank become one span.
-std::vector<Extent> resolve(const std::vector<FanoutRead>& reads,
-                            const std::vector<std::uintptr_t>& bases,
-                            const std::vector<std::uintptr_t>& scratch,
-                            const std::vector<Device>& devices) {
-  std::vector<Extent> out;
-  out.reserve(reads.size());
-  for (const FanoutRead& read : reads) {
-    Extent x{read.file_index, read.file_offset, {}};
-    std::uint64_t at = 0;
-    for (const FanoutCopy& c : read.copies) {
-      if (c.chunk_offset > at) x.spans.push_back({Device::cpu(), nullptr, c.chunk_offset - at});
-      const std::uintptr_t dst = (c.to_scratch ? scratch : bases)[c.rank] + c.dest_offset;
-      MemorySpan* last = x.spans.empty() ? nullptr : &x.spans.back();
-      if (last && last->data && c.chunk_offset == at && last->device == devices[c.rank] &&
-          reinterpret_cast<std::uintptr_t>(last->data) + last->size == dst) {
-        last->size += c.size;
-      } else {
-        x.spans.push_back({devices[c.rank], reinterpret_cast<void*>(dst), c.size});
-      }
-      at = c.chunk_offset + c.size;
-    }
-    if (read.size > at) x.spans.push_back({Device::cpu(), nullptr, read.size - at});
-    out.push_back(std::move(x));
-  }
-  return out;
-}
-
 std::uint64_t round_read_bytes(const std::vector<FanoutRead>& reads) {
   std::uint64_t bytes = 0;
   for (const FanoutRead& read : reads) bytes += read.size;
@@ -82,18 +54,6 @@ struct Submitted {
   std::vector<Ticket> tickets;
   std::vector<std::uint64_t> bytes;
 };
-
-TransferOptions transfer_options(const LoadOptions& load, const detail::EngineSettings& settings) {
-  TransferOptions t;
-  t.backend = Backend::Posix;
-  t.io = load.io;
-  t.threads = settings.threads;
-  t.chunk_bytes = settings.chunk_bytes;
-  t.slots_per_thread = settings.slots_per_thread;
-  t.staging_bytes = load.staging_bytes;
-  t.stop_at_first_error = true;
-  return t;
-}
 
 // Until the round of `ticket` has no read left to hand out: fewer than `tail` of its `total` bytes
 // are still to land (each of its threads is on its last read), or it finished.
@@ -245,7 +205,7 @@ class FanoutLoader {
     static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const unsigned rounds_at_once = _at_tail ? 1u : 2u;
     const unsigned submissions = _per_device ? _n : 1u;  // per round
-    _transfer = transfer_options(_options.load, _settings);
+    _transfer = detail::transfer_options(_options.load, _settings);
     if (_options.load.reader_threads == 0) {
       const bool cached = staged_from_page_cache();
       const detail::ReaderShare share =
@@ -294,7 +254,7 @@ class FanoutLoader {
       }
       s.bytes.push_back(round_read_bytes(reads));
       s.tickets.push_back(submit(_checkpoint->shared_file_set(), Direction::FileToMemory,
-                                 resolve(reads, _bases, _scratch, devices()), _transfer));
+                                 detail::resolve(reads, _bases, _scratch, devices()), _transfer));
     }
     return s;
   }
@@ -526,107 +486,6 @@ FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const Fanou
 
 FanoutLoad load_fanout(std::shared_ptr<const Checkpoint> checkpoint, const FanoutOptions& options) {
   return detail::load_fanout(std::move(checkpoint), options, detail::page_cache_sources());
-}
-
-namespace {
-
-// A rank's round reads with its share of the machine's readers (machine_readers.hpp).
-void take_rank_share(const Checkpoint& checkpoint, const std::vector<FanoutRead>& reads, IoMode io,
-                     const MachineShare& share, detail::EngineSettings& settings) {
-  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  std::set<std::uint32_t> files;
-  for (const FanoutRead& read : reads) files.insert(read.file_index);
-  const std::vector<std::uint32_t> list(files.begin(), files.end());
-  const bool cached =
-      io != IoMode::Direct && detail::reads_from_page_cache(checkpoint.file_set(), list);
-  const unsigned ranks = std::max(1u, share.ranks_on_machine);
-  const detail::ReaderShare readers =
-      detail::share_readers(settings.threads, ranks, ranks, share.rounds_at_once, cached, cores);
-  settings.threads = readers.per_submission;  // the staged backend fits them to the staging
-  settings.source += detail::concat(
-      "; ", settings.threads, " readers: this rank's share of ", readers.machine,
-      " on this machine (", ranks, " ranks, ", std::max(1u, share.rounds_at_once),
-      " rounds each reading at once; reading ", cached ? "the page cache" : "storage", ")");
-}
-
-}  // namespace
-
-FanoutRoundRead start_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan,
-                                   std::size_t round, unsigned rank, const Device& device,
-                                   void* memory, void* scratch, const LoadOptions& options,
-                                   const MachineShare& share) {
-  FERRY_EXPECT(round < plan.rounds.size() && rank < plan.ranks, std::invalid_argument,
-               "read_fanout_round: round ", round, " of ", plan.rounds.size(), ", rank ", rank,
-               " of ", plan.ranks, " does not exist");
-  FERRY_EXPECT(options.backend != Backend::Cufile, std::invalid_argument,
-               "multi-device load: only the staged path runs; use backend auto or posix");
-  if (device.is_cuda()) prepare_device(device);
-  FanoutRoundRead out;
-  out._began = Clock::now();
-  out._options = options;
-  detail::EngineSettings settings = detail::choose_settings(options, detail::tuning_for(options));
-  std::vector<FanoutRead> mine;
-  for (const FanoutRead& read : plan.rounds[round].reads)
-    if (read.reader == rank) mine.push_back(read);
-  if (options.reader_threads == 0) take_rank_share(checkpoint, mine, options.io, share, settings);
-  // Only this rank's entries are read; the others stay zero.
-  std::vector<std::uintptr_t> bases(plan.ranks, 0), scratches(plan.ranks, 0);
-  std::vector<Device> devices(plan.ranks, device);
-  bases[rank] = reinterpret_cast<std::uintptr_t>(memory);
-  scratches[rank] = reinterpret_cast<std::uintptr_t>(scratch);
-  LoadStats& stats = out._stats;
-  stats.device = device.to_string();
-  stats.settings_source = settings.source;
-  for (const FanoutRead& read : mine)
-    for (const FanoutCopy& c : read.copies) stats.tensor_bytes += c.size;
-  if (!mine.empty()) {
-    TransferOptions t = transfer_options(options, settings);
-    t.progress = options.progress;
-    // One process per rank: the staged backend copies this rank's reads of files it can lease
-    // straight from their registered page cache (one-process loads split the reads themselves).
-    t.page_cache_pin_bytes = options.page_cache_pin_bytes;
-    out._submitted = since(out._began);
-    out._ticket = submit(checkpoint.shared_file_set(), Direction::FileToMemory,
-                         resolve(mine, bases, scratches, devices), t);
-    out._started = true;
-  }
-  return out;
-}
-
-LoadStats FanoutRoundRead::wait() {
-  if (_started) {
-    _started = false;
-    detail::wait_for_load(_ticket, _options);
-    const TransferStats& ts = _ticket.stats();
-    _stats.reader_threads = ts.threads;
-    _stats.chunk_bytes = ts.chunk_bytes;
-    _stats.slots_per_thread = ts.slots_per_thread;
-    _stats.staging_bytes = ts.staging_bytes;
-    _stats.staging_pinned = ts.staging_pinned;
-    _stats.staging_seconds = ts.staging_seconds;
-    _stats.setup_thread_seconds = ts.setup_thread_seconds;
-    _stats.read_thread_seconds = ts.read_thread_seconds;
-    _stats.wait_thread_seconds = ts.wait_thread_seconds;
-    _stats.queue_thread_seconds = ts.queue_thread_seconds;
-    _stats.pipeline = ts.pipeline;
-    _stats.submit_seconds = _submitted + ts.route_seconds;
-    _stats.timeline.emplace_back("submitted", _stats.submit_seconds);
-    add_pipeline_phases(ts.pipeline, _stats.submit_seconds, _stats.timeline);
-    _stats.files = ts.files;
-    for (const auto& f : ts.files) _stats.bytes_read += f.bytes_read;
-    _stats.bytes_from_registered_page_cache = ts.bytes_from_registered_page_cache;
-    _stats.page_cache_register_seconds = ts.page_cache_register_seconds;
-  }
-  _stats.seconds = std::chrono::duration<double>(Clock::now() - _began).count();
-  _stats.timeline.emplace_back("done", _stats.seconds);
-  return _stats;
-}
-
-LoadStats read_fanout_round(const Checkpoint& checkpoint, const FanoutPlan& plan, std::size_t round,
-                            unsigned rank, const Device& device, void* memory, void* scratch,
-                            const LoadOptions& options, const MachineShare& share) {
-  return start_fanout_round(checkpoint, plan, round, rank, device, memory, scratch, options, share)
-      .wait();
 }
 
 }  // namespace ferry
