@@ -21,22 +21,15 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from common import drop_file_cache  # noqa: E402
+
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def files_of(path):
     return sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
-
-
-def drop(path):
-    for f in files_of(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def child(args):
@@ -120,7 +113,8 @@ def main():
         for run in range(args.runs):
             for v in variants:  # alternating, so the disk's drift falls on every variant
                 if state == "cold":
-                    drop(args.dir)
+                    for f in files_of(args.dir):
+                        drop_file_cache(f)
                 ranks = run_group(args, v)
                 slowest = max(r["seconds"] for r in ranks)
                 results[v].append(slowest)
