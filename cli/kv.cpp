@@ -306,6 +306,19 @@ void add_bench(CLI::App& kv) {
       if (!r.gpu_checksum_note.empty())
         std::printf(" (no GPU checksum: %s)", r.gpu_checksum_note.c_str());
       std::printf("\n");
+      // Each round's ratio to the raw I/O beside it: the disk's drift between rounds shows.
+      const auto ratios = [](const std::vector<double>& ours, const std::vector<double>& raw) {
+        std::string out;
+        char ratio[16];
+        for (std::size_t i = 0; i < ours.size() && i < raw.size(); ++i) {
+          std::snprintf(ratio, sizeof ratio, "%s%.2f", i ? " " : "", ours[i] / raw[i]);
+          out += ratio;
+        }
+        return out;
+      };
+      std::printf("    per round, x raw: put %s;  get cold %s\n",
+                  ratios(r.put_round_gbps, r.raw_write_round_gbps).c_str(),
+                  ratios(r.get_cold_round_gbps, r.raw_read_round_gbps).c_str());
       // Where each pass's time went (ms per pass, the mean of the rounds).
       const auto times = [&r](const char* what, const KVBenchTimes& t) {
         std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,
@@ -393,6 +406,10 @@ void add_bench(CLI::App& kv) {
                       {"raw_write_gbps", r.raw_write_gbps},
                       {"raw_read_gbps", r.raw_read_gbps},
                       {"raw_warm_read_gbps", r.raw_warm_read_gbps},
+                      {"put_round_gbps", r.put_round_gbps},
+                      {"raw_write_round_gbps", r.raw_write_round_gbps},
+                      {"get_cold_round_gbps", r.get_cold_round_gbps},
+                      {"raw_read_round_gbps", r.raw_read_round_gbps},
                       {"rounds", r.rounds},
                       {"pinned_d2h_gbps", r.pinned_d2h_gbps},
                       {"pinned_h2d_gbps", r.pinned_h2d_gbps},

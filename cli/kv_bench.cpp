@@ -326,6 +326,15 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
   row.raw_write_gbps = gb / median(raw_write_s);
   row.raw_read_gbps = gb / median(raw_cold_s);
   row.raw_warm_read_gbps = gb / median(raw_warm_s);
+  const auto rates = [gb](const std::vector<double>& seconds) {
+    std::vector<double> out;
+    for (double s : seconds) out.push_back(gb / s);
+    return out;
+  };
+  row.put_round_gbps = rates(put_s);
+  row.raw_write_round_gbps = rates(raw_write_s);
+  row.get_cold_round_gbps = rates(cold_s);
+  row.raw_read_round_gbps = rates(raw_cold_s);
   if (o.page_cache_pin) {
     row.get_warm_registered_gbps = gb / median(registered_s);
     row.get_warm_staged_gbps = gb / median(staged_s);

@@ -76,6 +76,10 @@ struct KVBenchRow {
   double raw_write_gbps = 0, raw_read_gbps = 0;     // O_DIRECT, the same bytes and batches
   double raw_warm_read_gbps = 0;                    // the same reads from the page cache
   unsigned rounds = 0;                              // the figures are medians of this many
+  // Each round's rates in order: a round's put and raw write ran one after the other, as did
+  // its cold get and raw read (the disk's speed drifts between rounds).
+  std::vector<double> put_round_gbps, raw_write_round_gbps, get_cold_round_gbps,
+      raw_read_round_gbps;
   // Pinned copies of max(256 MiB, a batch's bytes) in this row's run; 0 for host memory.
   double pinned_d2h_gbps = 0, pinned_h2d_gbps = 0;
   // XXH3 of a batch's blocks computed by the GPU that holds them (its digests checked against the

@@ -122,6 +122,17 @@ char command(int fd) {
   return receive(fd, &c, 1) ? c : 0;
 }
 
+// Until the store counts no other writer as writing (they wrote in the last 2 s after an earlier
+// pass): a pass alone is timed as one writer's, with all of the storage's writes in flight.
+void wait_until_alone(KVStore& store) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (store.stats().writers_active > 1) {
+    FERRY_EXPECT(std::chrono::steady_clock::now() < deadline, std::runtime_error,
+                 "kv bench --writers: the other writers still count as writing after 30 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // A writer process: opens its share when told, then puts its `count` keys per pass, or writes
 // the same bytes raw.
 [[noreturn]] void writer_main(const Plan& p, unsigned w, int in, int out) {
@@ -148,19 +159,22 @@ char command(int fd) {
     kv_bench::RawFile raw(p.root / ("raw-" + std::to_string(w) + ".bin"), p.block, p.count,
                           p.batch);
     send(out, Message{'r'});
-    for (char c; (c = command(in)) == 'g' || c == 'w' || c == 's';) {
+    // 'g': a pass of puts beside the other writers; 'a': one alone; 'w', 's': raw writes.
+    for (char c; (c = command(in)) == 'g' || c == 'a' || c == 'w' || c == 's';) {
+      const bool puts = c == 'g' || c == 'a';
       std::uint64_t pass = 0;
-      if (c == 'g')
+      if (puts)
         FERRY_EXPECT(receive(in, &pass, sizeof pass), std::runtime_error, "no pass number");
+      if (c == 'a') wait_until_alone(store);
       Message m{'d'};
       const KVStats before = store.stats();
       m.start = now();
-      if (c == 'g')
+      if (puts)
         put_pass(pass);
       else
         raw.write(c == 's' ? std::max<std::size_t>(2, 16 / p.o.writers) : 0);
       m.end = now();
-      if (c == 'g') m.times = pass_times(before, store.stats());
+      if (puts) m.times = pass_times(before, store.stats());
       send(out, m);
     }
     store.close();
@@ -194,8 +208,9 @@ class Writers {
   ~Writers() { release(); }
 
   void tell(unsigned w, char c) { say(w, &c, 1); }
-  void start_pass(unsigned w, std::uint64_t pass) {
-    char command[1 + sizeof pass] = {'g'};
+  // `alone`: writer w waits until no other writer counts as writing first.
+  void start_pass(unsigned w, std::uint64_t pass, bool alone = false) {
+    char command[1 + sizeof pass] = {alone ? 'a' : 'g'};
     std::memcpy(command + 1, &pass, sizeof pass);
     say(w, command, sizeof command);
   }
@@ -384,16 +399,17 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     KVStore reader = KVStore::open(p.root, p.ns, p.capacity, p.block, reading);
     const double gb = double(p.count) * double(p.block) / 1e9;
     std::uint64_t pass = 0;
-    std::vector<double> one, fleet, lookups;
+    std::vector<double> one, fleet, lookups, raw_one, raw_fleet, raw_shared;
     std::vector<std::vector<double>> each(o.writers);
     std::vector<KVPassTimes> alone_times, fleet_times;
-    for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // writer 0 alone
-      writers.start_pass(0, pass);
+    const auto alone = [&] {  // writer 0 alone
+      writers.start_pass(0, pass, true);
       const Message m = writers.hear(0);
       one.push_back(gb / (m.end - m.start));
       alone_times.push_back(m.times);
-    }
-    for (unsigned r = 0; r < row.rounds; ++r, ++pass) {  // all at once, lookups beside them
+      ++pass;
+    };
+    const auto together = [&] {  // all at once, lookups beside them
       for (unsigned w = 0; w < o.writers; ++w) writers.start_pass(w, pass);
       std::vector<Message> done(o.writers);
       std::vector<bool> heard(o.writers);
@@ -413,6 +429,30 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
         fleet_times.push_back(done[w].times);
       }
       fleet.push_back(aggregate_gbps(done, gb));
+      ++pass;
+    };
+    // The same bytes written raw, timed as the puts are: 'w' with all the threads, 's' with a
+    // writer's share of them; by `n` writers at once.
+    const auto raw = [&](std::vector<double>& rates, unsigned n, char how) {
+      for (unsigned w = 0; w < n; ++w) writers.tell(w, how);
+      std::vector<Message> done;
+      for (unsigned w = 0; w < n; ++w) done.push_back(writers.hear(w));
+      rates.push_back(aggregate_gbps(done, gb));
+    };
+    // Every round measures each case once, the puts first every other round, the raw writes
+    // first in the others: the fleet is judged against one writer (and raw against raw) on the
+    // disk of the same minute, not of an earlier phase of the run. The fleet's pass is the
+    // last put of a round: the reader reads its blocks back.
+    const auto raws = [&] {
+      raw(raw_one, 1, 'w');
+      raw(raw_fleet, o.writers, 'w');
+      raw(raw_shared, o.writers, 's');
+    };
+    for (unsigned r = 0; r < row.rounds; ++r) {
+      if (r % 2 == 1) raws();
+      alone();
+      together();
+      if (r % 2 == 0) raws();
     }
     std::vector<double> idle;
     for (unsigned i = 0; i < 200; ++i)
@@ -422,26 +462,6 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     row.blocks_read = p.count * o.writers;
     row.reader_get_gbps = double(row.blocks_read) * double(p.block) / 1e9 / get_seconds;
     row.store_blocks = reader.stats().blocks;
-    // The same bytes written raw, timed as the puts were: writer 0 alone, then all at once.
-    std::vector<double> raw_one, raw_fleet;
-    for (unsigned r = 0; r < row.rounds; ++r) {
-      writers.tell(0, 'w');
-      const Message m = writers.hear(0);
-      raw_one.push_back(gb / (m.end - m.start));
-    }
-    for (unsigned r = 0; r < row.rounds; ++r) {
-      for (unsigned w = 0; w < o.writers; ++w) writers.tell(w, 'w');
-      std::vector<Message> done;
-      for (unsigned w = 0; w < o.writers; ++w) done.push_back(writers.hear(w));
-      raw_fleet.push_back(aggregate_gbps(done, gb));
-    }
-    std::vector<double> raw_shared;  // all at once, each with its share of the writes in flight
-    for (unsigned r = 0; r < row.rounds; ++r) {
-      for (unsigned w = 0; w < o.writers; ++w) writers.tell(w, 's');
-      std::vector<Message> done;
-      for (unsigned w = 0; w < o.writers; ++w) done.push_back(writers.hear(w));
-      raw_shared.push_back(aggregate_gbps(done, gb));
-    }
     row.raw_one_writer_gbps = kv_bench::median(raw_one);
     row.raw_fleet_gbps = kv_bench::median(raw_fleet);
     row.raw_fleet_shared_gbps = kv_bench::median(raw_shared);

@@ -120,6 +120,21 @@ TEST(KvFleet, WritersCountTheOthersWritingBesideThem) {
   }
 }
 
+// A writer counts as writing for 2 s after its journal was written, not after another process
+// first noticed: one that wrote while the others were idle, and stopped, is not shared with.
+TEST(KvFleet, AWriterThatStoppedBeforeTheOthersLookedIsNotCountedAsWriting) {
+  TempDir dir;
+  KVStore a = open_fleet(dir.path());
+  KVStore b = open_fleet(dir.path());
+  ASSERT_EQ(a.stats().writers_active, 1u);  // a has looked at b's share
+  ASSERT_TRUE(put_one(b, 7, kv_bytes(7, kBlock)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+  EXPECT_EQ(a.stats().writers_active, 1u);  // b wrote, 2.2 s ago
+  EXPECT_EQ(a.lookup(std::vector<KVKey>{7}), 1u);
+  ASSERT_TRUE(put_one(b, 8, kv_bytes(8, kBlock)).ok());
+  EXPECT_EQ(a.stats().writers_active, 2u);  // b writes
+}
+
 // Exit codes: 0 fine, 1 wrong bytes, 2 an error, 3 never saw the end.
 [[noreturn]] void follow(const std::filesystem::path& root, KVKey last_a, KVKey last_c) {
   try {

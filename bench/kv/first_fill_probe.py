@@ -16,8 +16,10 @@ import time
 BLOCK = 2 << 20
 
 
-def write_pass(directory, blocks, files, direct, written_before, data):
-    """GB/s of one pass: `blocks` blocks over `files` fresh files."""
+def write_pass(directory, blocks, files, direct, written_before, data, allocate="fallocate"):
+    """GB/s of one pass: `blocks` blocks over `files` fresh files, each sized first by
+    `allocate`: "fallocate" (unwritten extents), "truncate" (a sparse file) or "none" (written
+    past its end)."""
     per_file = (blocks + files - 1) // files
     flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if direct else 0)
     paths = [os.path.join(directory, f"first-fill-{i}.dat") for i in range(files)]
@@ -26,7 +28,10 @@ def write_pass(directory, blocks, files, direct, written_before, data):
         for path in paths:
             fd = os.open(path, flags, 0o600)
             fds.append(fd)
-            os.posix_fallocate(fd, 0, per_file * BLOCK)
+            if allocate == "fallocate":
+                os.posix_fallocate(fd, 0, per_file * BLOCK)
+            elif allocate == "truncate":
+                os.ftruncate(fd, per_file * BLOCK)
             if written_before:
                 for k in range(per_file):
                     os.pwrite(fd, data, k * BLOCK)
@@ -54,14 +59,17 @@ def main():
     args = parser.parse_args()
     data = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT needs
     data.write(os.urandom(BLOCK))
-    cases = [("O_DIRECT, fresh, 1 file", 1, True, False),
-             ("O_DIRECT, fresh, 4 files", 4, True, False),
-             ("O_DIRECT, fresh, 16 files", 16, True, False),
-             ("O_DIRECT, written before", 1, True, True),
-             ("buffered, fresh", 1, False, False)]
+    cases = [("O_DIRECT, fresh, 1 file", 1, True, False, "fallocate"),
+             ("O_DIRECT, fresh, 4 files", 4, True, False, "fallocate"),
+             ("O_DIRECT, fresh, 16 files", 16, True, False, "fallocate"),
+             ("O_DIRECT, sparse, 1 file", 1, True, False, "truncate"),
+             ("O_DIRECT, appended, 1 file", 1, True, False, "none"),
+             ("O_DIRECT, a file per block", args.blocks, True, False, "none"),
+             ("O_DIRECT, written before", 1, True, True, "fallocate"),
+             ("buffered, fresh", 1, False, False, "fallocate")]
     print(f"{args.blocks} blocks of 2 MiB from 16 threads, GB/s per round, on {args.dir}")
-    for name, files, direct, written in cases:
-        rates = [write_pass(args.dir, args.blocks, files, direct, written, data)
+    for name, files, direct, written, allocate in cases:
+        rates = [write_pass(args.dir, args.blocks, files, direct, written, data, allocate)
                  for _ in range(args.rounds)]
         print(f"  {name:28s} " + " ".join(f"{r:.2f}" for r in rates), flush=True)
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <mutex>
+#include <utility>
 
 #include "ferry/error.hpp"
 #include "kv/kv_store_impl.hpp"
@@ -30,6 +31,19 @@ void check_share(const Record& r, std::uint32_t first, std::uint32_t end,
                  const std::string& name) {
   FERRY_FORMAT_EXPECT(r.slot >= first && r.slot < end, name, ": key ", r.key, " names slot ",
                       r.slot, ", outside this writer share's slots ", first, " to ", end - 1);
+}
+
+// When a share's journal, found grown, was last written, on this process's steady clock: at its
+// modification time (the file system's clock), but not before this process's last look at it (it
+// grew since): a writer that stopped long ago does not count as writing, and a clock skewed
+// between machines cannot hide one that is.
+std::chrono::steady_clock::time_point last_written(std::chrono::steady_clock::time_point looked_at,
+                                                   std::int64_t mtime_ns) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto age =
+      std::chrono::nanoseconds(std::max<std::int64_t>(0, detail::file_clock_now_ns() - mtime_ns));
+  return std::max(looked_at,
+                  now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(age));
 }
 
 }  // namespace
@@ -176,11 +190,14 @@ void KVStore::Impl::fold(Follower& f) {
   std::byte header[kJournalHeaderSize];
   const std::size_t got = detail::read_up_to(fd, header, sizeof header, 0, f.journal);
   const std::uint64_t epoch_now = decode_journal_header(std::span(header, got), name);
+  const auto looked_at = std::exchange(f.looked_at, std::chrono::steady_clock::now());
   if (!f.following || epoch_now != f.epoch) {
-    const bool checkpointed = f.following;  // not the first look at this share
+    // A share seen for the first time counts as writing only where its journal holds records:
+    // a writer that has just opened it has written nothing.
+    const bool written = f.following || st->size > kJournalHeaderSize;
     fd = {};
     reload(f);
-    if (checkpointed) f.wrote_at = std::chrono::steady_clock::now();
+    if (written) f.wrote_at = last_written(looked_at, st->mtime_ns);
     return;
   }
   if (st->size <= f.offset) return;  // nothing new: the cheap case
@@ -198,7 +215,7 @@ void KVStore::Impl::fold(Follower& f) {
   f.offset = scan.valid_end;
   if (!scan.records.empty()) {
     f.last_sequence = scan.records.back().sequence;
-    f.wrote_at = std::chrono::steady_clock::now();
+    f.wrote_at = last_written(looked_at, st->mtime_ns);
   }
 }
 

@@ -57,7 +57,8 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
     std::uint32_t first = 0, end = 0;  // its slots
     std::uint64_t epoch = 0, offset = 0, last_sequence = 0;
     bool following = false;
-    std::chrono::steady_clock::time_point wrote_at{};  // when its journal last grew here
+    std::chrono::steady_clock::time_point wrote_at{};   // when its journal was last written
+    std::chrono::steady_clock::time_point looked_at{};  // when this process last folded it
     // Its blocks whose key another share's copy holds in the index (keys name content, so two
     // writers may store one): by slot, promoted when that key leaves the index.
     std::unordered_map<std::uint32_t, Record> shadows;
@@ -76,8 +77,8 @@ struct KVStore::Impl : std::enable_shared_from_this<KVStore::Impl> {
   void reload(Follower& f);    // under `commit`: the share again from its checkpoint
   void apply_foreign(Follower& f, const Record& r);  // under `mutex`
   void promote_shadows();                            // under `mutex`
-  // This writer and the others whose journals grew in the last kActiveWriterSeconds: they share
-  // the namespace's storage (BlockIo::share_writes). Set by catch_up; 1 outside a fleet.
+  // This writer and the others whose journals were written in the last kActiveWriter (2 s): they
+  // share the namespace's storage (BlockIo::share_writes). Set by catch_up; 1 outside a fleet.
   unsigned writers_active = 1;
 
   std::mutex mutex;  // the index, pending keys and counters

@@ -29,6 +29,9 @@ FileDescriptor create_new(const std::filesystem::path& path, unsigned mode) noex
 
 // What the open file is now: identity (device, inode; volume and file index on Windows) and size.
 std::optional<FileIdentity> identity_of_open(NativeDescriptor fd) noexcept;
+// Now, on the clock of FileIdentity::mtime_ns (the system's wall clock: ns since 1970 on POSIX,
+// since 1601 on Windows).
+std::int64_t file_clock_now_ns() noexcept;
 
 // One positioned transfer (pread/pwrite; ReadFile/WriteFile at an OVERLAPPED offset): the bytes
 // moved, 0 at the end of the file, -1 with errno set.

@@ -52,6 +52,9 @@ first_load() {
 # A group load by a process per GPU (up to 4), as vLLM's ranks run ferry's group load: the
 # engine's readers (the node's ranks share 16 from a cold disk) beside 16 a rank (each as one
 # load), cold then warm, alternating, a fresh group per run (bench/load/group_cold.py).
+# TP_COLD_THREADS (fixed reader threads a rank, comma-separated) and TP_COLD_STATES change what
+# it compares: on one GPU, `TP_COLD_THREADS=4,8,32 TP_COLD_STATES=cold` is a depth sweep of the
+# disk under one load.
 tp_cold() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   local gpus
@@ -59,6 +62,7 @@ tp_cold() {
   models=llama3-8b checkpoints
   log "group loads by $gpus ranks, cold and warm (bench/load/group_cold.py)"
   python3 bench/load/group_cold.py --dir "$ckpts/llama3-8b" --ranks "$gpus" --device cuda \
-    --runs "${TP_COLD_RUNS:-3}" --states cold,warm --threads-per-rank 16 2>&1 |
+    --runs "${TP_COLD_RUNS:-3}" --states "${TP_COLD_STATES:-cold,warm}" \
+    --threads-per-rank "${TP_COLD_THREADS:-16}" 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <ctime>
 
 namespace ferry::detail {
 namespace {
@@ -44,6 +45,12 @@ std::optional<FileIdentity> identity_of_open(NativeDescriptor fd) noexcept {
       static_cast<std::uint64_t>(st.st_size),
       static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
       static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+}
+
+std::int64_t file_clock_now_ns() noexcept {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
 }
 
 std::int64_t read_some_at(NativeDescriptor fd, void* buffer, std::size_t size,

@@ -70,6 +70,14 @@ std::optional<FileIdentity> identity_of_open(NativeDescriptor fd) noexcept {
                       static_cast<std::int64_t>(written) * 100};
 }
 
+std::int64_t file_clock_now_ns() noexcept {
+  FILETIME now{};
+  ::GetSystemTimePreciseAsFileTime(&now);
+  const std::uint64_t ticks =
+      (std::uint64_t{now.dwHighDateTime} << 32) | now.dwLowDateTime;  // 100 ns since 1601
+  return static_cast<std::int64_t>(ticks) * 100;
+}
+
 std::int64_t read_some_at(NativeDescriptor fd, void* buffer, std::size_t size,
                           std::uint64_t offset) noexcept {
   DWORD got = 0;
