@@ -14,6 +14,7 @@ build() {
       targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
     "build firstload"* | firstload*) targets=ferry_cli ;;
     "build kvbisect" | kvbisect) targets=ferry_cli ;;
+    "build kvfleet" | kvfleet) targets="ferry_cli test_kv_fleet test_kv_cli" ;;
     "build kvgroups"* | "build kvsweep"*)
       targets="ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
     # tools/vllm_gpu_run.sh needs the Python package alone.
@@ -22,7 +23,7 @@ build() {
   ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
   # The sweep alone needs only the C++ build.
   case "$(echo $stages)" in
-    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma | "build kvlayout" | kvlayout | "build kvgroups"* | kvgroups | "build kvsweep"* | "build kvbisect" | kvbisect) nopip=1 ;;
+    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma | "build kvlayout" | kvlayout | "build kvgroups"* | kvgroups | "build kvsweep"* | "build kvbisect" | kvbisect | "build kvfleet" | kvfleet) nopip=1 ;;
     *) nopip=0 ;;
   esac
   if [ "$nopip" = 1 ]; then
