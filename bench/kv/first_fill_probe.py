@@ -1,7 +1,8 @@
 """What a KV store's first fill costs on this file system, without ferry: 2 MiB blocks written from
 16 threads with O_DIRECT (fdatasync at the end) into freshly preallocated files (one, or the
-blocks round-robin over several, as over slabs), into files written once before (a store whose
-slots are overwritten), and with buffered writes into fresh files. On ext4 a write into a
+blocks round-robin over several, as over slabs), into a sparse file, past a file's end, into a
+file per block (vLLM's fs tier), into files written once before (a store whose slots are
+overwritten), and with buffered writes into fresh files. On ext4 a write into a
 preallocated (unwritten) extent converts it as it completes: ferry's slabs pay that once per
 slot, a file-per-block tier (vLLM's fs tier) on every block.
 
