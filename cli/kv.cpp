@@ -116,6 +116,9 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
               " raw's own x%.2f); each:", r.one_writer_put_gbps, r.writers, r.fleet_put_gbps,
               r.fleet_put_gbps / r.one_writer_put_gbps, raw_ratio);
   for (double g : r.writer_put_gbps) std::printf(" %.2f", g);
+  std::printf("; each round's x one:");
+  for (std::size_t i = 0; i < r.fleet_round_gbps.size() && i < r.one_writer_round_gbps.size(); ++i)
+    std::printf(" %.2f", r.fleet_round_gbps[i] / r.one_writer_round_gbps[i]);
   const double pass_seconds = double(r.blocks_per_writer) * double(r.block_bytes) / 1e9;
   std::printf(
       "\n  a writer's pass (%.3f s alone, %.3f s in the fleet): moving %.3f / %.3f s, "
@@ -148,6 +151,8 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
                                               {"one_writer_put_gbps", r.one_writer_put_gbps},
                                               {"fleet_put_gbps", r.fleet_put_gbps},
                                               {"writer_put_gbps", r.writer_put_gbps},
+                                              {"one_writer_round_gbps", r.one_writer_round_gbps},
+                                              {"fleet_round_gbps", r.fleet_round_gbps},
                                               {"pass_seconds_alone",
                                                {{"move", r.alone_times.move},
                                                 {"sync", r.alone_times.sync},

@@ -467,6 +467,8 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
     row.raw_fleet_shared_gbps = kv_bench::median(raw_shared);
     row.one_writer_put_gbps = kv_bench::median(one);
     row.fleet_put_gbps = kv_bench::median(fleet);
+    row.one_writer_round_gbps = one;
+    row.fleet_round_gbps = fleet;
     for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));
     row.alone_times = median_times(alone_times);
     row.fleet_times = median_times(fleet_times);

@@ -30,6 +30,8 @@ struct KVFleetBenchRow {
   // rate in that run.
   double one_writer_put_gbps = 0, fleet_put_gbps = 0;
   std::vector<double> writer_put_gbps;
+  // Each round's one writer and fleet, in order (a round runs one right after the other).
+  std::vector<double> one_writer_round_gbps, fleet_round_gbps;
   // Where a writer's pass went: writer 0 alone, and every writer in the fleet's runs (medians).
   KVPassTimes alone_times, fleet_times;
   // Raw O_DIRECT writes of the same bytes (kv_bench_raw.hpp), each writer to its own file, timed
