@@ -17,10 +17,12 @@ import time
 BLOCK = 2 << 20
 
 
-def write_pass(directory, blocks, files, direct, written_before, data, allocate="fallocate"):
+def write_pass(directory, blocks, files, direct, written_before, data, allocate="fallocate",
+               sync=True):
     """GB/s of one pass: `blocks` blocks over `files` fresh files, each sized first by
     `allocate`: "fallocate" (unwritten extents), "truncate" (a sparse file) or "none" (written
-    past its end)."""
+    past its end); `sync`: fdatasync of every file at the end (durable, as ferry's puts are; vLLM's
+    fs tier never syncs)."""
     per_file = (blocks + files - 1) // files
     flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if direct else 0)
     paths = [os.path.join(directory, f"first-fill-{i}.dat") for i in range(files)]
@@ -41,7 +43,7 @@ def write_pass(directory, blocks, files, direct, written_before, data, allocate=
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: os.pwrite(fds[i % files], data, (i // files) * BLOCK),
                           range(blocks)))
-        for fd in fds:
+        for fd in fds if sync else ():
             os.fdatasync(fd)
         return blocks * BLOCK / (time.perf_counter() - started) / 1e9
     finally:
@@ -66,11 +68,12 @@ def main():
              ("O_DIRECT, sparse, 1 file", 1, True, False, "truncate"),
              ("O_DIRECT, appended, 1 file", 1, True, False, "none"),
              ("O_DIRECT, a file per block", args.blocks, True, False, "none"),
+             ("the same, not synced (fs tier)", args.blocks, True, False, "none", False),
              ("O_DIRECT, written before", 1, True, True, "fallocate"),
              ("buffered, fresh", 1, False, False, "fallocate")]
     print(f"{args.blocks} blocks of 2 MiB from 16 threads, GB/s per round, on {args.dir}")
-    for name, files, direct, written, allocate in cases:
-        rates = [write_pass(args.dir, args.blocks, files, direct, written, data, allocate)
+    for name, files, direct, written, allocate, *sync in cases:
+        rates = [write_pass(args.dir, args.blocks, files, direct, written, data, allocate, *sync)
                  for _ in range(args.rounds)]
         print(f"  {name:28s} " + " ".join(f"{r:.2f}" for r in rates), flush=True)
 

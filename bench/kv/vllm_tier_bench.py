@@ -126,6 +126,15 @@ def main():
             cells.append(f"{what} {statistics.median(values):.2f} "
                          f"({min(values):.2f}-{max(values):.2f})")
         print(f"  {kind:6s} " + "  ".join(cells))
+    if "fs" in rows and "ferry" in rows:
+        # Each round's ferry against the fs tier of the same round (the disk's rate drifts
+        # between rounds far more than between the two tiers' runs within one).
+        cells = []
+        for what in ("store", "load warm", "load cold", "store again"):
+            ratios = [f[what] / s[what] for f, s in zip(rows["ferry"], rows["fs"])]
+            cells.append(f"{what} {statistics.median(ratios):.2f} "
+                         f"({sum(r > 1 for r in ratios)} of {len(ratios)} rounds above 1)")
+        print("  ferry x fs, median of the rounds' ratios: " + "  ".join(cells))
 
 
 if __name__ == "__main__":
