@@ -99,7 +99,7 @@ typedef struct ferry_kv_stats {
   double page_cache_register_seconds;
   /* Windows queued or being registered in the background (gets take the usual path meanwhile). */
   uint64_t page_cache_windows_pending;
-  /* A fleet: the writers seen writing in the last 2 s, this one included (KVStats). */
+  /* A fleet: the writers that wrote in the last 2 s, this one included (KVStats). */
   uint32_t writers_active;
 } ferry_kv_stats;
 

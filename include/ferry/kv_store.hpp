@@ -233,8 +233,8 @@ struct KVStats {
   double page_cache_dma_seconds = 0, page_cache_checksum_seconds = 0,
          page_cache_scatter_seconds = 0;
   bool direct_io = false;                 // O_DIRECT on the slabs (else buffered: refused)
-  // A fleet: its writers whose journals grew in the last 2 s as this store last saw them, itself
-  // included where it writes. They share the namespace's storage: each writer's puts keep 1 / N
+  // A fleet: its writers whose journals were written in the last 2 s (by their modification
+  // times) as this store last looked, itself included where it writes. They share the namespace's storage: each writer's puts keep 1 / N
   // of one writer's writes in flight (a single writer: 1).
   unsigned writers_active = 1;
   KVPath gpu_path = KVPath::Auto;         // as opened
