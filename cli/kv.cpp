@@ -95,6 +95,17 @@ std::vector<std::string> comma_separated(const std::string& text) {
   return items;
 }
 
+// A writer's pass in the fleet bench's JSON: seconds, and the writers it saw writing.
+nlohmann::json pass_json(const KVPassTimes& t) {
+  return {{"move", t.move},
+          {"sync", t.sync},
+          {"journal", t.journal},
+          {"workers_io", t.workers_io},
+          {"workers_copy_wait", t.workers_copy_wait},
+          {"workers_span", t.workers_span},
+          {"writers_active", t.writers_active}};
+}
+
 // `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
 void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
   std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
@@ -127,6 +138,16 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
       pass_seconds / r.one_writer_put_gbps, pass_seconds / kv_bench::median(r.writer_put_gbps),
       r.alone_times.move, r.fleet_times.move, r.alone_times.sync, r.fleet_times.sync,
       r.alone_times.journal, r.fleet_times.journal, r.fleet_times.writers_active);
+  // Whether a GPU writer's workers kept their writes in flight, alone and in the fleet.
+  const auto share = [](double part, double span) { return span > 0 ? 100 * part / span : 0.0; };
+  if (r.alone_times.workers_span > 0 && r.fleet_times.workers_span > 0)
+    std::printf(
+        "\n  a GPU writer's workers: writing %.0f%% / %.0f%% of their time, waiting for copies out "
+        "of GPU memory %.0f%% / %.0f%%",
+        share(r.alone_times.workers_io, r.alone_times.workers_span),
+        share(r.fleet_times.workers_io, r.fleet_times.workers_span),
+        share(r.alone_times.workers_copy_wait, r.alone_times.workers_span),
+        share(r.fleet_times.workers_copy_wait, r.fleet_times.workers_span));
   std::printf(
       "\n  raw O_DIRECT writes of the same bytes: one writer alone %.2f GB/s; %u at once "
       "%.2f GB/s aggregate (x%.2f of one); %u at once with 1 / %u of the threads each "
@@ -153,15 +174,8 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
                                               {"writer_put_gbps", r.writer_put_gbps},
                                               {"one_writer_round_gbps", r.one_writer_round_gbps},
                                               {"fleet_round_gbps", r.fleet_round_gbps},
-                                              {"pass_seconds_alone",
-                                               {{"move", r.alone_times.move},
-                                                {"sync", r.alone_times.sync},
-                                                {"journal", r.alone_times.journal}}},
-                                              {"pass_seconds_in_fleet",
-                                               {{"move", r.fleet_times.move},
-                                                {"sync", r.fleet_times.sync},
-                                                {"journal", r.fleet_times.journal},
-                                                {"writers_active", r.fleet_times.writers_active}}},
+                                              {"pass_seconds_alone", pass_json(r.alone_times)},
+                                              {"pass_seconds_in_fleet", pass_json(r.fleet_times)},
                                               {"raw_one_writer_gbps", r.raw_one_writer_gbps},
                                               {"raw_fleet_gbps", r.raw_fleet_gbps},
                                               {"raw_fleet_shared_gbps", r.raw_fleet_shared_gbps},

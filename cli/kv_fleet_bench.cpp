@@ -51,9 +51,15 @@ struct Message {
 
 // Where a put pass's time went by the store's counters (KVStats' put_*_seconds).
 KVPassTimes pass_times(const KVStats& before, const KVStats& after) {
-  return {after.put_move_seconds - before.put_move_seconds,
-          after.put_sync_seconds - before.put_sync_seconds,
-          after.put_journal_seconds - before.put_journal_seconds, after.writers_active};
+  KVPassTimes t;
+  t.move = after.put_move_seconds - before.put_move_seconds;
+  t.sync = after.put_sync_seconds - before.put_sync_seconds;
+  t.journal = after.put_journal_seconds - before.put_journal_seconds;
+  t.workers_io = after.staged_io_seconds - before.staged_io_seconds;
+  t.workers_copy_wait = after.staged_copy_wait_seconds - before.staged_copy_wait_seconds;
+  t.workers_span = after.staged_thread_span_seconds - before.staged_thread_span_seconds;
+  t.writers_active = after.writers_active;
+  return t;
 }
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
@@ -303,15 +309,25 @@ double percentile(std::vector<double> v, double q) {
 
 // Each part's median over the passes.
 KVPassTimes median_times(const std::vector<KVPassTimes>& passes) {
-  std::vector<double> move, sync, journal, writers;
+  std::vector<double> move, sync, journal, io, copy_wait, span, writers;
   for (const KVPassTimes& t : passes) {
     move.push_back(t.move);
     sync.push_back(t.sync);
     journal.push_back(t.journal);
+    io.push_back(t.workers_io);
+    copy_wait.push_back(t.workers_copy_wait);
+    span.push_back(t.workers_span);
     writers.push_back(t.writers_active);
   }
-  return {kv_bench::median(move), kv_bench::median(sync), kv_bench::median(journal),
-          static_cast<unsigned>(kv_bench::median(writers))};
+  KVPassTimes m;
+  m.move = kv_bench::median(move);
+  m.sync = kv_bench::median(sync);
+  m.journal = kv_bench::median(journal);
+  m.workers_io = kv_bench::median(io);
+  m.workers_copy_wait = kv_bench::median(copy_wait);
+  m.workers_span = kv_bench::median(span);
+  m.writers_active = static_cast<unsigned>(kv_bench::median(writers));
+  return m;
 }
 
 // Seconds of one lookup of a 16-key prefix of writer w's blocks of `pass`.

@@ -18,6 +18,9 @@ namespace ferry {
 // durable, appending the journal.
 struct KVPassTimes {
   double move = 0, sync = 0, journal = 0;
+  // GPU blocks (the staged path): its workers' thread-seconds writing, waiting for their copies
+  // out of GPU memory, and in all (their transfers' wall time x their count); 0 for host memory.
+  double workers_io = 0, workers_copy_wait = 0, workers_span = 0;
   unsigned writers_active = 1;  // the writers it saw writing at its end (KVStats::writers_active)
 };
 

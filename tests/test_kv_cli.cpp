@@ -75,6 +75,13 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   const std::string text((std::istreambuf_iterator<char>(rows)), {});
   EXPECT_NE(text.find("\"raw_write_gbps\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"get_warm_seconds\""), std::string::npos) << text;
+  EXPECT_NE(out.find("per round, x raw: put "), std::string::npos) << out;
+  for (const auto& row : nlohmann::json::parse(text)) {  // each round's rates, one a round
+    const auto rounds = row.at("rounds").get<std::size_t>();
+    for (const char* key :
+         {"put_round_gbps", "raw_write_round_gbps", "get_cold_round_gbps", "raw_read_round_gbps"})
+      EXPECT_EQ(row.at(key).size(), rounds) << key;
+  }
   // Blocks per call from bytes per call: 64 KiB of 4 KiB blocks is 16 a call.
   std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() +
                                   " --sizes 4K --bytes 256K --batch-bytes 64K --rounds 1");
@@ -147,6 +154,9 @@ TEST(KvCli, BenchWithAFleetOfWritersReadsBackEveryWritersBlocks) {
   EXPECT_GT(row.at("raw_fleet_gbps").get<double>(), 0);
   EXPECT_GT(row.at("raw_fleet_shared_gbps").get<double>(), 0);
   EXPECT_GE(row.at("pass_seconds_in_fleet").at("writers_active").get<int>(), 1);
+  EXPECT_EQ(row.at("one_writer_round_gbps").size(), 2u);  // one a round, beside the fleet's
+  EXPECT_EQ(row.at("fleet_round_gbps").size(), 2u);
+  EXPECT_NE(out.find("each round's x one: "), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir / "scratch" / "fleet"));  // removed after
   std::tie(status, out) =
       run_cli("kv bench " + (dir / "scratch").string() + " --writers 0 --sizes 64K");
