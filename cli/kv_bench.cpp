@@ -110,28 +110,6 @@ double resident_share(const std::vector<fs::path>& files) {
   return total ? double(resident) / double(total) : 0;
 }
 
-// Where one pass's time went: the difference of the store's statistics around it.
-KVBenchTimes times_between(const KVStats& a, const KVStats& b, double pass) {
-  KVBenchTimes t;
-  t.pass = pass;
-  t.move = (b.put_move_seconds - a.put_move_seconds) + (b.get_move_seconds - a.get_move_seconds);
-  t.sync = b.put_sync_seconds - a.put_sync_seconds;
-  t.journal = b.put_journal_seconds - a.put_journal_seconds;
-  t.io = b.staged_io_seconds - a.staged_io_seconds;
-  t.copy_wait = b.staged_copy_wait_seconds - a.staged_copy_wait_seconds;
-  t.queue = b.staged_queue_seconds - a.staged_queue_seconds;
-  t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
-  t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
-  t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
-  t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
-  t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
-  t.copies = double(b.staged_copies - a.staged_copies);
-  t.lead = b.staged_lead_seconds - a.staged_lead_seconds;
-  t.tail = b.staged_tail_seconds - a.staged_tail_seconds;
-  t.prepare = b.get_prepare_seconds - a.get_prepare_seconds;
-  return t;
-}
-
 void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.pass += t.pass * weight;
   into.move += t.move * weight;
@@ -228,7 +206,7 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
         }
       }
       const double pass = seconds_since(start);
-      accumulate(times, times_between(before, store_.stats(), pass), share / row.rounds);
+      accumulate(times, kv_bench_times_between(before, store_.stats(), pass), share / row.rounds);
       return pass;
     };
     const std::uint64_t last = count - (count - 1) / batch * batch;  // blocks in the last batch
@@ -354,6 +332,27 @@ KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) 
 }
 
 }  // namespace
+
+KVBenchTimes kv_bench_times_between(const KVStats& a, const KVStats& b, double pass) {
+  KVBenchTimes t;
+  t.pass = pass;
+  t.move = (b.put_move_seconds - a.put_move_seconds) + (b.get_move_seconds - a.get_move_seconds);
+  t.sync = b.put_sync_seconds - a.put_sync_seconds;
+  t.journal = b.put_journal_seconds - a.put_journal_seconds;
+  t.io = b.staged_io_seconds - a.staged_io_seconds;
+  t.copy_wait = b.staged_copy_wait_seconds - a.staged_copy_wait_seconds;
+  t.queue = b.staged_queue_seconds - a.staged_queue_seconds;
+  t.setup = b.staged_setup_seconds - a.staged_setup_seconds;
+  t.hash = b.staged_hash_seconds - a.staged_hash_seconds;
+  t.hash_wait = b.staged_hash_wait_seconds - a.staged_hash_wait_seconds;
+  t.transfer = b.staged_transfer_seconds - a.staged_transfer_seconds;
+  t.span = b.staged_thread_span_seconds - a.staged_thread_span_seconds;
+  t.copies = double(b.staged_copies - a.staged_copies);
+  t.lead = b.staged_lead_seconds - a.staged_lead_seconds;
+  t.tail = b.staged_tail_seconds - a.staged_tail_seconds;
+  t.prepare = b.get_prepare_seconds - a.get_prepare_seconds;
+  return t;
+}
 
 std::uint64_t kv_bench_batch(const KVBenchOptions& o, std::uint64_t block) {
   return o.batch_bytes ? std::max<std::uint64_t>(1, o.batch_bytes / block) : o.batch;

@@ -111,6 +111,9 @@ struct KVBenchRow {
 // Blocks per put/get call for `block`-byte blocks.
 std::uint64_t kv_bench_batch(const KVBenchOptions& options, std::uint64_t block);
 
+// Where one pass of `pass` seconds went: the difference of the store's statistics around it.
+KVBenchTimes kv_bench_times_between(const KVStats& before, const KVStats& after, double pass);
+
 // Runs every size and path, calling `on_row` as each finishes. Every block got back is compared
 // with what was put (a wrong byte throws). Throws where a put or get fails.
 // The block size of `o.layout` (0 where none is set); throws std::invalid_argument for an unknown

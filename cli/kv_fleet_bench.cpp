@@ -49,17 +49,10 @@ struct Message {
   char text[480] = {};
 };
 
-// Where a put pass's time went by the store's counters (KVStats' put_*_seconds).
+// Where a put pass's time went by the store's counters (as kv bench counts them).
 KVPassTimes pass_times(const KVStats& before, const KVStats& after) {
-  KVPassTimes t;
-  t.move = after.put_move_seconds - before.put_move_seconds;
-  t.sync = after.put_sync_seconds - before.put_sync_seconds;
-  t.journal = after.put_journal_seconds - before.put_journal_seconds;
-  t.workers_io = after.staged_io_seconds - before.staged_io_seconds;
-  t.workers_copy_wait = after.staged_copy_wait_seconds - before.staged_copy_wait_seconds;
-  t.workers_span = after.staged_thread_span_seconds - before.staged_thread_span_seconds;
-  t.writers_active = after.writers_active;
-  return t;
+  const KVBenchTimes t = kv_bench_times_between(before, after, 0);
+  return {t.move, t.sync, t.journal, t.io, t.copy_wait, t.span, after.writers_active};
 }
 
 // Commands to a writer: 'o' open the store; 'g' and 8 bytes, the pass number: put the pass's keys;
