@@ -7,25 +7,31 @@ build() {
   cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
-  # The first-load stages need only the CLI, a few tests and the Python package.
-  local targets=""
-  case "$(echo $stages)" in
-    "build firstload-tests" | firstload-tests)
-      targets="ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer" ;;
-    "build firstload"* | firstload*) targets=ferry_cli ;;
-    "build kvbisect" | kvbisect) targets=ferry_cli ;;
-    "build kvfleet" | kvfleet) targets="ferry_cli test_kv_fleet test_kv_cli" ;;
-    "build kvgroups"* | "build kvsweep"*)
-      targets="ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
-    # tools/vllm_gpu_run.sh needs the Python package alone.
-    "build vllm") targets=ferry_cli ;;
-  esac
-  ninja -C /tmp/build $targets >>"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-  # The sweep alone needs only the C++ build.
-  case "$(echo $stages)" in
-    "build mgpu" | mgpu | "build mgpu-sweep" | mgpu-sweep | "build core" | core | "build kvdma" | kvdma | "build kvlayout" | kvlayout | "build kvgroups"* | kvgroups | "build kvsweep"* | "build kvbisect" | kvbisect | "build kvfleet" | kvfleet) nopip=1 ;;
-    *) nopip=0 ;;
-  esac
+  # Stages that need only some targets (and no Python package) build those alone; several such
+  # stages in one call build their union. Any other stage builds everything.
+  local targets="" nopip=1 stage
+  [ "$(echo $stages)" = build ] && nopip=0  # `build` alone: everything
+  for stage in $stages; do
+    case "$stage" in
+      build) ;;
+      firstload-tests)
+        targets+=" ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer"
+        nopip=0 ;;
+      firstload*) targets+=" ferry_cli"; nopip=0 ;;
+      kvbisect) targets+=" ferry_cli" ;;
+      kvfleet) targets+=" ferry_cli test_kv_fleet test_kv_cli" ;;
+      kvgroups | kvsweep)
+        targets+=" ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
+      # tools/vllm_gpu_run.sh needs the Python package alone.
+      vllm) targets+=" ferry_cli"; nopip=0 ;;
+      mgpu | mgpu-sweep | core | kvdma | kvlayout) targets=all ;;
+      *) targets=all; nopip=0 ;;
+    esac
+  done
+  [ "$targets" = all ] || [ -z "$targets" ] && targets=""
+  # shellcheck disable=SC2086  # the targets are words
+  ninja -C /tmp/build $(echo $targets | tr ' ' '\n' | sort -u) >>"$OUT/build.log" 2>&1 ||
+    { tail -50 "$OUT/build.log"; exit 1; }
   if [ "$nopip" = 1 ]; then
     log "doctor"
     "$ferry" doctor /tmp | tee -a "$OUT/summary.txt"
