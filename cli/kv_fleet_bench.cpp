@@ -78,6 +78,7 @@ KVStoreOptions fleet_options(const Plan& p) {
   options.fleet_writers = p.o.writers;
   options.checkpoint_on_close = false;
   options.allow_compat = true;
+  options.gpu_groups = p.o.gpu_groups;  // --group-*: each writer's, alone and in the fleet
   return options;
 }
 
