@@ -129,206 +129,280 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.prepare += t.prepare * weight;
 }
 
-// Rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside the raw
-// I/O of the same bytes (alternating which goes first); returns the row of medians.
-KVBenchRow bench_one(const KVBenchOptions& o, std::uint64_t block, KVPath path) {
-  const std::uint64_t batch = kv_bench_batch(o, block);
-  const std::uint64_t count = std::max(batch, o.bytes / block);
-  const PieceLayout layout = piece_layout(o);
-  const KVNamespace ns{"kv-bench", "bytes",
-                       "block=" + std::to_string(block) +
-                           ",pieces=" + std::to_string(layout.pieces) + ",layout=" + o.layout,
-                       0, 1};
+// One row: rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside
+// the raw I/O of the same bytes (alternating which goes first); run() returns the row of medians.
+class RowBench {
+ public:
+  RowBench(const KVBenchOptions& o, std::uint64_t block, KVPath path);
+  KVBenchRow run();
+
+ private:
+  // What the rounds use: the store; with page-cache DMA, the same store read without it (for
+  // the warm gets it is measured against; a reader follows the writer's commits); the raw file;
+  // the store's slab files.
+  struct Open {
+    Open(const RowBench& b);
+    KVStore store;
+    std::unique_ptr<KVStore> staged;
+    RawFile raw;
+    std::vector<fs::path> slabs;
+  };
+
+  KVStoreOptions store_options(KVPath path) const;
+  std::uint64_t capacity() const { return _count * round_up(_block); }
+  double pass(bool put, std::uint64_t round, KVBenchTimes& times, KVStore* through = nullptr,
+              double share = 1);
+  void check() const;
+  void check_and_clear() const;
+  void round(std::uint64_t r);
+  void warm_gets(std::uint64_t r);
+  void registered_pass(std::uint64_t r, const KVStats& before);
+  void finish_row();
+
+  const KVBenchOptions& _o;
+  const std::uint64_t _block, _batch, _count;
+  const PieceLayout _layout;
+  const KVNamespace _ns;
+  const KVStoreOptions _options;
+  BatchMemory _source, _target;
+  std::vector<std::byte> _pattern;
+  std::vector<std::vector<KVPiece>> _in, _out;
+  std::vector<KVBlock> _sources, _targets;
+  const fs::path _dir;
+  KVBenchRow _row;
+  std::unique_ptr<Open> _open;
+  std::vector<KVKey> _keys;
+  std::vector<double> _put_s, _cold_s, _warm_s, _raw_write_s, _raw_cold_s, _raw_warm_s;
+  std::vector<double> _registered_s, _register_s, _staged_s;
+};
+
+RowBench::Open::Open(const RowBench& b)
+    // Room for one round's blocks: each round's puts evict the round before's.
+    : store(KVStore::open(b._o.root, b._ns, b.capacity(), b._block, b._options)),
+      raw(b._o.root / "kv-bench-raw.bin", b._block, b._count, b._batch),
+      slabs(slabs_of(b._dir)) {
+  if (!b._o.page_cache_pin) return;
+  KVStoreOptions plain = b._options;
+  plain.page_cache_pin_bytes = 0;
+  plain.read_only = true;
+  staged =
+      std::make_unique<KVStore>(KVStore::open(b._o.root, b._ns, b.capacity(), b._block, plain));
+}
+
+RowBench::RowBench(const KVBenchOptions& o, std::uint64_t block, KVPath path)
+    : _o(o),
+      _block(block),
+      _batch(kv_bench_batch(o, block)),
+      _count(std::max(_batch, o.bytes / block)),
+      _layout(piece_layout(o)),
+      _ns{"kv-bench", "bytes",
+          "block=" + std::to_string(block) + ",pieces=" + std::to_string(_layout.pieces) +
+              ",layout=" + o.layout,
+          0, 1},
+      _options(store_options(path)),
+      _source(o.device, block, _batch, _layout),
+      _target(o.device, block, _batch, _layout),
+      _pattern(block * _batch),
+      _in(_batch),
+      _out(_batch),
+      _dir(o.root / KVStore::directory_name(_ns)),
+      _keys(_batch) {
+  for (std::size_t i = 0; i < _pattern.size(); ++i) _pattern[i] = std::byte(i * 131 + i / 4099);
+  _source.fill(_pattern);
+  // The target's pages made before round 0's cold gets, as the raw reads' buffers are: else the
+  // first O_DIRECT reads fault them in (about a second per 256 MiB on a 2-core machine).
+  _target.fill(std::vector<std::byte>(_pattern.size()));
+  for (std::uint64_t b = 0; b < _batch; ++b) {
+    _in[b] = _source.block(b);
+    _out[b] = _target.block(b);
+  }
+  _sources.assign(_in.begin(), _in.end());
+  _targets.assign(_out.begin(), _out.end());
+  _row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
+  _row.block_bytes = block;
+  _row.blocks = _count;
+  _row.batch = _batch;
+  _row.warm_resident = 1;
+  _row.rounds = std::max(1u, o.rounds);
+  _row.page_cache_dma_share = o.page_cache_pin ? 1 : 0;
+}
+
+KVStoreOptions RowBench::store_options(KVPath path) const {
   KVStoreOptions options;
   options.gpu_path = path;
   options.allow_compat = true;
   options.checkpoint_on_close = false;
-  options.page_cache_pin_bytes = o.page_cache_pin;
-  options.gpu_groups = o.gpu_groups;
-  BatchMemory source(o.device, block, batch, layout), target(o.device, block, batch, layout);
-  std::vector<std::byte> pattern(block * batch);
-  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 131 + i / 4099);
-  source.fill(pattern);
-  // The target's pages made before round 0's cold gets, as the raw reads' buffers are: else the
-  // first O_DIRECT reads fault them in (about a second per 256 MiB on a 2-core machine).
-  target.fill(std::vector<std::byte>(pattern.size()));
-  std::vector<std::vector<KVPiece>> in(batch), out(batch);
-  for (std::uint64_t b = 0; b < batch; ++b) {
-    in[b] = source.block(b);
-    out[b] = target.block(b);
-  }
-  const std::vector<KVBlock> sources(in.begin(), in.end()), targets(out.begin(), out.end());
-  KVBenchRow row;
-  row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
-  row.block_bytes = block;
-  row.blocks = count;
-  row.batch = batch;
-  row.warm_resident = 1;
-  row.rounds = std::max(1u, o.rounds);
-  const fs::path dir = o.root / KVStore::directory_name(ns);
-  fs::remove_all(dir);
-  std::vector<double> put_s, cold_s, warm_s, raw_write_s, raw_cold_s, raw_warm_s;
-  std::vector<double> registered_s, register_s, staged_s;
-  row.page_cache_dma_share = o.page_cache_pin ? 1 : 0;
-  {
-    // Room for one round's blocks: each round's puts evict the round before's.
-    auto store = KVStore::open(o.root, ns, count * round_up(block), block, options);
-    // With page-cache DMA: the same store read without it, for the warm gets it is measured
-    // against (a reader follows the writer's commits).
-    std::unique_ptr<KVStore> staged;
-    if (o.page_cache_pin) {
-      KVStoreOptions plain = options;
-      plain.page_cache_pin_bytes = 0;
-      plain.read_only = true;
-      staged = std::make_unique<KVStore>(
-          KVStore::open(o.root, ns, count * round_up(block), block, plain));
-    }
-    RawFile raw(o.root / "kv-bench-raw.bin", block, count, batch);
-    const std::vector<fs::path> slabs = slabs_of(dir);
-    std::vector<KVKey> keys(batch);
-    // One pass over the round's `count` keys (through `through`: the store, or the reader
-    // without page-cache DMA), its times added to `times` as `share` of the round's.
-    const auto run = [&](bool put, std::uint64_t round, KVBenchTimes& times,
-                         KVStore* through = nullptr, double share = 1) {
-      KVStore& store_ = through ? *through : store;
-      const KVStats before = store_.stats();
-      const auto start = Clock::now();
-      for (std::uint64_t i = 0; i < count; i += batch) {
-        const std::uint64_t n = std::min(batch, count - i);
-        for (std::uint64_t k = 0; k < n; ++k) keys[k] = round * count + i + k + 1;
-        const auto results = put ? store_.put(std::span(keys).first(n), std::span(sources).first(n))
-                                 : store_.get(std::span(keys).first(n), std::span(targets).first(n));
-        for (const KVResult& r : results) {
-          FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error,
-                       "kv bench ", put ? "put" : "get", " of ", block,
-                       "-byte blocks: ", to_string(r.status), ": ", r.message);
-          row.path = to_string(r.route);
-        }
-      }
-      const double pass = seconds_since(start);
-      accumulate(times, kv_bench_times_between(before, store_.stats(), pass), share / row.rounds);
-      return pass;
-    };
-    const std::uint64_t last = count - (count - 1) / batch * batch;  // blocks in the last batch
-    const auto check = [&] {
-      const std::vector<std::byte> got = target.read();
-      FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * block, pattern.begin()),
-                   std::runtime_error, "kv bench: the blocks got back differ from those put (",
-                   block, "-byte blocks, ", row.path, ")");
-    };
-    // Each pair in turn, ferry's first in even rounds.
-    const auto pair = [](std::uint64_t round, const auto& ferry, const auto& raw_io) {
-      if (round % 2 == 0) {
-        ferry();
-        raw_io();
-      } else {
-        raw_io();
-        ferry();
-      }
-    };
-    for (std::uint64_t r = 0; r < row.rounds; ++r) {
-      pair(
-          r, [&] { put_s.push_back(run(true, r, row.put_times)); },
-          [&] { raw_write_s.push_back(raw.write()); });
-      pair(
-          r,
-          [&] {
-            for (const auto& slab : slabs) drop_cache(slab);
-            cold_s.push_back(run(false, r, row.cold_times));
-          },
-          [&] { raw_cold_s.push_back(raw.read_cold()); });
-      check();
-      target.fill(std::vector<std::byte>(pattern.size()));
-      pair(
-          r,
-          [&] {
-            for (const auto& slab : slabs) warm(slab);
-            if (staged) {
-              KVBenchTimes unused;
-              staged_s.push_back(run(false, r, unused, staged.get()));
-              row.warm_staged_path = row.path;
-              check();
-              target.fill(std::vector<std::byte>(pattern.size()));  // each pass's bytes checked
-            }
-            const KVStats before = store.stats();
-            // Without page-cache DMA several passes a round: one pass of 1 GiB takes 30-70 ms,
-            // and one pass a round moved by 10% between identical builds. With it, one: the
-            // next pass would find its windows registered.
-            const unsigned passes = o.page_cache_pin ? 1 : kWarmPasses;
-            for (unsigned p = 0; p < passes; ++p) {
-              if (p > 0) {
-                check();
-                target.fill(std::vector<std::byte>(pattern.size()));
-              }
-              warm_s.push_back(run(false, r, row.warm_times, nullptr, 1.0 / passes));
-            }
-            row.warm_resident = std::min(row.warm_resident, resident_share(slabs));
-            if (o.page_cache_pin == 0) return;
-            // The warm pass asked for its windows' registrations; they run in the background.
-            while (store.stats().page_cache_windows_pending > 0)
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            const KVStats registered = store.stats();
-            register_s.push_back(registered.page_cache_register_seconds -
-                                 before.page_cache_register_seconds);
-            check();
-            target.fill(std::vector<std::byte>(pattern.size()));
-            KVBenchTimes unused;
-            registered_s.push_back(run(false, r, unused));
-            row.warm_registered_path = row.path;
-            const KVStats after = store.stats();
-            const double share = 1.0 / row.rounds;
-            row.registered_pass_seconds += registered_s.back() * share;
-            row.page_cache_dma_seconds +=
-                (after.page_cache_dma_seconds - registered.page_cache_dma_seconds) * share;
-            row.page_cache_checksum_seconds +=
-                (after.page_cache_checksum_seconds - registered.page_cache_checksum_seconds) *
-                share;
-            row.page_cache_scatter_seconds +=
-                (after.page_cache_scatter_seconds - registered.page_cache_scatter_seconds) * share;
-            const double dma =
-                double(after.page_cache_dma_bytes - registered.page_cache_dma_bytes);
-            row.page_cache_dma_share =
-                std::min(row.page_cache_dma_share, dma / (double(count) * double(block)));
-          },
-          [&] { raw_warm_s.push_back(raw.read_warm()); });
-      check();
+  options.page_cache_pin_bytes = _o.page_cache_pin;
+  options.gpu_groups = _o.gpu_groups;
+  return options;
+}
+
+KVBenchRow RowBench::run() {
+  fs::remove_all(_dir);
+  _open = std::make_unique<Open>(*this);
+  for (std::uint64_t r = 0; r < _row.rounds; ++r) round(r);
+  _open.reset();
+  fs::remove_all(_dir);
+  finish_row();
+  return _row;
+}
+
+// One pass over the round's `count` keys (through `through`: the store, or the reader without
+// page-cache DMA), its times added to `times` as `share` of the round's.
+double RowBench::pass(bool put, std::uint64_t round, KVBenchTimes& times, KVStore* through,
+                      double share) {
+  KVStore& store = through ? *through : _open->store;
+  const KVStats before = store.stats();
+  const auto start = Clock::now();
+  for (std::uint64_t i = 0; i < _count; i += _batch) {
+    const std::uint64_t n = std::min(_batch, _count - i);
+    for (std::uint64_t k = 0; k < n; ++k) _keys[k] = round * _count + i + k + 1;
+    const auto results = put ? store.put(std::span(_keys).first(n), std::span(_sources).first(n))
+                             : store.get(std::span(_keys).first(n), std::span(_targets).first(n));
+    for (const KVResult& r : results) {
+      FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error, "kv bench ",
+                   put ? "put" : "get", " of ", _block, "-byte blocks: ", to_string(r.status), ": ",
+                   r.message);
+      _row.path = to_string(r.route);
     }
   }
-  fs::remove_all(dir);
-  const double gb = double(count) * double(block) / 1e9;
-  row.put_gbps = gb / median(put_s);
-  row.get_cold_gbps = gb / median(cold_s);
-  row.get_warm_gbps = gb / median(warm_s);
-  row.put_iops = double(count) / median(put_s);
-  row.get_iops = double(count) / median(cold_s);
-  row.raw_write_gbps = gb / median(raw_write_s);
-  row.raw_read_gbps = gb / median(raw_cold_s);
-  row.raw_warm_read_gbps = gb / median(raw_warm_s);
+  const double seconds = seconds_since(start);
+  accumulate(times, kv_bench_times_between(before, store.stats(), seconds), share / _row.rounds);
+  return seconds;
+}
+
+// The last pass's blocks (those of its last batch, which the target holds) against the pattern.
+void RowBench::check() const {
+  const std::uint64_t last = _count - (_count - 1) / _batch * _batch;  // blocks in the last batch
+  const std::vector<std::byte> got = _target.read();
+  FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * _block, _pattern.begin()),
+               std::runtime_error, "kv bench: the blocks got back differ from those put (", _block,
+               "-byte blocks, ", _row.path, ")");
+}
+
+void RowBench::check_and_clear() const {
+  check();
+  _target.fill(std::vector<std::byte>(_pattern.size()));
+}
+
+// Each pair in turn, ferry's first in even rounds.
+template <class Ferry, class Raw>
+void in_turn(std::uint64_t round, const Ferry& ferry, const Raw& raw) {
+  if (round % 2 == 0) {
+    ferry();
+    raw();
+  } else {
+    raw();
+    ferry();
+  }
+}
+
+void RowBench::round(std::uint64_t r) {
+  Open& open = *_open;
+  in_turn(
+      r, [&] { _put_s.push_back(pass(true, r, _row.put_times)); },
+      [&] { _raw_write_s.push_back(open.raw.write()); });
+  in_turn(
+      r,
+      [&] {
+        for (const auto& slab : open.slabs) drop_cache(slab);
+        _cold_s.push_back(pass(false, r, _row.cold_times));
+      },
+      [&] { _raw_cold_s.push_back(open.raw.read_cold()); });
+  check_and_clear();
+  in_turn(
+      r, [&] { warm_gets(r); }, [&] { _raw_warm_s.push_back(open.raw.read_warm()); });
+  check();
+}
+
+// The round's warm gets: with page-cache DMA, the reader's staged pass, the first pass (which
+// asks for its windows' registrations) and one from the registered windows; without it, several
+// passes.
+void RowBench::warm_gets(std::uint64_t r) {
+  Open& open = *_open;
+  for (const auto& slab : open.slabs) warm(slab);
+  if (open.staged) {
+    KVBenchTimes unused;
+    _staged_s.push_back(pass(false, r, unused, open.staged.get()));
+    _row.warm_staged_path = _row.path;
+    check_and_clear();  // each pass's bytes checked
+  }
+  const KVStats before = open.store.stats();
+  // Without page-cache DMA several passes a round: one pass of 1 GiB takes 30-70 ms, and one
+  // pass a round moved by 10% between identical builds. With it, one: the next pass would find
+  // its windows registered.
+  const unsigned passes = _o.page_cache_pin ? 1 : kWarmPasses;
+  for (unsigned p = 0; p < passes; ++p) {
+    if (p > 0) check_and_clear();
+    _warm_s.push_back(pass(false, r, _row.warm_times, nullptr, 1.0 / passes));
+  }
+  _row.warm_resident = std::min(_row.warm_resident, resident_share(open.slabs));
+  if (_o.page_cache_pin) registered_pass(r, before);
+}
+
+// A warm pass from the windows the first warm pass registered (in the background), and where its
+// time went.
+void RowBench::registered_pass(std::uint64_t r, const KVStats& before) {
+  KVStore& store = _open->store;
+  while (store.stats().page_cache_windows_pending > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const KVStats registered = store.stats();
+  _register_s.push_back(registered.page_cache_register_seconds -
+                        before.page_cache_register_seconds);
+  check_and_clear();
+  KVBenchTimes unused;
+  _registered_s.push_back(pass(false, r, unused));
+  _row.warm_registered_path = _row.path;
+  const KVStats after = store.stats();
+  const double share = 1.0 / _row.rounds;
+  _row.registered_pass_seconds += _registered_s.back() * share;
+  _row.page_cache_dma_seconds +=
+      (after.page_cache_dma_seconds - registered.page_cache_dma_seconds) * share;
+  _row.page_cache_checksum_seconds +=
+      (after.page_cache_checksum_seconds - registered.page_cache_checksum_seconds) * share;
+  _row.page_cache_scatter_seconds +=
+      (after.page_cache_scatter_seconds - registered.page_cache_scatter_seconds) * share;
+  const double dma = double(after.page_cache_dma_bytes - registered.page_cache_dma_bytes);
+  _row.page_cache_dma_share =
+      std::min(_row.page_cache_dma_share, dma / (double(_count) * double(_block)));
+}
+
+// The medians and each round's rates, then what the device measures beside them.
+void RowBench::finish_row() {
+  KVBenchRow& row = _row;
+  const double gb = double(_count) * double(_block) / 1e9;
+  row.put_gbps = gb / median(_put_s);
+  row.get_cold_gbps = gb / median(_cold_s);
+  row.get_warm_gbps = gb / median(_warm_s);
+  row.put_iops = double(_count) / median(_put_s);
+  row.get_iops = double(_count) / median(_cold_s);
+  row.raw_write_gbps = gb / median(_raw_write_s);
+  row.raw_read_gbps = gb / median(_raw_cold_s);
+  row.raw_warm_read_gbps = gb / median(_raw_warm_s);
   const auto rates = [gb](const std::vector<double>& seconds) {
     std::vector<double> out;
     for (double s : seconds) out.push_back(gb / s);
     return out;
   };
-  row.put_round_gbps = rates(put_s);
-  row.raw_write_round_gbps = rates(raw_write_s);
-  row.get_cold_round_gbps = rates(cold_s);
-  row.raw_read_round_gbps = rates(raw_cold_s);
-  if (o.page_cache_pin) {
-    row.get_warm_registered_gbps = gb / median(registered_s);
-    row.get_warm_staged_gbps = gb / median(staged_s);
-    row.page_cache_register_seconds = median(register_s);
+  row.put_round_gbps = rates(_put_s);
+  row.raw_write_round_gbps = rates(_raw_write_s);
+  row.get_cold_round_gbps = rates(_cold_s);
+  row.raw_read_round_gbps = rates(_raw_cold_s);
+  if (_o.page_cache_pin) {
+    row.get_warm_registered_gbps = gb / median(_registered_s);
+    row.get_warm_staged_gbps = gb / median(_staged_s);
+    row.page_cache_register_seconds = median(_register_s);
   }
-  if (o.device.is_cuda()) {
+  if (_o.device.is_cuda()) {
     std::tie(row.pinned_d2h_gbps, row.pinned_h2d_gbps) =
-        pinned_copies(o.device.index, block * batch);
+        pinned_copies(_o.device.index, _block * _batch);
     try {  // a measurement beside the store's rows: its failure is reported, not fatal
       std::tie(row.gpu_checksum_gbps, row.gpu_checksum_note) =
-          gpu_checksum_rate(o.device.index, block, batch);
+          gpu_checksum_rate(_o.device.index, _block, _batch);
     } catch (const std::exception& e) {
       row.gpu_checksum_note = e.what();
     }
   }
-  return row;
 }
 
 }  // namespace
@@ -383,7 +457,7 @@ std::vector<KVBenchRow> run_kv_bench(const KVBenchOptions& o,
     FERRY_EXPECT(block >= o.pieces, std::invalid_argument, "kv bench: ", block,
                  "-byte blocks cannot hold ", o.pieces, " pieces");
     for (KVPath path : paths) {
-      rows.push_back(bench_one(o, block, path));
+      rows.push_back(RowBench(o, block, path).run());
       if (on_row) on_row(rows.back());
     }
   }
