@@ -361,9 +361,8 @@ double read_back(KVStore& reader, const Plan& p, std::uint64_t pass) {
   return seconds;
 }
 
-}  // namespace
-
-KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
+// The fleet's shape from the options: blocks, batches, each writer's pass, the store's capacity.
+Plan plan_of(const KVBenchOptions& o) {
   FERRY_EXPECT(o.writers >= 1 && o.writers <= 64, std::invalid_argument,
                "kv bench --writers: 1 to 64 writers, not ", o.writers);
   Plan p;
@@ -379,8 +378,125 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
   // Each writer's share holds one pass: a pass evicts the writer's pass before.
   const std::uint64_t slot = (p.block + 4095) / 4096 * 4096;
   p.capacity = p.count * o.writers * slot;
-  fs::create_directories(o.root);
   p.root = o.root / "fleet";
+  return p;
+}
+
+// The rounds of one run: the writers (their stores opened), a reader following them, and what
+// each round measured.
+class FleetRounds {
+ public:
+  FleetRounds(const Plan& p, Writers& writers, KVStore& reader)
+      : _p(p),
+        _n(p.o.writers),
+        _writers(writers),
+        _reader(reader),
+        _gb(double(p.count) * double(p.block) / 1e9),
+        _each(p.o.writers) {}
+
+  // Every round measures each case once, the puts first every other round, the raw writes
+  // first in the others: the fleet is judged against one writer (and raw against raw) on the
+  // disk of the same minute, not of an earlier phase of the run. The fleet's pass is the last
+  // put of a round: the reader reads its blocks back.
+  void round(unsigned r) {
+    if (r % 2 == 1) raws();
+    alone();
+    together();
+    if (r % 2 == 0) raws();
+  }
+
+  // The figures into `row`, after lookups while the writers idle and the reader's cold gets of
+  // the fleet's last pass.
+  void finish(KVFleetBenchRow& row, const fs::path& dir) {
+    std::vector<double> idle;
+    for (unsigned i = 0; i < 200; ++i) idle.push_back(timed_lookup(_reader, _p, _pass - 1, i % _n));
+    for (const fs::path& slab : kv_bench::slabs_of(dir)) kv_bench::drop_cache(slab);
+    const double get_seconds = read_back(_reader, _p, _pass - 1);
+    row.blocks_read = _p.count * _n;
+    row.reader_get_gbps = double(row.blocks_read) * double(_p.block) / 1e9 / get_seconds;
+    row.store_blocks = _reader.stats().blocks;
+    row.raw_one_writer_gbps = kv_bench::median(_raw_one);
+    row.raw_fleet_gbps = kv_bench::median(_raw_fleet);
+    row.raw_fleet_shared_gbps = kv_bench::median(_raw_shared);
+    row.one_writer_put_gbps = kv_bench::median(_one);
+    row.fleet_put_gbps = kv_bench::median(_fleet);
+    row.one_writer_round_gbps = _one;
+    row.fleet_round_gbps = _fleet;
+    for (const auto& rates : _each) row.writer_put_gbps.push_back(kv_bench::median(rates));
+    row.alone_times = median_times(_alone_times);
+    row.fleet_times = median_times(_fleet_times);
+    row.lookups = _lookups.size();
+    row.lookup_p50_us = percentile(_lookups, 0.5) * 1e6;
+    row.lookup_p99_us = percentile(_lookups, 0.99) * 1e6;
+    row.idle_lookup_p50_us = percentile(idle, 0.5) * 1e6;
+    row.idle_lookup_p99_us = percentile(idle, 0.99) * 1e6;
+  }
+
+ private:
+  // Writer 0 alone.
+  void alone() {
+    _writers.start_pass(0, _pass, true);
+    const Message m = _writers.hear(0);
+    _one.push_back(_gb / (m.end - m.start));
+    _alone_times.push_back(m.times);
+    ++_pass;
+  }
+
+  // All at once, lookups beside them.
+  void together() {
+    for (unsigned w = 0; w < _n; ++w) _writers.start_pass(w, _pass);
+    std::vector<Message> done(_n);
+    std::vector<bool> heard(_n);
+    for (unsigned left = _n, w = 0; left > 0; w = (w + 1) % _n) {
+      _lookups.push_back(timed_lookup(_reader, _p, _pass, w));
+      // Paced as a scheduler asks (per request), not a spin that takes a core from the writers.
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+      for (unsigned v = 0; v < _n; ++v)
+        if (!heard[v] && _writers.ready(v)) {
+          done[v] = _writers.hear(v);
+          heard[v] = true;
+          --left;
+        }
+    }
+    for (unsigned w = 0; w < _n; ++w) {
+      _each[w].push_back(_gb / (done[w].end - done[w].start));
+      _fleet_times.push_back(done[w].times);
+    }
+    _fleet.push_back(aggregate_gbps(done, _gb));
+    ++_pass;
+  }
+
+  // The same bytes written raw, timed as the puts are: 'w' with all the threads, 's' with a
+  // writer's share of them; by `n` writers at once.
+  void raw(std::vector<double>& rates, unsigned n, char how) {
+    for (unsigned w = 0; w < n; ++w) _writers.tell(w, how);
+    std::vector<Message> done;
+    for (unsigned w = 0; w < n; ++w) done.push_back(_writers.hear(w));
+    rates.push_back(aggregate_gbps(done, _gb));
+  }
+
+  void raws() {
+    raw(_raw_one, 1, 'w');
+    raw(_raw_fleet, _n, 'w');
+    raw(_raw_shared, _n, 's');
+  }
+
+  const Plan& _p;
+  const unsigned _n;
+  Writers& _writers;
+  KVStore& _reader;
+  const double _gb;
+  std::uint64_t _pass = 0;
+  std::vector<double> _one, _fleet, _lookups, _raw_one, _raw_fleet, _raw_shared;
+  std::vector<std::vector<double> > _each;
+  std::vector<KVPassTimes> _alone_times, _fleet_times;
+};
+
+}  // namespace
+
+KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
+  const Plan p = plan_of(o);
+  fs::create_directories(o.root);
   fs::remove_all(p.root);
   // Removed however the bench ends (after the writers are reaped: declared before them).
   struct Scratch {
@@ -390,7 +506,6 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
       fs::remove_all(path, ignored);
     }
   } scratch{p.root};
-  const fs::path dir = p.root / KVStore::directory_name(p.ns);
 
   KVFleetBenchRow row;
   row.writers = o.writers;
@@ -398,96 +513,17 @@ KVFleetBenchRow run_kv_fleet_bench(const KVBenchOptions& o) {
   row.blocks_per_writer = p.count;
   row.batch = p.batch;
   row.rounds = std::max(1u, o.rounds);
-  {
-    Writers writers(p, o.writers);
-    for (unsigned w = 0; w < o.writers; ++w) {  // one at a time: the first creates the store
-      writers.tell(w, 'o');
-      writers.hear(w);
-    }
-    KVStoreOptions reading;
-    reading.read_only = true;
-    KVStore reader = KVStore::open(p.root, p.ns, p.capacity, p.block, reading);
-    const double gb = double(p.count) * double(p.block) / 1e9;
-    std::uint64_t pass = 0;
-    std::vector<double> one, fleet, lookups, raw_one, raw_fleet, raw_shared;
-    std::vector<std::vector<double>> each(o.writers);
-    std::vector<KVPassTimes> alone_times, fleet_times;
-    const auto alone = [&] {  // writer 0 alone
-      writers.start_pass(0, pass, true);
-      const Message m = writers.hear(0);
-      one.push_back(gb / (m.end - m.start));
-      alone_times.push_back(m.times);
-      ++pass;
-    };
-    const auto together = [&] {  // all at once, lookups beside them
-      for (unsigned w = 0; w < o.writers; ++w) writers.start_pass(w, pass);
-      std::vector<Message> done(o.writers);
-      std::vector<bool> heard(o.writers);
-      for (unsigned left = o.writers, w = 0; left > 0; w = (w + 1) % o.writers) {
-        lookups.push_back(timed_lookup(reader, p, pass, w));
-        // Paced as a scheduler asks (per request), not a spin that takes a core from the writers.
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-        for (unsigned v = 0; v < o.writers; ++v)
-          if (!heard[v] && writers.ready(v)) {
-            done[v] = writers.hear(v);
-            heard[v] = true;
-            --left;
-          }
-      }
-      for (unsigned w = 0; w < o.writers; ++w) {
-        each[w].push_back(gb / (done[w].end - done[w].start));
-        fleet_times.push_back(done[w].times);
-      }
-      fleet.push_back(aggregate_gbps(done, gb));
-      ++pass;
-    };
-    // The same bytes written raw, timed as the puts are: 'w' with all the threads, 's' with a
-    // writer's share of them; by `n` writers at once.
-    const auto raw = [&](std::vector<double>& rates, unsigned n, char how) {
-      for (unsigned w = 0; w < n; ++w) writers.tell(w, how);
-      std::vector<Message> done;
-      for (unsigned w = 0; w < n; ++w) done.push_back(writers.hear(w));
-      rates.push_back(aggregate_gbps(done, gb));
-    };
-    // Every round measures each case once, the puts first every other round, the raw writes
-    // first in the others: the fleet is judged against one writer (and raw against raw) on the
-    // disk of the same minute, not of an earlier phase of the run. The fleet's pass is the
-    // last put of a round: the reader reads its blocks back.
-    const auto raws = [&] {
-      raw(raw_one, 1, 'w');
-      raw(raw_fleet, o.writers, 'w');
-      raw(raw_shared, o.writers, 's');
-    };
-    for (unsigned r = 0; r < row.rounds; ++r) {
-      if (r % 2 == 1) raws();
-      alone();
-      together();
-      if (r % 2 == 0) raws();
-    }
-    std::vector<double> idle;
-    for (unsigned i = 0; i < 200; ++i)
-      idle.push_back(timed_lookup(reader, p, pass - 1, i % o.writers));
-    for (const fs::path& slab : kv_bench::slabs_of(dir)) kv_bench::drop_cache(slab);
-    const double get_seconds = read_back(reader, p, pass - 1);
-    row.blocks_read = p.count * o.writers;
-    row.reader_get_gbps = double(row.blocks_read) * double(p.block) / 1e9 / get_seconds;
-    row.store_blocks = reader.stats().blocks;
-    row.raw_one_writer_gbps = kv_bench::median(raw_one);
-    row.raw_fleet_gbps = kv_bench::median(raw_fleet);
-    row.raw_fleet_shared_gbps = kv_bench::median(raw_shared);
-    row.one_writer_put_gbps = kv_bench::median(one);
-    row.fleet_put_gbps = kv_bench::median(fleet);
-    row.one_writer_round_gbps = one;
-    row.fleet_round_gbps = fleet;
-    for (const auto& rates : each) row.writer_put_gbps.push_back(kv_bench::median(rates));
-    row.alone_times = median_times(alone_times);
-    row.fleet_times = median_times(fleet_times);
-    row.lookups = lookups.size();
-    row.lookup_p50_us = percentile(lookups, 0.5) * 1e6;
-    row.lookup_p99_us = percentile(lookups, 0.99) * 1e6;
-    row.idle_lookup_p50_us = percentile(idle, 0.5) * 1e6;
-    row.idle_lookup_p99_us = percentile(idle, 0.99) * 1e6;
+  Writers writers(p, o.writers);
+  for (unsigned w = 0; w < o.writers; ++w) {  // one at a time: the first creates the store
+    writers.tell(w, 'o');
+    writers.hear(w);
   }
+  KVStoreOptions reading;
+  reading.read_only = true;
+  KVStore reader = KVStore::open(p.root, p.ns, p.capacity, p.block, reading);
+  FleetRounds rounds(p, writers, reader);
+  for (unsigned r = 0; r < row.rounds; ++r) rounds.round(r);
+  rounds.finish(row, p.root / KVStore::directory_name(p.ns));
   return row;
 }
 
