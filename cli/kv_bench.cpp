@@ -141,7 +141,7 @@ class RowBench {
   // the warm gets it is measured against; a reader follows the writer's commits); the raw file;
   // the store's slab files.
   struct Open {
-    Open(const RowBench& b);
+    explicit Open(const RowBench& b);
     KVStore store;
     std::unique_ptr<KVStore> staged;
     RawFile raw;
