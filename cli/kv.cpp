@@ -116,7 +116,8 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
     memory += "," + o.writer_devices[i].to_string();
   std::printf(
       "KV fleet bench on %s, %s memory%s: %u writer processes on one namespace, %llu blocks of "
-      "%llu KiB each, %llu per put (durable), medians of %u rounds\n",
+      "%llu KiB each, %llu per put (durable), medians of %u rounds after one untimed pass of every "
+      "writer\n",
       utf8_of(o.root).c_str(), memory.c_str(),
       o.writer_devices.size() > 1 ? " (writer w on the (w mod n)-th)" : "", r.writers,
       static_cast<unsigned long long>(r.blocks_per_writer),

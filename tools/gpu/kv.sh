@@ -164,15 +164,20 @@ kv_fleet_stage() {
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
   # Every writer on GPU 0, the writers spread over the GPUs where there are several (writer w on
   # the (w mod n)-th of up to four: a node's engines), and from host memory.
-  # KV_FLEET_DEVICES, KV_FLEET_BYTES (a writer's pass) and KV_FLEET_ROUNDS change what it runs.
+  # KV_FLEET_DEVICES, KV_FLEET_BATCHES (blocks per put, "128"), KV_FLEET_BYTES (a writer's pass)
+  # and KV_FLEET_ROUNDS change what it runs.
   local devices=cuda:0 all
   all=$(python3 -c "import torch; n = min(4, torch.cuda.device_count()); print(','.join(f'cuda:{i}' for i in range(n)) if n >= 2 else '')")
   [ -n "$all" ] && devices="cuda:0 $all"
+  local batch
   for device in ${KV_FLEET_DEVICES:-$devices cpu}; do
-    log "ferry kv bench --writers 4 ($device memory, vLLM's layout, 128 blocks per put)"
-    "$ferry" kv bench /tmp/kvbench --device "$device" $vllm --writers 4 --batch 128 \
-      --bytes "${KV_FLEET_BYTES:-512M}" --rounds "${KV_FLEET_ROUNDS:-3}" \
-      --json "$OUT/kv-fleet-${device//[:,]/}.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+    for batch in ${KV_FLEET_BATCHES:-128}; do
+      log "ferry kv bench --writers 4 ($device memory, vLLM's layout, $batch blocks per put)"
+      "$ferry" kv bench /tmp/kvbench --device "$device" $vllm --writers 4 --batch "$batch" \
+        --bytes "${KV_FLEET_BYTES:-512M}" --rounds "${KV_FLEET_ROUNDS:-3}" \
+        --json "$OUT/kv-fleet-${device//[:,]/}-$batch.json" 2>&1 | tee -a "$OUT/summary.txt" ||
+        status=1
+    done
   done
   [ -n "${KV_FLEET_DEVICES:-}" ] && { rm -rf /tmp/kvbench; return; }
   log "ferry kv bench: host memory beside raw O_DIRECT (one piece of 2 MiB; vLLM's layout)"
