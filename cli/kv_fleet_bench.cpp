@@ -394,10 +394,6 @@ class FleetRounds {
         _gb(double(p.count) * double(p.block) / 1e9),
         _each(p.o.writers) {}
 
-  // Every round measures each case once, the puts first every other round, the raw writes
-  // first in the others: the fleet is judged against one writer (and raw against raw) on the
-  // disk of the same minute, not of an earlier phase of the run. The fleet's pass is the last
-  // put of a round: the reader reads its blocks back.
   // One pass of every writer at once, not timed: each writer's first put (a process's set-up of
   // its staging and copies; its share's first fill) is not the steady state the rounds compare.
   void warm_up() {
@@ -406,6 +402,10 @@ class FleetRounds {
     ++_pass;
   }
 
+  // Every round measures each case once, the puts first every other round, the raw writes
+  // first in the others: the fleet is judged against one writer (and raw against raw) on the
+  // disk of the same minute, not of an earlier phase of the run. The fleet's pass is the last
+  // put of a round: the reader reads its blocks back.
   void round(unsigned r) {
     if (r % 2 == 1) raws();
     alone();
@@ -496,7 +496,7 @@ class FleetRounds {
   const double _gb;
   std::uint64_t _pass = 0;
   std::vector<double> _one, _fleet, _lookups, _raw_one, _raw_fleet, _raw_shared;
-  std::vector<std::vector<double> > _each;
+  std::vector<std::vector<double>> _each;
   std::vector<KVPassTimes> _alone_times, _fleet_times;
 };
 
