@@ -7,8 +7,8 @@ build() {
   cmake -S . -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
     -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include \
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
-  # Stages that need only some targets (and no Python package) build those alone; several such
-  # stages in one call build their union. Any other stage builds everything.
+  # Stages that need only some targets build those alone (and the Python package only where they
+  # use it); several such stages in one call build their union. Any other stage builds everything.
   local targets="" nopip=1 stage
   [ "$(echo $stages)" = build ] && nopip=0  # `build` alone: everything
   for stage in $stages; do
