@@ -9,7 +9,7 @@ build() {
     -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu >"$OUT/build.log" 2>&1
   # Stages that need only some targets build those alone (and the Python package only where they
   # use it); several such stages in one call build their union. Any other stage builds everything.
-  local targets="" nopip=1 stage
+  local targets="" everything=0 nopip=1 stage
   [ "$(echo $stages)" = build ] && nopip=0  # `build` alone: everything
   for stage in $stages; do
     case "$stage" in
@@ -24,11 +24,11 @@ build() {
         targets+=" ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
       # tools/vllm_gpu_run.sh needs the Python package alone.
       vllm) targets+=" ferry_cli"; nopip=0 ;;
-      mgpu | mgpu-sweep | core | kvdma | kvlayout) targets=all ;;
-      *) targets=all; nopip=0 ;;
+      mgpu | mgpu-sweep | core | kvdma | kvlayout) everything=1 ;;
+      *) everything=1; nopip=0 ;;
     esac
   done
-  [ "$targets" = all ] || [ -z "$targets" ] && targets=""
+  [ "$everything" = 1 ] && targets=""
   # shellcheck disable=SC2086  # the targets are words
   ninja -C /tmp/build $(echo $targets | tr ' ' '\n' | sort -u) >>"$OUT/build.log" 2>&1 ||
     { tail -50 "$OUT/build.log"; exit 1; }
