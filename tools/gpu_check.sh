@@ -45,8 +45,13 @@ fi
 # Build dependencies: the same Debian packages CI installs, unpacked into a private prefix.
 mkdir -p /tmp/deps
 for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl
+# Stages that use no wheel run without them (a fresh checkout's .whl/ is empty until the fetch).
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+else
+  echo "gpu_check: no wheels in .whl/ (tools/fetch_gpu_deps.sh); stages that need them will fail" >&2
+fi
 export PYTHONPATH=/tmp/site
 
 for part in common load core kv stream mgpu firstload; do

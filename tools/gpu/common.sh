@@ -20,11 +20,13 @@ build() {
       firstload*) targets+=" ferry_cli"; nopip=0 ;;
       kvbisect) targets+=" ferry_cli" ;;
       kvfleet) targets+=" ferry_cli test_kv_fleet test_kv_cli" ;;
+      kvlayout)
+        targets+=" ferry_cli ferry test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash" ;;
       kvgroups | kvsweep)
         targets+=" ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
       # tools/vllm_gpu_run.sh needs the Python package alone.
       vllm) targets+=" ferry_cli"; nopip=0 ;;
-      mgpu | mgpu-sweep | core | kvdma | kvlayout) everything=1 ;;
+      mgpu | mgpu-sweep | core | kvdma) everything=1 ;;
       *) everything=1; nopip=0 ;;
     esac
   done
