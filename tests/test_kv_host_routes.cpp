@@ -62,5 +62,44 @@ TEST(KvStore, AChunkWithItsKeyTrailerMovesStraightAndItsTailIsCheckedFirst) {
   }
 }
 
+// A block larger than one O_DIRECT call moves in several, the calls' ends falling inside its
+// pieces: 12 KiB pieces at a 16 KiB stride (straight, O_DIRECT) with a 100-byte tail, and the
+// same bytes from unaligned pieces (through the bounce buffer), both ways, cold, bit-exact.
+TEST(KvStore, BlocksLargerThanOneDirectRequestMoveWholeInSeveral) {
+  constexpr std::uint64_t kPieces = 300, kPiece = 12 * kKiB, kStride = 16 * kKiB, kTail = 100;
+  const std::uint64_t size = kPieces * kPiece + kTail;
+  for (const bool aligned : {true, false}) {
+    TempDir dir;
+    auto store = KVStore::open(dir.path(), kv_namespace(), 2 * (size + 4096), size, {});
+    const std::uint64_t shift = aligned ? 0 : 8;  // unaligned pieces take the bounce buffer
+    auto in = page_aligned(kPieces * kStride + 4096), out = page_aligned(kPieces * kStride + 4096);
+    std::vector<std::byte> tail_in(kTail), tail_out(kTail);
+    std::vector<KVPiece> from, into;
+    for (std::uint64_t p = 0; p < kPieces; ++p) {
+      from.push_back({in.get() + shift + p * kStride, kPiece});
+      into.push_back({out.get() + shift + p * kStride, kPiece});
+    }
+    from.push_back({tail_in.data(), kTail});
+    into.push_back({tail_out.data(), kTail});
+    const auto bytes = kv_bytes(9, size);
+    for (std::uint64_t p = 0; p < kPieces; ++p)
+      std::memcpy(from[p].data, bytes.data() + p * kPiece, kPiece);
+    std::memcpy(tail_in.data(), bytes.data() + kPieces * kPiece, kTail);
+    const KVKey key = 9;
+    const KVBlock source(from), target(into);
+    const KVResult put = store.put(std::span(&key, 1), std::span(&source, 1))[0];
+    ASSERT_TRUE(put.ok()) << put.message;
+    EXPECT_EQ(put.route_reason.find("bounce") == std::string::npos, aligned) << put.route_reason;
+    drop_slab_cache(dir.path());
+    const KVResult got = store.get(std::span(&key, 1), std::span(&target, 1))[0];
+    ASSERT_TRUE(got.ok()) << got.message;
+    EXPECT_NE(got.route_reason.find("O_DIRECT"), std::string::npos) << got.route_reason;
+    for (std::uint64_t p = 0; p < kPieces; ++p)
+      ASSERT_EQ(std::memcmp(into[p].data, bytes.data() + p * kPiece, kPiece), 0)
+          << "piece " << p << (aligned ? " (straight)" : " (bounce)");
+    EXPECT_EQ(std::memcmp(tail_out.data(), bytes.data() + kPieces * kPiece, kTail), 0);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::test
