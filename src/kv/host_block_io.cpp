@@ -30,16 +30,14 @@ constexpr std::size_t kMaxInFlight = 16;              // blocks of a batch movin
 constexpr std::size_t kMinSharedWrites = 2;           // a fleet writer's writes in flight, at least
 constexpr std::uint64_t kBounceBytes = 256ull << 20;  // the most bounce memory one batch uses
 constexpr std::uint64_t kKeptBytes = 64ull << 20;     // the most bounce memory kept between calls
-// The most one O_DIRECT call moves: a 2 MiB block in huge-page memory goes to the disk as one
-// 2 MiB request, which the virtio disks ferry is measured on serve slower than smaller ones (16
-// threads, 2-core CPU machine, 2026-12-05, 512 blocks of 2 MiB: cold gets 2.10-2.14 GB/s in
-// 2 MiB requests, 2.26-2.27 in 1 MiB, 2.34-2.38 in 512 KiB; puts 2.68-2.77, 2.78-2.81 in
-// 512 KiB, 3.05-3.16 in 1 MiB). NVMe splits requests at its own transfer size anyway, so the caps
-// cost it only a few system calls.
-constexpr std::uint64_t kMaxDirectRead = 512ull << 10;
-constexpr std::uint64_t kMaxDirectWrite = 1ull << 20;
-template <bool kWrite>
-constexpr std::uint64_t kMaxDirectRequest = kWrite ? kMaxDirectWrite : kMaxDirectRead;
+// The most one O_DIRECT call moves. A 2 MiB block in huge-page memory goes to the disk as one
+// 2 MiB request, which the virtio disks ferry is measured on serve slower than smaller ones
+// (2026-12-05, 16 threads, 512 blocks of 2 MiB; CPU machine: cold gets 2.10-2.14 GB/s in 2 MiB
+// requests, 2.26-2.27 in 1 MiB, 2.34-2.38 in 512 KiB; puts 2.68-2.77, 3.05-3.16 in 1 MiB,
+// 2.78-2.81 in 512 KiB. The H100 machine's cold loads: 4 MiB reads 2.04-2.22 GB/s, 1 MiB
+// 2.14-2.40, 512 KiB 1.16-1.36). NVMe splits requests at its own transfer size anyway, so the
+// cap costs it only a few system calls.
+constexpr std::uint64_t kMaxDirectRequest = 1ull << 20;
 
 std::uint64_t total(std::span<const BlockSpan> pieces) {
   std::uint64_t sum = 0;
@@ -126,7 +124,7 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
     const NativeDescriptor fd = slabs.fd(slab);
     const std::uint64_t at = offset + done;
     const std::uint64_t want =
-        slabs.direct(slab) ? std::min(size - done, kMaxDirectRequest<kWrite>) : size - done;
+        slabs.direct(slab) ? std::min(size - done, kMaxDirectRequest) : size - done;
     const std::int64_t n = kWrite ? write_some_at(fd, buffer + done, want, at)
                                   : read_some_at(fd, buffer + done, want, at);
     if (n < 0) {
@@ -184,7 +182,7 @@ int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> piece
       // O_DIRECT: at most kMaxDirectRequest bytes a call, its last slice cut short for the call.
       std::size_t count = iov.size() - at;
       std::size_t cut = 0;
-      if (capped) cut = cap_slices(std::span(iov).subspan(at), kMaxDirectRequest<kWrite>, count);
+      if (capped) cut = cap_slices(std::span(iov).subspan(at), kMaxDirectRequest, count);
       const std::size_t last = at + count - 1;
       const std::size_t whole = std::exchange(iov[last].size, cut ? cut : iov[last].size);
       const std::int64_t n = kWrite ? write_slices_at(fd, &iov[at], count, offset)
