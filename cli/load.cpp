@@ -124,7 +124,9 @@ void add_load(CLI::App& app) {
                 "directstorage fall back to the staged path where DirectStorage cannot run");
   cmd->add_option("--staging-mib", staging_mib, "upper bound on host staging memory")
       ->capture_default_str();
-  cmd->add_option("--chunk-mib", chunk_mib, "largest single read (default: chosen)");
+  cmd->add_option("--chunk-mib", chunk_mib,
+                  "largest read into one staging slot (default: chosen; O_DIRECT moves it in calls "
+                  "of at most 1 MiB)");
   cmd->add_option("--threads", threads, "reader threads (default: chosen)");
   cmd->add_option("--slots", slots, "staging slots per reader thread (default: chosen)");
   cmd->add_option("--copy-streams", copy_streams,

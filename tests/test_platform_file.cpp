@@ -81,6 +81,34 @@ TEST(PlatformFile, UnbufferedReadsAreAlignedAndExact) {
   detail::free_pages(aligned, span);
 }
 
+// Unbuffered transfers go in calls of at most kMaxDirectCall: one of 2.5 calls' bytes writes
+// and reads back whole, and a read past the end stops there, mid-call.
+TEST(PlatformFile, UnbufferedTransfersLargerThanOneCallAreWhole) {
+  TempDir dir;
+  const auto path = dir / "large.bin";
+  const std::size_t size = 2 * detail::kMaxDirectCall + detail::kMaxDirectCall / 2;
+  const auto bytes = test::random_bytes(size, 11);
+  const std::size_t span = size + 2 * detail::kMaxDirectCall;  // room to read past the end
+  void* aligned = detail::allocate_pages(span);
+  ASSERT_NE(aligned, nullptr);
+  {
+    auto f = detail::PlatformFile::open(path, FileAccess::ReadWrite, true);
+    if (!f.has_direct()) {
+      detail::free_pages(aligned, span);
+      GTEST_SKIP() << "unbuffered I/O refused here: " << f.direct_refusal();
+    }
+    std::memcpy(aligned, bytes.data(), size);
+    f.write_all(aligned, size, 0, true);
+    f.sync();
+  }
+  auto f = detail::PlatformFile::open(path, FileAccess::Read, true);
+  std::memset(aligned, 0, span);
+  const std::size_t got = f.read_up_to(aligned, span - 4096, 4096, true);
+  EXPECT_EQ(got, size - 4096);
+  EXPECT_EQ(std::memcmp(aligned, bytes.data() + 4096, size - 4096), 0);
+  detail::free_pages(aligned, span);
+}
+
 TEST(PlatformFile, IdentityNamesTheFileNotThePath) {
   TempDir dir;
   test::write_file(dir / "a", "first");

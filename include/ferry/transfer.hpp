@@ -41,7 +41,7 @@ struct TransferOptions {
                                     // (and host staging where its D3D12 -> CUDA bridge fails)
   IoMode io = IoMode::Auto;         // the staged path: per file, O_DIRECT or buffered
   unsigned threads = 0;             // workers; 0: 16 (at most kMaxWorkerThreads, 64)
-  std::uint64_t chunk_bytes = 0;    // largest single read or write; 0: 4 MiB
+  std::uint64_t chunk_bytes = 0;    // a slot's largest read or write (O_DIRECT: 1 MiB calls)
   unsigned slots_per_thread = 0;    // staging slots a worker cycles through; 0: 2
   // CUDA streams per device that the workers' copies share; 0: one per worker.
   unsigned copy_streams = 0;

@@ -17,6 +17,7 @@
 #include "ferry/error.hpp"
 #include "kv/block_hasher.hpp"
 #include "kv/checksum.hpp"
+#include "platform/file.hpp"
 #include "platform/file_ranges.hpp"
 #include "platform/system.hpp"
 #include "services/worker_pool.hpp"
@@ -30,14 +31,6 @@ constexpr std::size_t kMaxInFlight = 16;              // blocks of a batch movin
 constexpr std::size_t kMinSharedWrites = 2;           // a fleet writer's writes in flight, at least
 constexpr std::uint64_t kBounceBytes = 256ull << 20;  // the most bounce memory one batch uses
 constexpr std::uint64_t kKeptBytes = 64ull << 20;     // the most bounce memory kept between calls
-// The most one O_DIRECT call moves. A 2 MiB block in huge-page memory goes to the disk as one
-// 2 MiB request, which the virtio disks ferry is measured on serve slower than smaller ones
-// (2026-12-05, 16 threads, 512 blocks of 2 MiB; CPU machine: cold gets 2.10-2.14 GB/s in 2 MiB
-// requests, 2.26-2.27 in 1 MiB, 2.34-2.38 in 512 KiB; puts 2.68-2.77, 3.05-3.16 in 1 MiB,
-// 2.78-2.81 in 512 KiB. The H100 machine's cold loads: 4 MiB reads 2.04-2.22 GB/s, 1 MiB
-// 2.14-2.40, 512 KiB 1.16-1.36). NVMe splits requests at its own transfer size anyway, so the
-// cap costs it only a few system calls.
-constexpr std::uint64_t kMaxDirectRequest = 1ull << 20;
 
 std::uint64_t total(std::span<const BlockSpan> pieces) {
   std::uint64_t sum = 0;
@@ -112,7 +105,7 @@ std::string direct_reason(const DirectSplit& split, const char* how) {
                 split.tail.size > 0 ? ", the last partial page through a page of its own)" : ")");
 }
 
-// One positioned transfer of exactly `size` bytes (O_DIRECT in calls of at most kMaxDirectRequest),
+// One positioned transfer of exactly `size` bytes (O_DIRECT in calls of at most kMaxDirectCall),
 // retrying short transfers and EINTR; an EINVAL on the O_DIRECT descriptor switches the slab to
 // buffered and retries there.
 // Returns 0 or the errno of the failure.
@@ -124,7 +117,7 @@ int transfer(SlabFiles& slabs, int slab, std::byte* buffer, std::uint64_t size,
     const NativeDescriptor fd = slabs.fd(slab);
     const std::uint64_t at = offset + done;
     const std::uint64_t want =
-        slabs.direct(slab) ? std::min(size - done, kMaxDirectRequest) : size - done;
+        slabs.direct(slab) ? std::min(size - done, kMaxDirectCall) : size - done;
     const std::int64_t n = kWrite ? write_some_at(fd, buffer + done, want, at)
                                   : read_some_at(fd, buffer + done, want, at);
     if (n < 0) {
@@ -158,7 +151,7 @@ std::size_t cap_slices(std::span<const IoSlice> slices, std::uint64_t cap, std::
 }
 
 // The pieces by preadv/pwritev (in windows of kMaxSlices; O_DIRECT in calls of at most
-// kMaxDirectRequest bytes), short transfers resumed; buffered, or O_DIRECT where `direct` (an
+// kMaxDirectCall bytes), short transfers resumed; buffered, or O_DIRECT where `direct` (an
 // EINVAL there switches the slab to buffered, and the rest goes that way). Returns 0 or the errno
 // of the failure.
 template <bool kWrite>
@@ -179,10 +172,10 @@ int transfer_pieces(SlabFiles& slabs, int slab, std::span<const BlockSpan> piece
     while (want > 0) {
       const NativeDescriptor fd = direct ? slabs.fd(slab) : slabs.buffered_fd(slab);
       const bool capped = direct && slabs.direct(slab);
-      // O_DIRECT: at most kMaxDirectRequest bytes a call, its last slice cut short for the call.
+      // O_DIRECT: at most kMaxDirectCall bytes a call, its last slice cut short for the call.
       std::size_t count = iov.size() - at;
       std::size_t cut = 0;
-      if (capped) cut = cap_slices(std::span(iov).subspan(at), kMaxDirectRequest, count);
+      if (capped) cut = cap_slices(std::span(iov).subspan(at), kMaxDirectCall, count);
       const std::size_t last = at + count - 1;
       const std::size_t whole = std::exchange(iov[last].size, cut ? cut : iov[last].size);
       const std::int64_t n = kWrite ? write_slices_at(fd, &iov[at], count, offset)

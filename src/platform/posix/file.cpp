@@ -99,7 +99,9 @@ std::size_t PlatformFile::read_up_to(void* buffer, std::size_t size, std::uint64
   auto* out = static_cast<char*>(buffer);
   std::size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    const std::size_t want =
+        direct ? std::min<std::size_t>(size - done, kMaxDirectCall) : size - done;
+    const ssize_t n = ::pread(fd, out + done, want, static_cast<off_t>(offset + done));
     if (n < 0) {
       const int error = errno;
       if (error == EINTR) continue;
@@ -117,7 +119,9 @@ void PlatformFile::write_all(const void* buffer, std::size_t size, std::uint64_t
   const auto* in = static_cast<const char*>(buffer);
   std::size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pwrite(fd, in + done, size - done, static_cast<off_t>(offset + done));
+    const std::size_t want =
+        direct ? std::min<std::size_t>(size - done, kMaxDirectCall) : size - done;
+    const ssize_t n = ::pwrite(fd, in + done, want, static_cast<off_t>(offset + done));
     if (n < 0) {
       const int error = errno;
       if (error == EINTR) continue;

@@ -101,7 +101,8 @@ std::size_t PlatformFile::read_up_to(void* buffer, std::size_t size, std::uint64
   auto* out = static_cast<char*>(buffer);
   std::size_t done = 0;
   while (done < size) {
-    const DWORD want = static_cast<DWORD>(std::min(size - done, kMaxTransfer));
+    const DWORD want =
+        static_cast<DWORD>(std::min(size - done, direct ? kMaxDirectCall : kMaxTransfer));
     DWORD got = 0;
     if (!win32::read_at(h, out + done, want, offset + done, got))
       win32::fail(::GetLastError(), _path.string(), ": read of ", size, " bytes at offset ", offset,
@@ -118,7 +119,8 @@ void PlatformFile::write_all(const void* buffer, std::size_t size, std::uint64_t
   const auto* in = static_cast<const char*>(buffer);
   std::size_t done = 0;
   while (done < size) {
-    const DWORD want = static_cast<DWORD>(std::min(size - done, kMaxTransfer));
+    const DWORD want =
+        static_cast<DWORD>(std::min(size - done, direct ? kMaxDirectCall : kMaxTransfer));
     DWORD put = 0;
     if (!win32::write_at(h, in + done, want, offset + done, put))
       win32::fail(::GetLastError(), _path.string(), ": write of ", size, " bytes at offset ",
