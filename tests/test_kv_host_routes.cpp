@@ -65,7 +65,7 @@ TEST(KvStore, AChunkWithItsKeyTrailerMovesStraightAndItsTailIsCheckedFirst) {
 // A block larger than one O_DIRECT call moves in several, the calls' ends falling inside its
 // pieces: 12 KiB pieces at a 16 KiB stride (straight, O_DIRECT) with a 100-byte tail, and the
 // same bytes from unaligned pieces (through the bounce buffer), both ways, cold, bit-exact.
-TEST(KvStore, BlocksLargerThanOneDirectRequestMoveWholeInSeveral) {
+TEST(KvStore, BlocksLargerThanOneDirectCallMoveWholeInSeveral) {
   constexpr std::uint64_t kPieces = 300, kPiece = 12 * kKiB, kStride = 16 * kKiB, kTail = 100;
   const std::uint64_t size = kPieces * kPiece + kTail;
   for (const bool aligned : {true, false}) {
