@@ -21,7 +21,8 @@ build() {
       kvbisect) targets+=" ferry_cli" ;;
       kvfleet) targets+=" ferry_cli test_kv_fleet test_kv_cli" ;;
       kvlayout)
-        targets+=" ferry_cli ferry test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash" ;;
+        targets+=" ferry_cli test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash" ;;
+      kvtier) targets+=" ferry" ;;
       kvgroups | kvsweep)
         targets+=" ferry_cli test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache" ;;
       # tools/vllm_gpu_run.sh needs the Python package alone.

@@ -1,4 +1,5 @@
-# The KV block store (stages kv, kvperf, kvdma, kvlayout, kvfleet and kvgroups).
+# The KV block store (stages kv, kvperf, kvdma, kvlayout, kvtier, kvfleet, kvgroups, kvsweep and
+# kvbisect).
 # Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
 
 # Each named test binary of /tmp/build/tests, its log in $OUT, its gtest summary in the summary.
@@ -139,13 +140,21 @@ kv_layout_stage() {
     tee -a "$OUT/summary.txt" || status=1
   "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
-  # ferry's calls 4 at once, as the ferry tier runs vLLM's jobs (the fs tier's threads never wait
-  # at a batch's end).
+  rm -rf /tmp/kvbench
+}
+
+# The store's host path beside an equivalent of vLLM's fs tier (a file per block, O_DIRECT, 16
+# threads) on this disk, one piece and 64 a block: a stage of its own, as kvlayout fills a call.
+# ferry's calls 4 at once, as the ferry tier runs vLLM's jobs (the fs tier's threads never wait
+# at a batch's end). About 2 minutes after build.
+kv_tier_stage() {
   log "bench/kv/kv_vs_fs_tier.py: ferry beside a vLLM-fs-tier equivalent (file per block, O_DIRECT, 16 threads)"
-  python3 bench/kv/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --inflight 4 2>&1 |
-    tee -a "$OUT/summary.txt" || status=1
-  python3 bench/kv/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so --pieces 64 --inflight 4 2>&1 |
-    tee -a "$OUT/summary.txt" || status=1
+  mkdir -p /tmp/kvbench
+  local pieces
+  for pieces in 1 64; do
+    python3 bench/kv/kv_vs_fs_tier.py --dir /tmp/kvbench/fs --lib /tmp/build/libferry.so \
+      --pieces "$pieces" --inflight 4 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  done
   rm -rf /tmp/kvbench
 }
 
