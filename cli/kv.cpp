@@ -107,6 +107,24 @@ nlohmann::json pass_json(const KVPassTimes& t) {
 }
 
 // `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
+// Each round's ratio of `ours` to the rates beside it, and their median: passes a few seconds
+// apart, where the disk's drift between rounds moves the ratio of the medians.
+std::string round_ratios(const std::vector<double>& ours, const std::vector<double>& beside) {
+  std::string out;
+  char ratio[32];
+  std::vector<double> each;
+  for (std::size_t i = 0; i < ours.size() && i < beside.size(); ++i) {
+    each.push_back(ours[i] / beside[i]);
+    std::snprintf(ratio, sizeof ratio, "%s%.2f", i ? " " : "", each.back());
+    out += ratio;
+  }
+  if (each.size() > 1) {
+    std::snprintf(ratio, sizeof ratio, " (median %.2f)", kv_bench::median(each));
+    out += ratio;
+  }
+  return out;
+}
+
 void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
   std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
   if (!json.empty()) json_file.emplace(json);
@@ -128,9 +146,8 @@ void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
               " raw's own x%.2f); each:", r.one_writer_put_gbps, r.writers, r.fleet_put_gbps,
               r.fleet_put_gbps / r.one_writer_put_gbps, raw_ratio);
   for (double g : r.writer_put_gbps) std::printf(" %.2f", g);
-  std::printf("; each round's x one:");
-  for (std::size_t i = 0; i < r.fleet_round_gbps.size() && i < r.one_writer_round_gbps.size(); ++i)
-    std::printf(" %.2f", r.fleet_round_gbps[i] / r.one_writer_round_gbps[i]);
+  std::printf("; each round's x one: %s",
+              round_ratios(r.fleet_round_gbps, r.one_writer_round_gbps).c_str());
   const double pass_seconds = double(r.blocks_per_writer) * double(r.block_bytes) / 1e9;
   std::printf(
       "\n  a writer's pass (%.3f s alone, %.3f s in the fleet): moving %.3f / %.3f s, "
@@ -326,19 +343,9 @@ void add_bench(CLI::App& kv) {
       if (!r.gpu_checksum_note.empty())
         std::printf(" (no GPU checksum: %s)", r.gpu_checksum_note.c_str());
       std::printf("\n");
-      // Each round's ratio to the raw I/O beside it: the disk's drift between rounds shows.
-      const auto ratios = [](const std::vector<double>& ours, const std::vector<double>& raw) {
-        std::string out;
-        char ratio[16];
-        for (std::size_t i = 0; i < ours.size() && i < raw.size(); ++i) {
-          std::snprintf(ratio, sizeof ratio, "%s%.2f", i ? " " : "", ours[i] / raw[i]);
-          out += ratio;
-        }
-        return out;
-      };
       std::printf("    per round, x raw: put %s;  get cold %s\n",
-                  ratios(r.put_round_gbps, r.raw_write_round_gbps).c_str(),
-                  ratios(r.get_cold_round_gbps, r.raw_read_round_gbps).c_str());
+                  round_ratios(r.put_round_gbps, r.raw_write_round_gbps).c_str(),
+                  round_ratios(r.get_cold_round_gbps, r.raw_read_round_gbps).c_str());
       // Where each pass's time went (ms per pass, the mean of the rounds).
       const auto times = [&r](const char* what, const KVBenchTimes& t) {
         std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,

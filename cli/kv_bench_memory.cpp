@@ -95,8 +95,10 @@ std::vector<std::byte> BatchMemory::read() const {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;  // even: the middle two's mean
 }
 
 // Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or

@@ -51,6 +51,7 @@ class BatchMemory {
   std::shared_ptr<void> _memory;
 };
 
+// The median (of an even count, the mean of the middle two); 0 for none.
 double median(std::vector<double> v);
 
 // Drops the file's pages from the page cache (clean ones: the slabs are written O_DIRECT or

@@ -76,6 +76,7 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   EXPECT_NE(text.find("\"raw_write_gbps\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"get_warm_seconds\""), std::string::npos) << text;
   EXPECT_NE(out.find("per round, x raw: put "), std::string::npos) << out;
+  EXPECT_NE(out.find(" (median "), std::string::npos) << out;  // of the rounds' ratios
   for (const auto& row : nlohmann::json::parse(text)) {  // each round's rates, one a round
     const auto rounds = row.at("rounds").get<std::size_t>();
     for (const char* key :
