@@ -106,7 +106,6 @@ nlohmann::json pass_json(const KVPassTimes& t) {
           {"writers_active", t.writers_active}};
 }
 
-// `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
 // Each round's ratio of `ours` to the rates beside it, and their median: passes a few seconds
 // apart, where the disk's drift between rounds moves the ratio of the medians.
 std::string round_ratios(const std::vector<double>& ours, const std::vector<double>& beside) {
@@ -125,6 +124,7 @@ std::string round_ratios(const std::vector<double>& ours, const std::vector<doub
   return out;
 }
 
+// `kv bench --writers N`: the fleet's figures, and its row as JSON where asked.
 void print_fleet_bench(const KVBenchOptions& o, const std::string& json) {
   std::optional<OutputFile> json_file;  // opened first: an unwritable path fails at once
   if (!json.empty()) json_file.emplace(json);
