@@ -19,9 +19,10 @@ double seconds_since(std::chrono::steady_clock::time_point start);
 std::uint64_t round_up(std::uint64_t n);
 
 // Raw I/O of the same bytes as the store moves: `count` blocks, one pwrite/pread per block at
-// 4 KiB-aligned slots, in batches whose blocks run on as many threads as the store keeps in
-// flight; writes are O_DIRECT with one fdatasync per batch (as a durable put), cold reads
-// O_DIRECT, warm reads buffered from the page cache. The file is removed with the object.
+// 4 KiB-aligned slots from a buffer of its own per block of a batch, in batches whose blocks run
+// on as many threads as the store keeps in flight; writes are O_DIRECT with one fdatasync per
+// batch (as a durable put), cold reads O_DIRECT, warm reads buffered from the page cache. The
+// file is removed with the object.
 class RawFile {
  public:
   RawFile(std::filesystem::path file, std::uint64_t block, std::uint64_t count,
@@ -44,7 +45,8 @@ class RawFile {
   std::filesystem::path _path;
   std::uint64_t _slot, _count, _batch;
   detail::FileDescriptor _buffered, _direct;
-  std::vector<std::shared_ptr<void>> _buffers;
+  std::size_t _threads = 0;
+  std::shared_ptr<void> _memory;  // the batch's blocks, a slot each
 };
 
 }  // namespace ferry::kv_bench
