@@ -1,5 +1,5 @@
-# The KV block store (stages kv, kvperf, kvdma, kvlayout, kvtier, kvfleet, kvgroups, kvsweep and
-# kvbisect).
+# The KV block store (stages kv, kvperf, kvdma, kvlayout, kvtier, kvfleet, kvgroups, kvsweep,
+# kvbisect) and how the disk serves O_DIRECT by request size (requestsize).
 # Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
 
 # Each named test binary of /tmp/build/tests, its log in $OUT, its gtest summary in the summary.
@@ -156,6 +156,49 @@ kv_tier_stage() {
       --pieces "$pieces" --inflight 4 2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
   rm -rf /tmp/kvbench
+}
+
+# How this disk serves O_DIRECT reads by size (about 60 s after build): a 4 GB file of random
+# bytes loaded cold onto cuda:0 with reads of 4, 1 and 0.5 MiB (--chunk-mib; unbuffered calls are
+# at most 1 MiB, src/platform/file.hpp), three rounds, then the store's host path beside raw
+# O_DIRECT (one piece of 2 MiB; vLLM's layout).
+request_size_stage() {
+  log "cold loads by read size, then the KV host path beside raw O_DIRECT"
+  mkdir -p /tmp/reqsize /tmp/kvbench
+  python3 - <<'PY'
+import json, os, struct
+count, size = 40, 96 << 20
+header, offset = {}, 0
+for i in range(count):
+    header[f"t{i}"] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+    offset += size
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+with open("/tmp/reqsize/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    block = os.urandom(size)
+    for i in range(count):
+        f.write(block[i:] + block[:i])
+    f.flush()
+    os.fsync(f.fileno())
+PY
+  local round mib layout
+  for round in 1 2 3; do
+    for mib in 4 1 0.5; do
+      python3 -c "import os; fd = os.open('/tmp/reqsize/model.safetensors', os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)"
+      printf "round %s, cold load, reads of %s MiB: " "$round" "$mib" | tee -a "$OUT/summary.txt"
+      "$ferry" load /tmp/reqsize --device cuda:0 --io direct --chunk-mib "$mib" 2>&1 |
+        grep -E "^loaded" | tee -a "$OUT/summary.txt" || status=1
+    done
+  done
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  for layout in "--sizes 2M" "$vllm"; do
+    # shellcheck disable=SC2086  # the layout's words
+    "$ferry" kv bench /tmp/kvbench --device cpu $layout --batch 128 --bytes 1G --rounds 3 2>&1 |
+      grep -v "ms per pass" | tee -a "$OUT/summary.txt" || status=1
+  done
+  rm -rf /tmp/reqsize /tmp/kvbench
 }
 
 # A fleet of writer processes on one namespace (issue 26): the fleet tests, then `ferry kv bench
