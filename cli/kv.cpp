@@ -346,6 +346,12 @@ void add_bench(CLI::App& kv) {
       std::printf("    per round, x raw: put %s;  get cold %s\n",
                   round_ratios(r.put_round_gbps, r.raw_write_round_gbps).c_str(),
                   round_ratios(r.get_cold_round_gbps, r.raw_read_round_gbps).c_str());
+      if (r.one_piece_warm_gbps > 0)
+        std::printf(
+            "    warm get x one piece (this size in one piece, a store of its own, "
+            "taking turns with these): %.2f GB/s; per round %s\n",
+            r.one_piece_warm_gbps,
+            round_ratios(r.get_warm_round_gbps, r.one_piece_warm_round_gbps).c_str());
       // Where each pass's time went (ms per pass, the mean of the rounds).
       const auto times = [&r](const char* what, const KVBenchTimes& t) {
         std::printf("%s %.1f = move %.1f + sync %.1f + journal %.1f", what, t.pass * 1e3,
@@ -437,6 +443,9 @@ void add_bench(CLI::App& kv) {
                       {"raw_write_round_gbps", r.raw_write_round_gbps},
                       {"get_cold_round_gbps", r.get_cold_round_gbps},
                       {"raw_read_round_gbps", r.raw_read_round_gbps},
+                      {"one_piece_warm_gbps", r.one_piece_warm_gbps},
+                      {"get_warm_round_gbps", r.get_warm_round_gbps},
+                      {"one_piece_warm_round_gbps", r.one_piece_warm_round_gbps},
                       {"rounds", r.rounds},
                       {"pinned_d2h_gbps", r.pinned_d2h_gbps},
                       {"pinned_h2d_gbps", r.pinned_h2d_gbps},

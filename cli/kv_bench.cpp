@@ -129,6 +129,22 @@ void accumulate(KVBenchTimes& into, const KVBenchTimes& t, double weight) {
   into.prepare += t.prepare * weight;
 }
 
+// The bench's store for blocks of `block` bytes in `pieces` pieces laid out as `layout`.
+KVNamespace bench_namespace(std::uint64_t block, unsigned pieces, const std::string& layout) {
+  return {
+      "kv-bench", "bytes",
+      "block=" + std::to_string(block) + ",pieces=" + std::to_string(pieces) + ",layout=" + layout,
+      0, 1};
+}
+
+// What a pass moves: a batch's blocks between a store and the bench's memory; whether their
+// route is the row's.
+struct PassBlocks {
+  KVStore& store;
+  std::span<const KVBlock> sources, targets;
+  bool row = true;
+};
+
 // One row: rounds of puts then gets (cold, then warm) of `count` blocks in batches, each beside
 // the raw I/O of the same bytes (alternating which goes first); run() returns the row of medians.
 class RowBench {
@@ -137,25 +153,43 @@ class RowBench {
   KVBenchRow run();
 
  private:
+  // Blocks of the row's size in one piece each, in a store of their own: their warm gets take
+  // turns with a many-piece row's (KVBenchRow::one_piece_warm_gbps).
+  struct OnePiece {
+    explicit OnePiece(const RowBench& b);
+    BatchMemory source, target;
+    std::vector<std::vector<KVPiece>> in, out;
+    std::vector<KVBlock> sources, targets;
+    KVStore store;
+    std::vector<fs::path> slabs;
+  };
   // What the rounds use: the store; with page-cache DMA, the same store read without it (for
   // the warm gets it is measured against; a reader follows the writer's commits); the raw file;
-  // the store's slab files.
+  // the store's slab files; for a row of several pieces without page-cache DMA, the one-piece
+  // store.
   struct Open {
     explicit Open(const RowBench& b);
     KVStore store;
     std::unique_ptr<KVStore> staged;
     RawFile raw;
     std::vector<fs::path> slabs;
+    std::unique_ptr<OnePiece> one_piece;
   };
 
   KVStoreOptions store_options(KVPath path) const;
   std::uint64_t capacity() const { return _count * round_up(_block); }
-  double pass(bool put, std::uint64_t round, KVBenchTimes& times, KVStore* through = nullptr,
+  // The row's own blocks, through `through` (the store, or the reader without page-cache DMA).
+  PassBlocks row_blocks(KVStore* through = nullptr) const;
+  PassBlocks one_piece_blocks() const;
+  double pass(bool put, std::uint64_t round, KVBenchTimes& times, const PassBlocks& blocks,
               double share = 1);
-  void check() const;
-  void check_and_clear() const;
+  void check(const BatchMemory& target) const;
+  void check_and_clear(const BatchMemory& target) const;
+  void check() const { check(_target); }
+  void check_and_clear() const { check_and_clear(_target); }
   void round(std::uint64_t r);
   void warm_gets(std::uint64_t r);
+  void one_piece_warm_gets(std::uint64_t r);
   void registered_pass(std::uint64_t r, const KVStats& before);
   void finish_row();
 
@@ -174,14 +208,37 @@ class RowBench {
   std::vector<KVKey> _keys;
   std::vector<double> _put_s, _cold_s, _warm_s, _raw_write_s, _raw_cold_s, _raw_warm_s;
   std::vector<double> _registered_s, _register_s, _staged_s;
+  std::vector<double> _one_warm_s;  // the one-piece store's warm passes, kWarmPasses a round
+  const fs::path _one_piece_dir;
 };
+
+RowBench::OnePiece::OnePiece(const RowBench& b)
+    : source(b._o.device, b._block, b._batch, PieceLayout{}),
+      target(b._o.device, b._block, b._batch, PieceLayout{}),
+      in(b._batch),
+      out(b._batch),
+      store(KVStore::open(b._o.root, bench_namespace(b._block, 1, ""), b.capacity(), b._block,
+                          b._options)),
+      slabs(slabs_of(b._one_piece_dir)) {
+  source.fill(b._pattern);
+  target.fill(std::vector<std::byte>(b._pattern.size()));
+  for (std::uint64_t i = 0; i < b._batch; ++i) {
+    in[i] = source.block(i);
+    out[i] = target.block(i);
+  }
+  sources.assign(in.begin(), in.end());
+  targets.assign(out.begin(), out.end());
+}
 
 RowBench::Open::Open(const RowBench& b)
     // Room for one round's blocks: each round's puts evict the round before's.
     : store(KVStore::open(b._o.root, b._ns, b.capacity(), b._block, b._options)),
       raw(b._o.root / "kv-bench-raw.bin", b._block, b._count, b._batch),
       slabs(slabs_of(b._dir)) {
-  if (!b._o.page_cache_pin) return;
+  if (!b._o.page_cache_pin) {
+    if (b._layout.pieces > 1) one_piece = std::make_unique<OnePiece>(b);
+    return;
+  }
   KVStoreOptions plain = b._options;
   plain.page_cache_pin_bytes = 0;
   plain.read_only = true;
@@ -195,10 +252,7 @@ RowBench::RowBench(const KVBenchOptions& o, std::uint64_t block, KVPath path)
       _batch(kv_bench_batch(o, block)),
       _count(std::max(_batch, o.bytes / block)),
       _layout(piece_layout(o)),
-      _ns{"kv-bench", "bytes",
-          "block=" + std::to_string(block) + ",pieces=" + std::to_string(_layout.pieces) +
-              ",layout=" + o.layout,
-          0, 1},
+      _ns(bench_namespace(block, _layout.pieces, o.layout)),
       _options(store_options(path)),
       _source(o.device, block, _batch, _layout),
       _target(o.device, block, _batch, _layout),
@@ -206,7 +260,8 @@ RowBench::RowBench(const KVBenchOptions& o, std::uint64_t block, KVPath path)
       _in(_batch),
       _out(_batch),
       _dir(o.root / KVStore::directory_name(_ns)),
-      _keys(_batch) {
+      _keys(_batch),
+      _one_piece_dir(o.root / KVStore::directory_name(bench_namespace(block, 1, ""))) {
   for (std::size_t i = 0; i < _pattern.size(); ++i) _pattern[i] = std::byte(i * 131 + i / 4099);
   _source.fill(_pattern);
   // The target's pages made before round 0's cold gets, as the raw reads' buffers are: else the
@@ -239,31 +294,41 @@ KVStoreOptions RowBench::store_options(KVPath path) const {
 
 KVBenchRow RowBench::run() {
   fs::remove_all(_dir);
+  fs::remove_all(_one_piece_dir);
   _open = std::make_unique<Open>(*this);
   for (std::uint64_t r = 0; r < _row.rounds; ++r) round(r);
   _open.reset();
   fs::remove_all(_dir);
+  fs::remove_all(_one_piece_dir);
   finish_row();
   return _row;
 }
 
-// One pass over the round's `count` keys (through `through`: the store, or the reader without
-// page-cache DMA), its times added to `times` as `share` of the round's.
-double RowBench::pass(bool put, std::uint64_t round, KVBenchTimes& times, KVStore* through,
+PassBlocks RowBench::row_blocks(KVStore* through) const {
+  return {through ? *through : _open->store, _sources, _targets};
+}
+
+PassBlocks RowBench::one_piece_blocks() const {
+  OnePiece& one = *_open->one_piece;
+  return {one.store, one.sources, one.targets, false};
+}
+
+// One pass over the round's `count` keys, its times added to `times` as `share` of the round's.
+double RowBench::pass(bool put, std::uint64_t round, KVBenchTimes& times, const PassBlocks& blocks,
                       double share) {
-  KVStore& store = through ? *through : _open->store;
+  KVStore& store = blocks.store;
   const KVStats before = store.stats();
   const auto start = Clock::now();
   for (std::uint64_t i = 0; i < _count; i += _batch) {
     const std::uint64_t n = std::min(_batch, _count - i);
     for (std::uint64_t k = 0; k < n; ++k) _keys[k] = round * _count + i + k + 1;
-    const auto results = put ? store.put(std::span(_keys).first(n), std::span(_sources).first(n))
-                             : store.get(std::span(_keys).first(n), std::span(_targets).first(n));
+    const auto results = put ? store.put(std::span(_keys).first(n), blocks.sources.first(n))
+                             : store.get(std::span(_keys).first(n), blocks.targets.first(n));
     for (const KVResult& r : results) {
       FERRY_EXPECT(r.ok() && r.status != KVStatus::already_present, std::runtime_error, "kv bench ",
                    put ? "put" : "get", " of ", _block, "-byte blocks: ", to_string(r.status), ": ",
                    r.message);
-      _row.path = to_string(r.route);
+      if (blocks.row) _row.path = to_string(r.route);
     }
   }
   const double seconds = seconds_since(start);
@@ -272,17 +337,17 @@ double RowBench::pass(bool put, std::uint64_t round, KVBenchTimes& times, KVStor
 }
 
 // The last pass's blocks (those of its last batch, which the target holds) against the pattern.
-void RowBench::check() const {
+void RowBench::check(const BatchMemory& target) const {
   const std::uint64_t last = _count - (_count - 1) / _batch * _batch;  // blocks in the last batch
-  const std::vector<std::byte> got = _target.read();
+  const std::vector<std::byte> got = target.read();
   FERRY_EXPECT(std::equal(got.begin(), got.begin() + last * _block, _pattern.begin()),
                std::runtime_error, "kv bench: the blocks got back differ from those put (", _block,
                "-byte blocks, ", _row.path, ")");
 }
 
-void RowBench::check_and_clear() const {
-  check();
-  _target.fill(std::vector<std::byte>(_pattern.size()));
+void RowBench::check_and_clear(const BatchMemory& target) const {
+  check(target);
+  target.fill(std::vector<std::byte>(_pattern.size()));
 }
 
 // Each pair in turn, ferry's first in even rounds.
@@ -300,18 +365,29 @@ void in_turn(std::uint64_t round, const Ferry& ferry, const Raw& raw) {
 void RowBench::round(std::uint64_t r) {
   Open& open = *_open;
   in_turn(
-      r, [&] { _put_s.push_back(pass(true, r, _row.put_times)); },
+      r, [&] { _put_s.push_back(pass(true, r, _row.put_times, row_blocks())); },
       [&] { _raw_write_s.push_back(open.raw.write()); });
+  if (open.one_piece) {  // untimed: the one-piece store's blocks for this round's warm gets
+    KVBenchTimes unused;
+    pass(true, r, unused, one_piece_blocks());
+  }
   in_turn(
       r,
       [&] {
         for (const auto& slab : open.slabs) drop_cache(slab);
-        _cold_s.push_back(pass(false, r, _row.cold_times));
+        _cold_s.push_back(pass(false, r, _row.cold_times, row_blocks()));
       },
       [&] { _raw_cold_s.push_back(open.raw.read_cold()); });
   check_and_clear();
-  in_turn(
-      r, [&] { warm_gets(r); }, [&] { _raw_warm_s.push_back(open.raw.read_warm()); });
+  // The one-piece store's warm gets right before or after the row's, in turn.
+  const auto ferry = [&] {
+    if (open.one_piece)
+      in_turn(
+          r, [&] { warm_gets(r); }, [&] { one_piece_warm_gets(r); });
+    else
+      warm_gets(r);
+  };
+  in_turn(r, ferry, [&] { _raw_warm_s.push_back(open.raw.read_warm()); });
   check();
 }
 
@@ -323,7 +399,7 @@ void RowBench::warm_gets(std::uint64_t r) {
   for (const auto& slab : open.slabs) warm(slab);
   if (open.staged) {
     KVBenchTimes unused;
-    _staged_s.push_back(pass(false, r, unused, open.staged.get()));
+    _staged_s.push_back(pass(false, r, unused, row_blocks(open.staged.get())));
     _row.warm_staged_path = _row.path;
     check_and_clear();  // each pass's bytes checked
   }
@@ -334,10 +410,21 @@ void RowBench::warm_gets(std::uint64_t r) {
   const unsigned passes = _o.page_cache_pin ? 1 : kWarmPasses;
   for (unsigned p = 0; p < passes; ++p) {
     if (p > 0) check_and_clear();
-    _warm_s.push_back(pass(false, r, _row.warm_times, nullptr, 1.0 / passes));
+    _warm_s.push_back(pass(false, r, _row.warm_times, row_blocks(), 1.0 / passes));
   }
   _row.warm_resident = std::min(_row.warm_resident, resident_share(open.slabs));
   if (_o.page_cache_pin) registered_pass(r, before);
+}
+
+// The one-piece store's warm gets of the round's blocks, as many passes as the row's.
+void RowBench::one_piece_warm_gets(std::uint64_t r) {
+  OnePiece& one = *_open->one_piece;
+  for (const auto& slab : one.slabs) warm(slab);
+  KVBenchTimes unused;
+  for (unsigned p = 0; p < kWarmPasses; ++p) {
+    _one_warm_s.push_back(pass(false, r, unused, one_piece_blocks()));
+    check_and_clear(one.target);
+  }
 }
 
 // A warm pass from the windows the first warm pass registered (in the background), and where its
@@ -351,7 +438,7 @@ void RowBench::registered_pass(std::uint64_t r, const KVStats& before) {
                         before.page_cache_register_seconds);
   check_and_clear();
   KVBenchTimes unused;
-  _registered_s.push_back(pass(false, r, unused));
+  _registered_s.push_back(pass(false, r, unused, row_blocks()));
   _row.warm_registered_path = _row.path;
   const KVStats after = store.stats();
   const double share = 1.0 / _row.rounds;
@@ -388,6 +475,19 @@ void RowBench::finish_row() {
   row.raw_write_round_gbps = rates(_raw_write_s);
   row.get_cold_round_gbps = rates(_cold_s);
   row.raw_read_round_gbps = rates(_raw_cold_s);
+  if (!_one_warm_s.empty()) {
+    row.one_piece_warm_gbps = gb / median(_one_warm_s);
+    // Each round's passes' median.
+    const auto by_round = [&](const std::vector<double>& seconds) {
+      std::vector<double> out;
+      for (std::size_t at = 0; at + kWarmPasses <= seconds.size(); at += kWarmPasses)
+        out.push_back(gb / median(std::vector<double>(seconds.begin() + at,
+                                                      seconds.begin() + at + kWarmPasses)));
+      return out;
+    };
+    row.get_warm_round_gbps = by_round(_warm_s);
+    row.one_piece_warm_round_gbps = by_round(_one_warm_s);
+  }
   if (_o.page_cache_pin) {
     row.get_warm_registered_gbps = gb / median(_registered_s);
     row.get_warm_staged_gbps = gb / median(_staged_s);

@@ -80,14 +80,18 @@ TEST(KvCli, BenchRunsAndReportsEverySizeBesideRawIo) {
   for (const auto& row : nlohmann::json::parse(text)) {  // each round's rates, one a round
     const auto rounds = row.at("rounds").get<std::size_t>();
     for (const char* key :
-         {"put_round_gbps", "raw_write_round_gbps", "get_cold_round_gbps", "raw_read_round_gbps"})
+         {"put_round_gbps", "raw_write_round_gbps", "get_cold_round_gbps", "raw_read_round_gbps",
+          "get_warm_round_gbps", "one_piece_warm_round_gbps"})
       EXPECT_EQ(row.at(key).size(), rounds) << key;
+    EXPECT_GT(row.at("one_piece_warm_gbps").get<double>(), 0);  // 3 pieces: one piece beside
   }
+  EXPECT_NE(out.find("warm get x one piece"), std::string::npos) << out;
   // Blocks per call from bytes per call: 64 KiB of 4 KiB blocks is 16 a call.
   std::tie(status, out) = run_cli("kv bench " + (dir / "scratch").string() +
                                   " --sizes 4K --bytes 256K --batch-bytes 64K --rounds 1");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("4 KiB x     64 (  16/call) host"), std::string::npos) << out;
+  EXPECT_EQ(out.find("warm get x one piece"), std::string::npos) << out;  // one piece already
   std::size_t left = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir / "scratch")) {
     (void)entry;
