@@ -6,7 +6,7 @@
 #   usage (from the repo root, on the GPU machine): tools/gpu_check.sh [STAGE ...]
 #   default stages (about 20 minutes): build tests warm tmpfs cold sizes (bench/load/run_bench.py)
 #   others: compare (needs .before/ferry-before.tar.gz: `git archive --prefix=ferry-before/
-#     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout, kvtier, requestsize,
+#     COMMIT | gzip`), python, engine, dropin, core, core-full, kv, kvperf, kvdma, kvlayout, kvother, kvwarm, kvtier, requestsize,
 #     kvfleet, kvgroups, kvsweep (group shapes), kvbisect-build, kvbisect (.before/NAME.tar.gz each), stream, stream-tests, stream-bench, mgpu, mgpu-full, mgpu-sweep (2+ GPUs),
 #     firstload-tests, firstload, firstload-cold, firstload4, tpcold (2+ GPUs); `build vllm` builds only
 #     what tools/vllm_gpu_run.sh needs.
@@ -77,6 +77,8 @@ want kvperf && KV_CRASH_SECONDS=${KV_CRASH_SECONDS:-30} kv_stage perf
 want kvdma && kv_dma
 want kvfleet && kv_fleet_stage
 want kvlayout && kv_layout_stage
+want kvother && kv_other_layouts_stage
+want kvwarm && kv_warm_stage
 want kvtier && kv_tier_stage
 want requestsize && request_size_stage
 want kvgroups && kv_groups_stage

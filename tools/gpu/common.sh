@@ -18,7 +18,7 @@ build() {
         targets+=" ferry_cli test_transfer test_transfer_pipeline test_engine test_gpu test_gpu_transfer"
         nopip=0 ;;
       firstload*) targets+=" ferry_cli"; nopip=0 ;;
-      kvbisect | requestsize) targets+=" ferry_cli" ;;
+      kvbisect | requestsize | kvwarm | kvother) targets+=" ferry_cli" ;;
       kvfleet) targets+=" ferry_cli test_kv_fleet test_kv_cli" ;;
       kvlayout)
         targets+=" ferry_cli test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash" ;;

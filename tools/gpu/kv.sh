@@ -129,6 +129,15 @@ kv_layout_stage() {
   log "ferry kv bench: vLLM 64 x 32 KiB, 128 blocks per call, page-cache DMA on"
   "$ferry" kv bench /tmp/kvbench $common $vllm --batch 128 --page-cache-pin 8G \
     --json "$OUT/kvlayout-vllm-128-dma.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+# The engines' other layouts and host memory, beside raw O_DIRECT (kvlayout fills a 10-minute
+# call with its build; about 4 minutes after `build`).
+kv_other_layouts_stage() {
+  local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  mkdir -p /tmp/kvbench
   log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
   for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
            "--layout sglang --layers 32" "--layout vllm --layers 128 --kv-heads 4 --dtype fp8"; do
@@ -140,6 +149,23 @@ kv_layout_stage() {
     tee -a "$OUT/summary.txt" || status=1
   "$ferry" kv bench /tmp/kvbench --device cpu $vllm --batch 128 --bytes 1G --rounds 3 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
+  rm -rf /tmp/kvbench
+}
+
+# vLLM's layout at 1,024 and 128 blocks per call, staged: its warm gets in turn with one-piece
+# blocks' in every round (`ferry kv bench` does so for any row of several pieces), beside raw
+# O_DIRECT. About 3 minutes after `build`.
+kv_warm_stage() {
+  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  mkdir -p /tmp/kvbench
+  local batch
+  for batch in 1024 128; do
+    log "ferry kv bench: vLLM 64 x 32 KiB, $batch blocks per call, warm gets beside one piece's"
+    # shellcheck disable=SC2086  # the layout's words
+    "$ferry" kv bench /tmp/kvbench --device cuda:0 --bytes 1G --rounds 3 --path staged $vllm \
+      --batch "$batch" --json "$OUT/kvwarm-vllm-$batch.json" 2>&1 | grep -v "ms per pass" |
+      tee -a "$OUT/summary.txt" || status=1
+  done
   rm -rf /tmp/kvbench
 }
 
