@@ -102,6 +102,7 @@ def main():
                         help="store calls per direction the ferry tier runs at once before it "
                              "merges waiting jobs (default: its own; 1000: every job its own call)")
     args = parser.parse_args()
+    os.makedirs(args.dir, exist_ok=True)  # each round's tiers get a fresh directory inside
     if args.ferry_calls:
         import ferry.vllm.tier
         ferry.vllm.tier._CALLS = args.ferry_calls
