@@ -80,10 +80,10 @@ struct KVBenchRow {
   // its cold get and raw read (the disk's speed drifts between rounds).
   std::vector<double> put_round_gbps, raw_write_round_gbps, get_cold_round_gbps,
       raw_read_round_gbps;
-  // A row of several pieces a block without page-cache DMA: warm gets of the same blocks as one
-  // piece each, from a store of their own, taking turns with this row's in every round (a
-  // layout is held to one piece's warm get; in separate runs the machine's drift moved that
-  // ratio by 0.15). Each round's rates are the median of its passes; 0 and empty otherwise.
+  // A row of several pieces a block without page-cache DMA: warm gets of as many blocks of its
+  // size in one piece each, from a store of their own, taking turns with this row's in every
+  // round (a layout is held to one piece's warm get; in separate runs the machine's drift moved
+  // that ratio by 0.15). Each round's rates are the median of its passes; 0 and empty otherwise.
   double one_piece_warm_gbps = 0;
   std::vector<double> get_warm_round_gbps, one_piece_warm_round_gbps;
   // Pinned copies of max(256 MiB, a batch's bytes) in this row's run; 0 for host memory.
