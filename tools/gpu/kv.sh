@@ -116,7 +116,8 @@ kv_stage() {
 # (staged, direct, page-cache DMA; the SIGKILL test with a refilled GPU source), the crash trials
 # with refilled sources, then `ferry kv bench` per layout on cuda:0 beside pinned H2D and raw
 # O_DIRECT of the same bytes: vLLM (64 x 32 KiB) and one piece of the same size, 1024, 128 and 16
-# blocks per call, then vLLM's with page-cache DMA; vLLM canonical, MLA, SGLang; host memory too.
+# blocks per call, then vLLM's with page-cache DMA (the other layouts and host memory:
+# kv_other_layouts_stage).
 kv_layout_stage() {
   log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
   run_test_binaries test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash
@@ -133,7 +134,7 @@ kv_layout_stage() {
 }
 
 # The engines' other layouts and host memory, beside raw O_DIRECT (kvlayout fills a 10-minute
-# call with its build; about 4 minutes after `build`).
+# call with its build; about 3 minutes after `build`).
 kv_other_layouts_stage() {
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
   local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
