@@ -2,6 +2,11 @@
 # kvbisect) and how the disk serves O_DIRECT by request size (requestsize).
 # Sourced by tools/gpu_check.sh, which sets OUT, ferry, ckpts, models, status and log.
 
+# vLLM's paged KV cache of a Llama-3-8B-shaped model (per layer a K and a V page of 16 tokens x
+# 8 heads x 128 in bf16: 64 pieces of 32 KiB a block): the layout issue 26 names. Word-split
+# where used.
+kv_vllm_layout="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+
 # Each named test binary of /tmp/build/tests, its log in $OUT, its gtest summary in the summary.
 run_test_binaries() {
   local t
@@ -17,7 +22,7 @@ kv_one_beside_vllm() {
   local name=$1 batch
   shift
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   mkdir -p /tmp/kvbench
   for batch in "$@"; do
     log "ferry kv bench: one piece of 2 MiB, then vLLM 64 x 32 KiB, $batch blocks per call"
@@ -122,7 +127,7 @@ kv_layout_stage() {
   log "KV layouts: tests (test_gpu_kv_layouts, test_kv_layouts, test_gpu_kv, test_gpu_kv_dma, test_kv_crash)"
   run_test_binaries test_gpu_kv_layouts test_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_crash
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   # The store as it opens by default (puts, cold gets O_DIRECT, staged warm gets), one piece and
   # vLLM's pages in the same call; then page-cache DMA for the warm gets (with it on, cold gets
   # read through the page cache, and puts first release the windows over the slots they replace).
@@ -137,7 +142,7 @@ kv_layout_stage() {
 # call with its build; about 3 minutes after `build`).
 kv_other_layouts_stage() {
   local common="--device cuda:0 --bytes 1G --rounds 3 --path staged"
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   mkdir -p /tmp/kvbench
   log "ferry kv bench: vLLM canonical, MLA (61 layers, 64 tokens), SGLang, vLLM fp8 128 layers; 128 blocks per call"
   for l in "--layout vllm-canonical --layers 32" "--layout mla --layers 61 --block-tokens 64" \
@@ -157,7 +162,7 @@ kv_other_layouts_stage() {
 # blocks' in every round (`ferry kv bench` does so for any row of several pieces), beside raw
 # O_DIRECT. About 3 minutes after `build`.
 kv_warm_stage() {
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   mkdir -p /tmp/kvbench
   local batch
   for batch in 1024 128; do
@@ -219,7 +224,7 @@ PY
         grep -E "^loaded" | tee -a "$OUT/summary.txt" || status=1
     done
   done
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   for layout in "--sizes 2M" "$vllm"; do
     # shellcheck disable=SC2086  # the layout's words
     "$ferry" kv bench /tmp/kvbench --device cpu $layout --batch 128 --bytes 1G --rounds 3 2>&1 |
@@ -240,7 +245,7 @@ kv_fleet_stage() {
   log "KV fleet tests (test_kv_fleet, test_kv_cli)"
   run_test_binaries test_kv_fleet test_kv_cli
   mkdir -p /tmp/kvbench
-  local vllm="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local vllm=$kv_vllm_layout
   # Every writer on GPU 0, the writers spread over the GPUs where there are several (writer w on
   # the (w mod n)-th of up to four: a node's engines), and from host memory.
   # KV_FLEET_DEVICES, KV_FLEET_BATCHES (blocks per put, "128"), KV_FLEET_BYTES (a writer's pass)
@@ -293,7 +298,7 @@ kv_bisect_builds() {
 # (2 GiB: many groups), vLLM's pages at 128 (two groups). Where a change made them slower or
 # faster, one call of a few minutes.
 kv_bisect_stage() {
-  local v="--layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128"
+  local v=$kv_vllm_layout
   local common="--device cuda:0 --rounds 3 --path staged --sizes 2M"
   local tarball name cli run
   kv_bisect_builds
@@ -340,8 +345,8 @@ kv_sweep_stage() {
     [ "$shape" != default ] && flags=(--group-bytes "$bytes" --group-flights "$flights")
     [ "$shape" != default ] && [ "$threads" != 0 ] && flags+=(--group-threads "$threads")
     log "ferry kv bench: vLLM layout, 1024 blocks per call, groups $bytes x $flights, workers ${threads/#0/default}"
-    "$ferry" kv bench /tmp/kvbench "${common[@]}" --layout vllm --layers 32 --block-tokens 16 \
-      --kv-heads 8 --head-dim 128 "${flags[@]}" --json "$OUT/kvsweep-vllm-$bytes-$flights-$threads.json" \
+    # shellcheck disable=SC2086  # the layout's words
+    "$ferry" kv bench /tmp/kvbench "${common[@]}" $kv_vllm_layout "${flags[@]}" --json "$OUT/kvsweep-vllm-$bytes-$flights-$threads.json" \
       2>&1 | tee -a "$OUT/summary.txt" || status=1
   done
   rm -rf /tmp/kvbench
@@ -354,8 +359,9 @@ kv_groups_stage() {
   run_test_binaries test_gpu_transfer test_gpu_kv_layouts test_gpu_kv test_gpu_kv_dma test_kv_page_cache
   log "ferry kv bench: vLLM 64 x 32 KiB, 1024 blocks per call, page-cache DMA on"
   mkdir -p /tmp/kvbench
+  # shellcheck disable=SC2086  # the layout's words
   "$ferry" kv bench /tmp/kvbench --device cuda:0 --bytes 2G --rounds 3 --path staged \
-    --layout vllm --layers 32 --block-tokens 16 --kv-heads 8 --head-dim 128 --batch 1024 \
+    $kv_vllm_layout --batch 1024 \
     --page-cache-pin 8G --json "$OUT/kvgroups-vllm-1024-dma.json" 2>&1 |
     tee -a "$OUT/summary.txt" || status=1
   rm -rf /tmp/kvbench
