@@ -61,6 +61,41 @@ KVNamespace bench_namespace(std::uint64_t block, unsigned pieces, const std::str
       0, 1};
 }
 
+// `n` bytes of the pattern the bench's blocks carry.
+std::vector<std::byte> bench_pattern(std::uint64_t n) {
+  std::vector<std::byte> pattern(n);
+  for (std::size_t i = 0; i < n; ++i) pattern[i] = std::byte(i * 131 + i / 4099);
+  return pattern;
+}
+
+// A batch of blocks on the bench's device laid out as `layout`: the source holding `pattern`,
+// the target zeroed (its pages made before round 0's cold gets, as the raw reads' buffers are:
+// else the first O_DIRECT reads fault them in, about a second per 256 MiB on a 2-core machine),
+// and each block's pieces in both.
+struct BatchBlocks {
+  BatchBlocks(const Device& device, std::uint64_t block, const PieceLayout& layout,
+              const std::vector<std::byte>& pattern);
+  BatchMemory source, target;
+  std::vector<std::vector<KVPiece>> in, out;
+  std::vector<KVBlock> sources, targets;
+};
+
+BatchBlocks::BatchBlocks(const Device& device, std::uint64_t block, const PieceLayout& layout,
+                         const std::vector<std::byte>& pattern)
+    : source(device, block, pattern.size() / block, layout),
+      target(device, block, pattern.size() / block, layout),
+      in(pattern.size() / block),
+      out(pattern.size() / block) {
+  source.fill(pattern);
+  target.fill(std::vector<std::byte>(pattern.size()));
+  for (std::size_t b = 0; b < in.size(); ++b) {
+    in[b] = source.block(b);
+    out[b] = target.block(b);
+  }
+  sources.assign(in.begin(), in.end());
+  targets.assign(out.begin(), out.end());
+}
+
 // What a pass moves: a batch's blocks between a store and the bench's memory; whether their
 // route is the row's.
 struct PassBlocks {
@@ -81,9 +116,7 @@ class RowBench {
   // turns with a many-piece row's (KVBenchRow::one_piece_warm_gbps).
   struct OnePiece {
     explicit OnePiece(const RowBench& b);
-    BatchMemory source, target;
-    std::vector<std::vector<KVPiece>> in, out;
-    std::vector<KVBlock> sources, targets;
+    BatchBlocks blocks;
     KVStore store;
     std::vector<fs::path> slabs;
   };
@@ -109,8 +142,8 @@ class RowBench {
               double share = 1);
   void check(const BatchMemory& target) const;
   void check_and_clear(const BatchMemory& target) const;
-  void check() const { check(_target); }
-  void check_and_clear() const { check_and_clear(_target); }
+  void check() const { check(_blocks.target); }
+  void check_and_clear() const { check_and_clear(_blocks.target); }
   void round(std::uint64_t r);
   void warm_gets(std::uint64_t r);
   void one_piece_warm_gets(std::uint64_t r);
@@ -122,10 +155,8 @@ class RowBench {
   const PieceLayout _layout;
   const KVNamespace _ns;
   const KVStoreOptions _options;
-  BatchMemory _source, _target;
-  std::vector<std::byte> _pattern;
-  std::vector<std::vector<KVPiece>> _in, _out;
-  std::vector<KVBlock> _sources, _targets;
+  const std::vector<std::byte> _pattern;  // a batch's bytes
+  const BatchBlocks _blocks;
   const fs::path _dir;
   KVBenchRow _row;
   std::unique_ptr<Open> _open;
@@ -137,22 +168,10 @@ class RowBench {
 };
 
 RowBench::OnePiece::OnePiece(const RowBench& b)
-    : source(b._o.device, b._block, b._batch, PieceLayout{}),
-      target(b._o.device, b._block, b._batch, PieceLayout{}),
-      in(b._batch),
-      out(b._batch),
+    : blocks(b._o.device, b._block, PieceLayout{}, b._pattern),
       store(KVStore::open(b._o.root, bench_namespace(b._block, 1, ""), b.capacity(), b._block,
                           b._options)),
-      slabs(slabs_of(b._one_piece_dir)) {
-  source.fill(b._pattern);
-  target.fill(std::vector<std::byte>(b._pattern.size()));
-  for (std::uint64_t i = 0; i < b._batch; ++i) {
-    in[i] = source.block(i);
-    out[i] = target.block(i);
-  }
-  sources.assign(in.begin(), in.end());
-  targets.assign(out.begin(), out.end());
-}
+      slabs(slabs_of(b._one_piece_dir)) {}
 
 RowBench::Open::Open(const RowBench& b)
     // Room for one round's blocks: each round's puts evict the round before's.
@@ -178,25 +197,11 @@ RowBench::RowBench(const KVBenchOptions& o, std::uint64_t block, KVPath path)
       _layout(piece_layout(o)),
       _ns(bench_namespace(block, _layout.pieces, o.layout)),
       _options(store_options(path)),
-      _source(o.device, block, _batch, _layout),
-      _target(o.device, block, _batch, _layout),
-      _pattern(block * _batch),
-      _in(_batch),
-      _out(_batch),
+      _pattern(bench_pattern(block * _batch)),
+      _blocks(o.device, block, _layout, _pattern),
       _dir(o.root / KVStore::directory_name(_ns)),
       _keys(_batch),
       _one_piece_dir(o.root / KVStore::directory_name(bench_namespace(block, 1, ""))) {
-  for (std::size_t i = 0; i < _pattern.size(); ++i) _pattern[i] = std::byte(i * 131 + i / 4099);
-  _source.fill(_pattern);
-  // The target's pages made before round 0's cold gets, as the raw reads' buffers are: else the
-  // first O_DIRECT reads fault them in (about a second per 256 MiB on a 2-core machine).
-  _target.fill(std::vector<std::byte>(_pattern.size()));
-  for (std::uint64_t b = 0; b < _batch; ++b) {
-    _in[b] = _source.block(b);
-    _out[b] = _target.block(b);
-  }
-  _sources.assign(_in.begin(), _in.end());
-  _targets.assign(_out.begin(), _out.end());
   _row.checksum = std::string(detail::kv::checksum_kernel_name(detail::kv::checksum_kernel()));
   _row.block_bytes = block;
   _row.blocks = _count;
@@ -229,12 +234,12 @@ KVBenchRow RowBench::run() {
 }
 
 PassBlocks RowBench::row_blocks(KVStore* through) const {
-  return {through ? *through : _open->store, _sources, _targets};
+  return {through ? *through : _open->store, _blocks.sources, _blocks.targets};
 }
 
 PassBlocks RowBench::one_piece_blocks() const {
   OnePiece& one = *_open->one_piece;
-  return {one.store, one.sources, one.targets, false};
+  return {one.store, one.blocks.sources, one.blocks.targets, false};
 }
 
 // One pass over the round's `count` keys, its times added to `times` as `share` of the round's.
@@ -347,7 +352,7 @@ void RowBench::one_piece_warm_gets(std::uint64_t r) {
   KVBenchTimes unused;
   for (unsigned p = 0; p < kWarmPasses; ++p) {
     _one_warm_s.push_back(pass(false, r, unused, one_piece_blocks()));
-    check_and_clear(one.target);
+    check_and_clear(one.blocks.target);
   }
 }
 
